@@ -1,0 +1,33 @@
+# Two commands for users: `make sim` and `make test`. Both set themselves up.
+PYTHON ?= python3
+VENV   := .venv
+STAMP  := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
+SIM    ?= verilator
+export SIM
+
+.PHONY: sim test lint bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { \
+	  echo "error: $(PYTHON) cannot create a virtual environment with pip;" \
+	       "on Debian install python3-venv (apt-get install python3-venv)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+sim: $(STAMP)
+	$(VENV)/bin/python -m sim.network_demo
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+bench: $(STAMP)
+	$(VENV)/bin/python -m sim.bench_tx_efficiency
+
+clean:
+	rm -rf build $(VENV)

@@ -1,0 +1,1 @@
+"""A TX-focused RoCEv2 endpoint for FPGAs, written in Amaranth."""

@@ -1,0 +1,1 @@
+"""ARP (RFC 826): answers for our address, resolves peers' addresses."""

@@ -1,0 +1,145 @@
+"""The whole vendor-free endpoint: everything between the MAC's two AXI-Streams."""
+
+from amaranth import *
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out, connect
+
+from .arp.layer import ARP_COUNTERS, ArpLayer
+from .config import NetworkConfig, config_value
+from .counters import COUNTER_BITS
+from .eth.rx import EthernetReceiver
+from .eth.tx import EthernetTransmitter
+from .icmp.echo import ICMP_COUNTERS, IcmpEcho
+from .ip.rx import IPv4Receiver
+from .ip.tx import IP_TX_META, IPv4Transmitter
+from .packet.arbiter import PacketArbiter
+from .stream import BEAT_BYTES, axi_stream_signature
+from .udp.echo import UdpEcho
+from .udp.rx import UdpReceiver
+from .udp.tx import UDP_TX_META, UdpTransmitter
+
+__all__ = ["NetworkCore", "ECHO_PORT", "CMAC_CLOCK_HZ"]
+
+#: The CMAC's user clock on the VCU118 (the core's ``sync`` domain there).
+CMAC_CLOCK_HZ = 322_265_625
+
+#: UDP echo service (RFC 862), for bring-up.
+ECHO_PORT = 7
+
+
+class NetworkCore(wiring.Component):
+    """Ethernet, ARP, IPv4, ICMP echo and UDP on the MAC's 512-bit streams.
+
+    ``rx`` takes frames from the MAC without FCS (``tuser`` set with the last
+    beat marks a bad frame; there is no ``tready``); ``tx`` gives frames to
+    the MAC, which adds the FCS. ``config`` writes our MAC and IPv4 addresses,
+    netmask and gateway at run time; until written they are the build-time
+    defaults. ``counters`` holds every drop and event counter, by layer.
+
+    Parameters
+    ----------
+    mac, ip, netmask, gateway : str
+        Build-time defaults of the addresses.
+    clock_hz : int
+        Frequency of the ``sync`` domain; sets the ARP timers.
+    arp_retry_interval, arp_lifetime : int or None
+        ARP timers in cycles (default: 1 s and 60 s at ``clock_hz``).
+    rx_depth : int
+        Beats of the receive FIFO (holds the frame being received; 512 beats
+        take a 9000-byte jumbo frame with room to spare).
+    """
+
+    def __init__(self, *, mac="02:00:00:00:00:02", ip="10.77.0.2", netmask="255.255.255.0",
+                 gateway="0.0.0.0", clock_hz=CMAC_CLOCK_HZ, arp_retry_interval=None,
+                 arp_lifetime=None, arp_retries=3, rx_depth=512, echo_depth=256,
+                 width=BEAT_BYTES):
+        self._defaults = config_value(mac=mac, ip=ip, netmask=netmask, gateway=gateway)
+        self._arp_retry_interval = arp_retry_interval or clock_hz
+        self._arp_lifetime = arp_lifetime or 60 * clock_hz
+        self._arp_retries = arp_retries
+        self._rx_depth = rx_depth
+        self._echo_depth = echo_depth
+        self._width = width
+        super().__init__({
+            "rx": In(axi_stream_signature(width=width, ready=False)),
+            "tx": Out(axi_stream_signature(width=width)),
+            "config": In(stream.Signature(NetworkConfig)),
+            "counters": Out(self.counters_layout()),
+        })
+
+    @staticmethod
+    def counters_layout():
+        return data.StructLayout({
+            "eth": EthernetReceiver.counters_layout(),
+            "ip": IPv4Receiver.counters_layout(),
+            "udp": UdpReceiver.counters_layout(),
+            "arp": ARP_COUNTERS,
+            "icmp": ICMP_COUNTERS,
+            "udp_echo_dropped": unsigned(COUNTER_BITS),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        width = self._width
+
+        config = Signal(NetworkConfig, init=self._defaults)
+        m.d.comb += self.config.ready.eq(1)
+        with m.If(self.config.valid):
+            m.d.sync += config.eq(self.config.p)
+
+        m.submodules.eth_rx = eth_rx = EthernetReceiver(depth=self._rx_depth, width=width)
+        m.submodules.arp = arp = ArpLayer(lifetime=self._arp_lifetime,
+                                          retry_interval=self._arp_retry_interval,
+                                          retries=self._arp_retries, width=width)
+        m.submodules.ip_rx = ip_rx = IPv4Receiver(width=width)
+        m.submodules.icmp = icmp = IcmpEcho(depth=self._echo_depth, width=width)
+        m.submodules.udp_rx = udp_rx = UdpReceiver([ECHO_PORT], width=width)
+        m.submodules.udp_echo = udp_echo = UdpEcho(depth=self._echo_depth, width=width)
+        m.submodules.udp_mux = udp_mux = PacketArbiter(UDP_TX_META, inputs=1, width=width)
+        m.submodules.udp_tx = udp_tx = UdpTransmitter(width=width)
+        m.submodules.ip_mux = ip_mux = PacketArbiter(IP_TX_META, inputs=2, priority=True,
+                                                     width=width)
+        m.submodules.ip_tx = ip_tx = IPv4Transmitter(width=width)
+        m.submodules.eth_tx = eth_tx = EthernetTransmitter(width=width)
+        for layer in (eth_rx, arp, ip_rx, ip_tx, eth_tx):
+            m.d.comb += layer.i_config.eq(config)
+
+        # Receive: MAC → Ethernet → ARP | IPv4 → ICMP | UDP → services.
+        m.d.comb += [
+            eth_rx.i.valid.eq(self.rx.tvalid),
+            eth_rx.i.p.data.eq(self.rx.tdata),
+            eth_rx.i.p.keep.eq(self.rx.tkeep),
+            eth_rx.i.p.last.eq(self.rx.tlast),
+            eth_rx.i_error.eq(self.rx.tuser),
+        ]
+        connect(m, eth_rx.o_arp, arp.i_rx)
+        connect(m, eth_rx.o_ipv4, ip_rx.i)
+        connect(m, ip_rx.o_icmp, icmp.i)
+        connect(m, ip_rx.o_udp, udp_rx.i)
+        connect(m, udp_rx.o[0], udp_echo.i)
+
+        # Transmit: services → UDP → IPv4 (with ICMP first) → ARP → Ethernet → MAC.
+        connect(m, udp_echo.o, udp_mux.i[0])
+        connect(m, udp_mux.o, udp_tx.i)
+        connect(m, icmp.o, ip_mux.i[0])
+        connect(m, udp_tx.o, ip_mux.i[1])
+        connect(m, ip_mux.o, ip_tx.i)
+        connect(m, ip_tx.o, arp.i_ip)
+        connect(m, arp.o, eth_tx.i)
+        m.d.comb += [
+            self.tx.tvalid.eq(eth_tx.o.valid),
+            self.tx.tdata.eq(eth_tx.o.p.data),
+            self.tx.tkeep.eq(eth_tx.o.p.keep),
+            self.tx.tlast.eq(eth_tx.o.p.last),
+            eth_tx.o.ready.eq(self.tx.tready),
+        ]
+
+        m.d.comb += [
+            self.counters.eth.eq(eth_rx.o_counters),
+            self.counters.ip.eq(ip_rx.o_counters),
+            self.counters.udp.eq(udp_rx.o_counters),
+            self.counters.arp.eq(arp.o_counters),
+            self.counters.icmp.eq(icmp.o_counters),
+            self.counters.udp_echo_dropped.eq(udp_echo.o_dropped),
+        ]
+        return m

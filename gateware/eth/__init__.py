@@ -1,0 +1,1 @@
+"""Ethernet II framing on the MAC's stream."""

@@ -1,0 +1,1 @@
+"""ICMP (RFC 792): echo replies."""

@@ -1,0 +1,1 @@
+"""IPv4 (RFC 791): receive checks and demultiplexing, transmit framing."""

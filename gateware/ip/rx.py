@@ -1,0 +1,96 @@
+from amaranth import *
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out, connect, flipped
+
+from ..config import NetworkConfig
+from ..counters import counters_layout, event_counter
+from ..eth.rx import ETH_RX_META
+from ..headers import ETHERNET, IP_PROTO_ICMP, IP_PROTO_UDP, IPV4
+from ..packet.extract import HeaderExtractor
+from ..packet.router import PacketRouter
+from ..packet.trim import PacketTrim
+from ..stream import BEAT_BYTES, meta_with, packet_signature
+from .checksum import ones_complement_sum
+
+__all__ = ["IPv4Receiver", "IP_RX_META"]
+
+#: Meta of the packets this layer hands up: the frame's length, its Ethernet and IPv4 headers.
+IP_RX_META = meta_with(ETH_RX_META, ip=IPV4)
+
+
+class IPv4Receiver(wiring.Component):
+    """Checks IPv4 packets addressed to us and hands ICMP and UDP up without
+    the IPv4 header, cut to the IPv4 total length (Ethernet padding removed).
+
+    Dropped and counted: ``version`` (not 4), ``options`` (IHL other than 5:
+    options are not supported), ``checksum``, ``fragment`` (MF set or an
+    offset: fragments are not reassembled), ``address`` (not our IP),
+    ``length`` (total length below 20 or beyond the frame), ``protocol``
+    (neither ICMP nor UDP), ``truncated``. The checks are made with the first
+    payload beat; latency: one beat.
+    """
+
+    DROP_REASONS = ("version", "options", "checksum", "fragment", "address", "length",
+                    "protocol")
+
+    def __init__(self, *, width=BEAT_BYTES):
+        self._width = width
+        super().__init__({
+            "i": In(packet_signature(ETH_RX_META, width=width)),
+            "i_config": In(NetworkConfig),
+            "o_icmp": Out(packet_signature(IP_RX_META, width=width)),
+            "o_udp": Out(packet_signature(IP_RX_META, width=width)),
+            "o_counters": Out(self.counters_layout()),
+        })
+
+    @classmethod
+    def counters_layout(cls):
+        return counters_layout(*cls.DROP_REASONS, "truncated")
+
+    def elaborate(self, platform):
+        m = Module()
+        width = self._width
+
+        m.submodules.header = header = HeaderExtractor("ip", IPV4, ETH_RX_META, width=width)
+        m.submodules.trim = trim = PacketTrim(IP_RX_META, width=width)
+        m.submodules.router = router = PacketRouter(IP_RX_META, outputs=2,
+                                                    drop_reasons=self.DROP_REASONS, width=width)
+        connect(m, flipped(self.i), header.i)
+        connect(m, header.o, trim.i)
+        connect(m, trim.o, router.i)
+        connect(m, router.o[0], flipped(self.o_icmp))
+        connect(m, router.o[1], flipped(self.o_udp))
+
+        ip = trim.i.p.meta.ip
+        m.d.comb += trim.i_length.eq(ip.total_length - IPV4.length)
+
+        meta = router.i.p.meta
+        ip = meta.ip
+        words = Value.cast(ip)
+        checksum_ok = ones_complement_sum(words.word_select(index, 16)
+                                          for index in range(IPV4.length // 2)) == 0xFFFF
+        room = meta.length - ETHERNET.length
+        checks = [
+            ("version", ip.version != 4),
+            ("options", ip.ihl != 5),
+            ("checksum", ~checksum_ok),
+            ("fragment", ip.mf | (ip.fragment_offset != 0)),
+            ("address", ip.dst != self.i_config.ip),
+            ("length", (ip.total_length < IPV4.length) | (ip.total_length > room)),
+        ]
+        with m.If(checks[0][1]):
+            m.d.comb += router.i_drop.eq(router.drop_code(checks[0][0]))
+        for reason, failed in checks[1:]:
+            with m.Elif(failed):
+                m.d.comb += router.i_drop.eq(router.drop_code(reason))
+        with m.Elif(ip.protocol == IP_PROTO_ICMP):
+            m.d.comb += router.i_route.eq(0)
+        with m.Elif(ip.protocol == IP_PROTO_UDP):
+            m.d.comb += router.i_route.eq(1)
+        with m.Else():
+            m.d.comb += router.i_drop.eq(router.drop_code("protocol"))
+
+        for reason in self.DROP_REASONS:
+            m.d.comb += self.o_counters[reason].eq(router.o_drops[reason])
+        m.d.comb += self.o_counters.truncated.eq(event_counter(m, header.o_truncated, "truncated"))
+        return m

@@ -1,0 +1,1 @@
+"""Blocks that act on whole packets of a beat stream, whatever the protocol."""

@@ -1,0 +1,1 @@
+"""Simulations for people: the bench around the core, its runner, and the demos."""

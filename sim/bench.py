@@ -1,0 +1,161 @@
+"""The cocotb bench around :class:`gateware.core.NetworkCore`.
+
+One :class:`NetworkBench` owns the clock, the MAC-side receive source
+(cocotbext-axi), a transmit monitor that reads the 512-bit bus once per beat
+and applies random backpressure, the pcap of both directions, and a Scapy
+peer that answers the core's ARP requests for the addresses it holds.
+"""
+
+import random
+from collections import deque
+
+import cocotb
+from amaranth.lib import data
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, Event, RisingEdge, with_timeout
+from cocotb.utils import get_sim_time
+from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSource
+from scapy.layers.l2 import ARP, Ether
+
+from gateware.config import NetworkConfig
+from gateware.core import NetworkCore
+
+from .pcap import PcapWriter
+
+__all__ = ["NetworkBench", "CLOCK_PERIOD_PS", "MIN_FRAME"]
+
+#: 322.265625 MHz, the CMAC's user clock, rounded to an even number of picoseconds.
+CLOCK_PERIOD_PS = 3104
+
+#: A MAC on the wire never delivers less (without FCS); shorter frames are padded.
+MIN_FRAME = 60
+
+
+def _decode(layout, value):
+    """A nested dict of a StructLayout constant."""
+    view = data.Const(layout, value)
+    result = {}
+    for name, field in layout:
+        member = view[name]
+        result[name] = (_decode(field.shape, member.as_value().value)
+                        if isinstance(field.shape, data.StructLayout) else int(member))
+    return result
+
+
+class NetworkBench:
+    """Drives one :class:`NetworkCore` from cocotb.
+
+    Parameters
+    ----------
+    dut : the simulated core.
+    pcap : path of the pcap file of every frame in both directions.
+    tx_ready : probability that the MAC side accepts a beat in a cycle.
+    peers : ``{ip: mac}`` of the Scapy hosts on the link; the bench answers
+        the core's ARP requests for them.
+    """
+
+    def __init__(self, dut, *, pcap, tx_ready=1.0, peers=None, seed=0):
+        self.dut = dut
+        self.rng = random.Random(seed)
+        self.tx_ready = tx_ready
+        self.peers = dict(peers or {})
+        self.arp_replies_to_lose = 0
+        self.arp_requests = []            # every ARP request the core sent
+        self.received = deque()           # frames from the core, but its ARP requests
+        self._arrival = Event()
+        self.tx_beats = 0
+        self.tx_cycles_valid = 0
+        self.pcap = PcapWriter(pcap)
+        self.width = len(dut.tx__tkeep)
+        self.source = AxiStreamSource(AxiStreamBus.from_prefix(dut, "rx_"), dut.clk, dut.rst)
+        cocotb.start_soon(Clock(dut.clk, CLOCK_PERIOD_PS, unit="ps").start())
+        cocotb.start_soon(self._transmit_monitor())
+
+    async def reset(self):
+        self.dut.rst.value = 1
+        self.dut.config__valid.value = 0
+        self.dut.tx__tready.value = 0
+        await ClockCycles(self.dut.clk, 4)
+        self.dut.rst.value = 0
+        await ClockCycles(self.dut.clk, 2)
+
+    async def configure(self, *, mac, ip, netmask, gateway=0):
+        value = NetworkConfig.const({"mac": mac, "ip": ip, "netmask": netmask,
+                                     "gateway": gateway}).as_value().value
+        self.dut.config__payload.value = value
+        self.dut.config__valid.value = 1
+        await RisingEdge(self.dut.clk)
+        self.dut.config__valid.value = 0
+
+    def _now_ns(self):
+        return get_sim_time(unit="ns")
+
+    async def send(self, frame, *, error=False, pad=True):
+        """Deliver one frame as the MAC would (``error``: tuser set with the last beat)."""
+        frame = bytes(frame)
+        if pad and len(frame) < MIN_FRAME:
+            frame += bytes(MIN_FRAME - len(frame))
+        self.pcap.write(frame, self._now_ns())
+        await self.source.send(AxiStreamFrame(frame, tuser=int(error)))
+
+    async def wait_sent(self):
+        await self.source.wait()
+
+    async def recv(self, timeout_cycles=20_000):
+        """The next frame the core transmits, but its ARP requests (see ``arp_requests``)."""
+        async def wait():
+            while not self.received:
+                self._arrival.clear()
+                await self._arrival.wait()
+            return self.received.popleft()
+        return await with_timeout(wait(), timeout_cycles * CLOCK_PERIOD_PS, "ps")
+
+    async def idle(self, cycles):
+        await ClockCycles(self.dut.clk, cycles)
+
+    def counters(self):
+        return _decode(NetworkCore.counters_layout(), self.dut.counters.value.to_unsigned())
+
+    async def _transmit_monitor(self):
+        dut, width = self.dut, self.width
+        frame = bytearray()
+        while True:
+            await RisingEdge(dut.clk)
+            if dut.tx__tvalid.value == 1:
+                self.tx_cycles_valid += 1
+                if dut.tx__tready.value == 1:
+                    self.tx_beats += 1
+                    keep = dut.tx__tkeep.value.to_unsigned()
+                    count = bin(keep).count("1")
+                    assert keep == (1 << count) - 1, f"tkeep {keep:#x} is not contiguous"
+                    beat = dut.tx__tdata.value.to_unsigned().to_bytes(width, "little")
+                    frame += beat[:count]
+                    if dut.tx__tlast.value == 1:
+                        self._deliver(bytes(frame))
+                        frame = bytearray()
+                    else:
+                        assert count == width, "a beat before the last is not full"
+            ready = self.tx_ready >= 1 or self.rng.random() < self.tx_ready
+            dut.tx__tready.value = int(ready)
+
+    def _deliver(self, frame):
+        self.pcap.write(frame, self._now_ns())
+        packet = Ether(frame)
+        if ARP in packet and packet[ARP].op == 1:
+            self.arp_requests.append(packet)
+            mac = self.peers.get(packet[ARP].pdst)
+            if mac is None:
+                return
+            if self.arp_replies_to_lose:
+                self.arp_replies_to_lose -= 1
+                return
+            reply = (Ether(src=mac, dst=packet.src) /
+                     ARP(op=2, hwsrc=mac, psrc=packet[ARP].pdst,
+                         hwdst=packet[ARP].hwsrc, pdst=packet[ARP].psrc))
+            cocotb.start_soon(self.send(bytes(reply)))
+            return
+        self.received.append(frame)
+        self._arrival.set()
+
+    def close(self):
+        self.pcap.close()
