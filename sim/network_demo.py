@@ -1,0 +1,31 @@
+"""``make sim``: the simulated endpoint answers ARP, ping and UDP echo from a Scapy host."""
+
+import os
+import sys
+from pathlib import Path
+
+from gateware.core import NetworkCore
+
+from .runner import BUILD, build, run, simulator
+
+
+def main() -> int:
+    pcap = BUILD / "pcap" / "network-demo.pcap"
+    print(f"Building the endpoint's Verilog and compiling it with {simulator()} "
+          "(cached after the first run)...", flush=True)
+    design = build("network", NetworkCore(arp_retry_interval=3000, arp_lifetime=40_000,
+                                          arp_retries=3))
+    os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    try:
+        run(design, module="network_demo_bench", test_dir=Path(__file__).parent,
+            params={"pcap": str(pcap)})
+    except AssertionError as error:
+        print(f"make sim: FAILED: {error}", file=sys.stderr)
+        return 1
+    print(f"\nmake sim: done. pcap: {pcap}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
