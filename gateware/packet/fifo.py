@@ -65,8 +65,10 @@ class PacketFIFO(wiring.Component):
         # ``next`` keeps the reader aligned even when a packet's beats and length disagree.
         descriptor = data.StructLayout({
             "meta": self._meta, "length": self._length_bits, "next": range(2 * depth)})
+        # One spare entry: SyncFIFOBuffered's ``w_rdy`` can be low for a cycle with fewer
+        # than ``depth`` entries in it, so admission goes by ``level`` instead.
         m.submodules.descriptors = descriptors = fifo.SyncFIFOBuffered(
-            width=descriptor.size, depth=self._max_packets)
+            width=descriptor.size, depth=self._max_packets + 1)
 
         # Pointers count beats modulo 2 × depth, so full and empty differ.
         wr_ptr = Signal(range(2 * depth))       # next beat to write
@@ -104,7 +106,7 @@ class PacketFIFO(wiring.Component):
                 with m.If(self.i_error):
                     m.d.comb += self.o_error_drop.eq(1)
                     m.d.sync += wr_ptr.eq(start)
-                with m.Elif(full | ~descriptors.w_rdy):
+                with m.Elif(full | (descriptors.level >= self._max_packets)):
                     m.d.comb += self.o_overflow_drop.eq(1)
                     m.d.sync += wr_ptr.eq(start)
                 with m.Else():

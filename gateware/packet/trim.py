@@ -39,7 +39,7 @@ class PacketTrim(wiring.Component):
             self.o.p.last.eq(self.i.p.last | ends_here),
         ]
         with m.If(discarding):
-            m.d.comb += self.i.ready.eq(self.o.ready)
+            m.d.comb += self.i.ready.eq(1)
         with m.Else():
             m.d.comb += [
                 self.o.valid.eq(self.i.valid),

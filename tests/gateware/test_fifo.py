@@ -89,8 +89,9 @@ def count_pulses(dut, pulses):
     return testbench
 
 
+@pytest.mark.parametrize("depth, max_packets", [(8, 4), (4, 2)])
 @pytest.mark.parametrize("width", [8, 64])
-def test_random(width):
+def test_random(width, depth, max_packets):
     """Lengths across beat boundaries, bad and oversized packets, a sink that stalls.
 
     A packet must pass when the beats and packets not yet read out leave room
@@ -98,9 +99,8 @@ def test_random(width):
     beats, and may be dropped for lack of room otherwise. Whatever passes
     comes out whole and in order, and each drop pulses once.
     """
-    depth, max_packets = 8, 4
     dut = PacketFIFO(META, depth=depth, max_packets=max_packets, width=width)
-    rng = random.Random(width)
+    rng = random.Random(f"{width}.{depth}.{max_packets}")
     lengths = lengths_for(width) * 2 + [rng.randrange(0, (depth + 2) * width) for _ in range(80)]
     cases = [(rng.randbytes(n), tag, rng.random() < 0.15) for tag, n in enumerate(lengths)]
     passed, received = [], []
@@ -270,3 +270,27 @@ def test_realigns_after_bad_keep():
         assert received[1:] == [(payload, tag, len(payload)) for tag, payload in enumerate(good, 1)]
 
     run_testbenches(dut, check, source, sink, whole_beats(dut.o))
+
+
+def test_two_packet_limit():
+    """With ``max_packets=2`` two one-beat packets back to back both pass, a third
+    right behind them (two still waiting) is dropped."""
+    width = 8
+    dut = PacketFIFO(META, depth=16, max_packets=2, width=width)
+    received = []
+
+    async def source(ctx):
+        for tag, verdict in enumerate(((0, 0), (0, 0), (0, 1))):
+            assert await put_unready(ctx, dut, bytes([tag]), tag, width=width) == verdict, tag
+
+    async def sink(ctx):
+        while True:
+            payload, meta = await next_packet(ctx, dut.o, width=width)
+            received.append((payload, meta.tag))
+
+    async def check(ctx):
+        await wait_for(ctx, lambda: len(received) >= 2, 50)
+        await ctx.tick().repeat(20)
+        assert received == [(b"\0", 0), (b"\1", 1)]
+
+    run_testbenches(dut, check, source, sink)

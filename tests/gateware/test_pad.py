@@ -23,6 +23,15 @@ async def idle(ctx, gaps):
         await ctx.tick()
 
 
+async def wait_for(ctx, condition, cycles):
+    """Tick until ``condition()`` holds; fail after ``cycles``."""
+    for _ in range(cycles):
+        if condition():
+            return
+        await ctx.tick()
+    raise AssertionError(f"still waiting after {cycles} cycles")
+
+
 async def put_dirty(ctx, stream, payload, tag, *, width, gaps, noise):
     """Drive one packet whose byte lanes past ``keep`` hold noise, not zeros."""
     for data, keep, last in to_beats(payload, width):
@@ -58,10 +67,12 @@ def test_pad(width, minimum):
             assert (got, meta.tag) == (payload.ljust(minimum, b"\0"), tag), \
                 f"packet {tag} of {len(payload)} bytes"
             received.append(tag)
-        for _ in range(20):
-            assert not ctx.get(dut.o.valid), "more packets than were sent"
-            await ctx.tick()
 
-    run_testbenches(dut, sink, source)
-    assert len(received) == len(cases)
+    async def check(ctx):
+        await wait_for(ctx, lambda: len(received) == len(cases), 20_000)
+        for _ in range(20):
+            await ctx.tick()
+            assert not ctx.get(dut.o.valid), "more packets than were sent"
+
+    run_testbenches(dut, check, sink, source)
 

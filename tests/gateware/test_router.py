@@ -98,8 +98,8 @@ def test_route(width):
         await wait_for(ctx, lambda: done and list(map(len, received)) == list(map(len, expected)),
                        20_000)
         for _ in range(20):
-            assert not any(ctx.get(port.valid) for port in dut.o), "more packets than sent"
             await ctx.tick()
+            assert not any(ctx.get(port.valid) for port in dut.o), "more packets than sent"
         for index in range(OUTPUTS):
             assert received[index] == expected[index], f"output {index}"
         assert {reason: ctx.get(dut.o_drops[reason]) for reason in REASONS} == dropped

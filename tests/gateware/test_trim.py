@@ -23,6 +23,15 @@ async def idle(ctx, gaps):
         await ctx.tick()
 
 
+async def wait_for(ctx, condition, cycles):
+    """Tick until ``condition()`` holds; fail after ``cycles``."""
+    for _ in range(cycles):
+        if condition():
+            return
+        await ctx.tick()
+    raise AssertionError(f"still waiting after {cycles} cycles")
+
+
 async def put_with_length(ctx, dut, payload, tag, length, *, width, gaps, noise):
     """Drive one packet with ``length`` on ``i_length`` during its first beat only;
     later beats carry noise there."""
@@ -74,12 +83,14 @@ def test_trim(width):
             assert (got, meta.tag) == (payload[:cut], tag), \
                 f"packet {tag}: {len(payload)} bytes cut to {cut}, got {len(got)}"
             received.append(tag)
-        for _ in range(20):
-            assert not ctx.get(dut.o.valid), "more packets than were sent"
-            await ctx.tick()
 
-    run_testbenches(dut, sink, source, whole_beats(dut.o))
-    assert len(received) == len(cases)
+    async def check(ctx):
+        await wait_for(ctx, lambda: len(received) == len(cases), 20_000)
+        for _ in range(20):
+            await ctx.tick()
+            assert not ctx.get(dut.o.valid), "more packets than were sent"
+
+    run_testbenches(dut, check, sink, source, whole_beats(dut.o))
 
 
 def test_discard_while_sink_stalls():
@@ -87,16 +98,20 @@ def test_discard_while_sink_stalls():
     width, beats = 8, 6
     dut = PacketTrim(META, width=width)
     payload = bytes(range(beats * width))
-    taken = []
+    taken, sent = [], []
 
     async def monitor(ctx):
         async for _, _, valid, ready in ctx.tick().sample(dut.i.valid, dut.i.ready):
             taken.append(valid and ready)
 
-    async def check(ctx):
-        noise = random.Random(4)
+    async def source(ctx):
         ctx.set(dut.o.ready, 1)
-        await put_with_length(ctx, dut, payload, 0, 1, width=width, gaps=None, noise=noise)
+        await put_with_length(ctx, dut, payload, 0, 1, width=width, gaps=None,
+                              noise=random.Random(4))
+        sent.append(True)
+
+    async def check(ctx):
+        await wait_for(ctx, lambda: sent, 4 * beats)
         await ctx.tick()
         assert taken[:beats] == [True] * beats and sum(taken) == beats
         assert not ctx.get(dut.o.valid)
@@ -106,4 +121,4 @@ def test_discard_while_sink_stalls():
             if valid:
                 ctx.set(dut.o.ready, 0)
 
-    run_testbenches(dut, check, monitor, stall)
+    run_testbenches(dut, check, source, monitor, stall)
