@@ -9,7 +9,7 @@ import random
 
 from amaranth.sim import Simulator
 
-__all__ = ["put_packet", "get_packet", "run_testbenches", "to_beats"]
+__all__ = ["put_packet", "get_packet", "run_testbenches", "to_beats", "idle", "wait_for"]
 
 
 def to_beats(payload, width):
@@ -19,16 +19,25 @@ def to_beats(payload, width):
             for index, chunk in enumerate(chunks)]
 
 
-async def _gap(ctx, gaps):
-    if gaps is not None:
-        while gaps.random() < 0.3:
-            await ctx.tick()
+async def idle(ctx, gaps):
+    """Idle a random number of cycles when ``gaps`` is a Random (none when it is None)."""
+    while gaps is not None and gaps.random() < 0.3:
+        await ctx.tick()
+
+
+async def wait_for(ctx, condition, cycles):
+    """Tick until ``condition()`` holds; fail after ``cycles``."""
+    for _ in range(cycles):
+        if condition():
+            return
+        await ctx.tick()
+    raise AssertionError(f"still waiting after {cycles} cycles")
 
 
 async def put_packet(ctx, stream, payload, meta=0, *, width, gaps=None):
     """Drive one packet into ``stream``, idling at random when ``gaps`` is a Random."""
     for data, keep, last in to_beats(payload, width):
-        await _gap(ctx, gaps)
+        await idle(ctx, gaps)
         ctx.set(stream.valid, 1)
         ctx.set(stream.payload, {"data": data, "keep": keep, "last": last, "meta": meta})
         await ctx.tick().until(stream.ready)
@@ -43,7 +52,7 @@ async def get_packet(ctx, stream, *, width, gaps=None):
     """
     payload, meta = b"", None
     while True:
-        await _gap(ctx, gaps)
+        await idle(ctx, gaps)
         ctx.set(stream.ready, 1)
         beat, = await ctx.tick().sample(stream.payload).until(stream.valid)
         ctx.set(stream.ready, 0)

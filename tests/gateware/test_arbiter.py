@@ -8,18 +8,9 @@ import pytest
 from gateware.packet.arbiter import PacketArbiter
 from gateware.stream import NO_META, beats_for, meta_with
 
-from .streams import get_packet, put_packet, run_testbenches
+from .streams import get_packet, put_packet, run_testbenches, wait_for
 
 META = meta_with(NO_META, source=4, seq=12)
-
-
-async def wait_for(ctx, condition, cycles):
-    """Tick until ``condition()`` holds; fail after ``cycles``."""
-    for _ in range(cycles):
-        if condition():
-            return
-        await ctx.tick()
-    raise AssertionError(f"still waiting after {cycles} cycles")
 
 
 def make_cases(rng, inputs, count, width):

@@ -7,7 +7,7 @@ import pytest
 from gateware.packet.trim import PacketTrim
 from gateware.stream import NO_META, meta_with
 
-from .streams import get_packet, run_testbenches, to_beats
+from .streams import get_packet, idle, run_testbenches, to_beats, wait_for
 
 META = meta_with(NO_META, tag=16)
 
@@ -16,20 +16,6 @@ def lengths_for(width):
     """Packet lengths across the boundaries of the first three beats, and empty."""
     return sorted({0, 1} | {n for k in range(1, 4) for n in (k * width - 1, k * width,
                                                           k * width + 1)})
-
-
-async def idle(ctx, gaps):
-    while gaps is not None and gaps.random() < 0.3:
-        await ctx.tick()
-
-
-async def wait_for(ctx, condition, cycles):
-    """Tick until ``condition()`` holds; fail after ``cycles``."""
-    for _ in range(cycles):
-        if condition():
-            return
-        await ctx.tick()
-    raise AssertionError(f"still waiting after {cycles} cycles")
 
 
 async def put_with_length(ctx, dut, payload, tag, length, *, width, gaps, noise):
