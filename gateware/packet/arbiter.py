@@ -13,8 +13,11 @@ class PacketArbiter(wiring.Component):
     Between packets it grants the first input with a packet waiting, in
     round-robin order starting after the input it served last (``priority``:
     always from input 0, for a control path that must not wait behind bulk
-    data). The grant holds until that packet's last beat. Latency 0, no idle
-    cycle between packets.
+    data). The choice is made in the cycle the packet's first beat is first
+    offered on ``o`` and holds from then until its last beat is taken, so a
+    beat offered and not yet taken never changes, even when an input that
+    would be preferred becomes valid meanwhile. Latency 0 (``o`` follows the
+    granted input combinationally), no idle cycle between packets.
     """
 
     def __init__(self, meta, *, inputs, priority=False, width=BEAT_BYTES):
@@ -31,7 +34,7 @@ class PacketArbiter(wiring.Component):
         m = Module()
         count = self._inputs
 
-        first = Signal(init=1)
+        free = Signal(init=1)              # between packets, nothing offered yet: may choose
         grant = Signal(range(count))       # input of the packet in flight
         served = Signal(range(count))      # input served last, for round-robin
 
@@ -48,7 +51,7 @@ class PacketArbiter(wiring.Component):
             with m.If(Array(port.valid for port in self.i)[index]):
                 m.d.comb += choice.eq(index)
 
-        current = Mux(first, choice, grant)
+        current = Mux(free, choice, grant)
         for index, port in enumerate(self.i):
             with m.If(current == index):
                 m.d.comb += [
@@ -57,11 +60,14 @@ class PacketArbiter(wiring.Component):
                     port.ready.eq(self.o.ready),
                 ]
 
-        with m.If(self.o.valid & self.o.ready):
-            m.d.sync += [
-                first.eq(self.o.p.last),
-                grant.eq(current),
-                served.eq(current),
-            ]
+        with m.If(self.o.valid):
+            m.d.sync += grant.eq(current)
+            with m.If(self.o.ready):
+                m.d.sync += [
+                    free.eq(self.o.p.last),
+                    served.eq(current),
+                ]
+            with m.Else():
+                m.d.sync += free.eq(0)
 
         return m

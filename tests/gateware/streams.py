@@ -6,10 +6,13 @@ clock edge where both are high) are written once.
 """
 
 import random
+from typing import Any, NamedTuple
 
 from amaranth.sim import Simulator
 
-__all__ = ["put_packet", "get_packet", "run_testbenches", "to_beats", "idle", "wait_for"]
+__all__ = ["put_packet", "get_packet", "put_item", "get_item", "get_item_random_ready",
+           "run_testbenches", "to_beats", "idle", "wait_for", "Seen", "StreamMonitor",
+           "round_robin"]
 
 
 def to_beats(payload, width):
@@ -84,3 +87,108 @@ def run_testbenches(dut, *testbenches, vcd=None, deadline=None):
 
 def seeded(seed):
     return random.Random(seed)
+
+
+async def put_item(ctx, stream, value, *, gaps=None):
+    """Drive one payload (a whole transfer of a non-packet stream) into ``stream``."""
+    await idle(ctx, gaps)
+    ctx.set(stream.valid, 1)
+    ctx.set(stream.payload, value)
+    await ctx.tick().until(stream.ready)
+    ctx.set(stream.valid, 0)
+
+
+async def get_item(ctx, stream, *, gaps=None):
+    """Take one payload from ``stream``."""
+    await idle(ctx, gaps)
+    ctx.set(stream.ready, 1)
+    item, = await ctx.tick().sample(stream.payload).until(stream.valid)
+    ctx.set(stream.ready, 0)
+    return item
+
+
+async def get_item_random_ready(ctx, stream, *, gaps=None):
+    """Take one payload from ``stream`` with ``ready`` random every cycle when ``gaps`` is a
+    Random, so the payload may also wait while offered."""
+    while True:
+        ready = gaps is None or gaps.random() >= 0.3
+        ctx.set(stream.ready, ready)
+        _, _, valid, item = await ctx.tick().sample(stream.valid, stream.payload)
+        if valid and ready:
+            ctx.set(stream.ready, 0)
+            return item
+
+
+class Seen(NamedTuple):
+    """One stream on one cycle, as `StreamMonitor.watch` saw it."""
+    valid: bool
+    ready: bool
+    payload: Any
+    offer: bool     # valid, and not held over from the previous cycle: a payload's first offer
+    taken: bool     # valid and ready
+    first: bool     # the payload is a packet's first beat (always, without a ``last`` field)
+
+
+class StreamMonitor:
+    """Watches streams, named by the keywords, from a background testbench.
+
+    After every clock edge it checks that a payload offered with ``valid`` and not taken
+    is offered again, unchanged, on the next cycle, and records by cycle (0 = the first
+    edge), per stream name:
+
+    - ``offers``: the cycle each payload is first offered;
+    - ``beats``: every cycle a payload is taken;
+    - ``firsts``: every cycle a packet's first beat is taken (a stream whose payload has no
+      ``last`` field carries one-beat items, so every cycle one is taken).
+    """
+
+    def __init__(self, **streams):
+        self.streams = streams
+        self.offers = {name: [] for name in streams}
+        self.beats = {name: [] for name in streams}
+        self.firsts = {name: [] for name in streams}
+
+    async def watch(self, ctx, *signals):
+        """Check and record every cycle, then yield ``(cycle, seen, values)``: ``seen`` maps
+        each stream name to a `Seen`, ``values`` are those of ``signals`` at that edge."""
+        names = list(self.streams)
+        packets = {name: "last" in getattr(stream.payload.shape(), "members", {})
+                   for name, stream in self.streams.items()}
+        held = dict.fromkeys(names)             # payload offered and not taken last cycle
+        first = dict.fromkeys(names, True)
+        cycle = 0
+        async for _, _, *values in ctx.tick().sample(
+                *(value for stream in self.streams.values()
+                  for value in (stream.valid, stream.ready, stream.payload)), *signals):
+            seen = {}
+            for index, name in enumerate(names):
+                valid, ready, payload = values[3 * index:3 * index + 3]
+                if held[name] is not None:
+                    assert valid, f"{name}, cycle {cycle}: valid fell before the payload was taken"
+                    assert payload == held[name], \
+                        f"{name}, cycle {cycle}: payload changed before it was taken"
+                offer, taken = bool(valid) and held[name] is None, bool(valid and ready)
+                if offer:
+                    self.offers[name].append(cycle)
+                if taken:
+                    self.beats[name].append(cycle)
+                    if first[name]:
+                        self.firsts[name].append(cycle)
+                seen[name] = Seen(bool(valid), bool(ready), payload, offer, taken, first[name])
+                held[name] = payload if valid and not ready else None
+                if taken and packets[name]:
+                    first[name] = bool(payload.last)
+            yield cycle, seen, values[3 * len(names):]
+            cycle += 1
+
+    async def run(self, ctx):
+        """A testbench that only checks and records."""
+        async for _ in self.watch(ctx):
+            pass
+
+
+def round_robin(previous, offered):
+    """The golden round-robin grant: the first input offering after ``previous``."""
+    count = len(offered)
+    return next(index % count for index in range(previous + 1, previous + 1 + count)
+                if offered[index % count])

@@ -8,7 +8,7 @@ import pytest
 from gateware.packet.arbiter import PacketArbiter
 from gateware.stream import NO_META, beats_for, meta_with
 
-from .streams import get_packet, put_packet, run_testbenches, wait_for
+from .streams import StreamMonitor, get_packet, put_packet, round_robin, run_testbenches, wait_for
 
 META = meta_with(NO_META, source=4, seq=12)
 
@@ -27,8 +27,9 @@ class Bench:
         self.dut, self.cases, self.width = dut, cases, width
         self.source_gaps, self.sink_gaps = source_gaps, sink_gaps
         self.received = []          # (source, seq, payload) in output order
-        self.starts = []            # (source, input valids) when a packet's first beat is taken
-        self.beats = []             # cycle of every beat taken
+        self.starts = []            # (source, input valids) when a packet's first beat is offered
+        self.streams = StreamMonitor(o=dut.o)
+        self.beats = self.streams.beats["o"]        # cycle of every beat taken
         self.total = sum(len(packets) for packets in cases)
 
     def source(self, index):
@@ -46,20 +47,22 @@ class Bench:
             self.received.append((meta.source, meta.seq, payload))
 
     async def monitor(self, ctx):
-        dut, first, packet_meta, cycle = self.dut, True, None, 0
-        valids = [port.valid for port in dut.i]
-        async for _, _, valid, ready, beat, *offered in ctx.tick().sample(
-                dut.o.valid, dut.o.ready, dut.o.payload, *valids):
-            cycle += 1
-            if not (valid and ready):
+        """Checks, besides the stream rule, that every packet is whole. Records the input
+        valids of the cycle where a packet's first beat is first offered, which is where the
+        arbiter makes its choice."""
+        packet_meta, offer = None, None
+        valids = [port.valid for port in self.dut.i]
+        async for _, seen, offered in self.streams.watch(ctx, *valids):
+            out = seen["o"]
+            if out.offer and out.first:
+                offer = offered
+            if not out.taken:
                 continue
-            self.beats.append(cycle)
-            meta = (beat.meta.source, beat.meta.seq)
-            if first:
+            meta = (out.payload.meta.source, out.payload.meta.seq)
+            if out.first:
                 packet_meta = meta
-                self.starts.append((beat.meta.source, offered))
+                self.starts.append((out.payload.meta.source, offer))
             assert meta == packet_meta, f"beat of {meta} inside packet {packet_meta}"
-            first = bool(beat.last)
 
     def run(self, cycles):
         async def check(ctx):
@@ -74,13 +77,6 @@ class Bench:
 
         run_testbenches(self.dut, check, self.sink, self.monitor,
                         *(self.source(index) for index in range(len(self.cases))))
-
-
-def round_robin(previous, offered):
-    """The golden grant: the first input offering a packet after ``previous``."""
-    count = len(offered)
-    return next(index % count for index in range(previous + 1, previous + 1 + count)
-                if offered[index % count])
 
 
 @pytest.mark.parametrize("width, inputs", [(8, 1), (8, 3), (64, 3)])
@@ -139,3 +135,41 @@ def test_no_idle(width):
     beats = sum(beats_for(len(payload), width) for packets in cases for payload in packets)
     assert len(bench.beats) == beats
     assert bench.beats[-1] - bench.beats[0] + 1 == beats
+
+
+@pytest.mark.parametrize("priority", [False, True])
+def test_hold_while_stalled(priority):
+    """A first beat offered while the sink is not ready stays on the output until taken,
+    even when an input the arbiter would prefer becomes valid meanwhile; that input is
+    served next."""
+    width = 8
+    dut = PacketArbiter(META, inputs=2, priority=priority, width=width)
+    held = {"data": 0x1122, "keep": 0x3, "last": 1, "meta": {"source": 1, "seq": 1}}
+    later = {"data": 0x3344, "keep": 0xff, "last": 1, "meta": {"source": 0, "seq": 0}}
+
+    async def testbench(ctx):
+        if not priority:
+            # Serve input 1 once, so that round-robin prefers input 0 from now on.
+            ctx.set(dut.o.ready, 1)
+            await put_packet(ctx, dut.i[1], b"", {"source": 1, "seq": 0}, width=width)
+            ctx.set(dut.o.ready, 0)
+        ctx.set(dut.i[1].valid, 1)
+        ctx.set(dut.i[1].payload, held)
+        await ctx.tick()
+        offered = ctx.get(dut.o.payload)
+        assert ctx.get(dut.o.valid) and offered.meta.source == 1
+        ctx.set(dut.i[0].valid, 1)
+        ctx.set(dut.i[0].payload, later)
+        for _ in range(3):
+            assert ctx.get(dut.o.valid), "valid fell before the beat was taken"
+            assert ctx.get(dut.o.payload) == offered, "payload changed before it was taken"
+            await ctx.tick()
+        ctx.set(dut.o.ready, 1)
+        assert ctx.get(dut.o.payload) == offered
+        assert ctx.get(dut.i[1].ready) and not ctx.get(dut.i[0].ready)
+        await ctx.tick()
+        ctx.set(dut.i[1].valid, 0)
+        assert ctx.get(dut.o.valid) and ctx.get(dut.o.payload.meta.source) == 0
+        assert ctx.get(dut.i[0].ready) and not ctx.get(dut.i[1].ready)
+
+    run_testbenches(dut, testbench)

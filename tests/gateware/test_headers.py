@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """Header inserter and extractor against ``struct``-packed headers."""
 
 import random
@@ -6,7 +7,7 @@ import struct
 import pytest
 from amaranth.lib import data
 
-from gateware.headers import ETHERNET, UDP
+from gateware.headers import ETHERNET, UDP, NetworkLayout
 from gateware.packet.extract import HeaderExtractor
 from gateware.packet.insert import HeaderInserter
 from gateware.stream import NO_META, meta_with
@@ -117,3 +118,39 @@ def test_extractor(width, name):
         assert len(flagged) == len(truncated)
 
     run_testbenches(dut, sink, source, count_truncated)
+
+
+@pytest.mark.parametrize("width,lengths", [(8, (2, 5, 7)), (64, (12, 16, 28, 32))])
+def test_inserter_variable_length(width, lengths):
+    """Only the first ``hdr_length`` bytes of the header go out, per packet."""
+    layout = NetworkLayout({"bytes": 8 * max(lengths)})
+    meta = meta_with(NO_META, hdr=layout, hdr_length=6, tag=8)
+    dut = HeaderInserter("hdr", layout, meta, width=width, lengths=lengths)
+    rng = random.Random(width)
+    cases = [(rng.randbytes(max(lengths)), rng.choice(lengths), rng.randbytes(n))
+             for n in lengths_for(width) + [rng.randrange(0, 4 * width) for _ in range(30)]]
+
+    async def source(ctx):
+        gaps = random.Random(5)
+        for tag, (header, length, payload) in enumerate(cases):
+            meta = {"hdr": data.Const(layout, int.from_bytes(header, "big")),
+                    "hdr_length": length, "tag": tag}
+            await put_packet(ctx, dut.i, payload, meta, width=width, gaps=gaps)
+
+    async def sink(ctx):
+        gaps = random.Random(6)
+        for tag, (header, length, payload) in enumerate(cases):
+            got, meta = await get_packet(ctx, dut.o, width=width, gaps=gaps)
+            assert got == header[:length] + payload, f"packet {tag}"
+            assert meta.tag == tag
+
+    run_testbenches(dut, sink, source)
+
+
+def test_inserter_rejects_bad_lengths():
+    layout = NetworkLayout({"bytes": 64})
+    meta = meta_with(NO_META, hdr=layout, hdr_length=6)
+    with pytest.raises(ValueError, match="lengths"):
+        HeaderInserter("hdr", layout, meta, width=8, lengths=(4, 8))
+    with pytest.raises(ValueError, match="hdr_length"):
+        HeaderInserter("hdr", layout, meta_with(NO_META, hdr=layout), width=8, lengths=(4,))

@@ -1,0 +1,154 @@
+# amaranth: UnusedElaboratable=no
+"""PacketRegister: packets unchanged through a registered slice, at one beat per cycle,
+with no combinational path across it."""
+
+import random
+
+import pytest
+
+from gateware.packet.register import PacketRegister
+from gateware.stream import NO_META, beats_for, meta_with
+
+from .streams import get_packet, put_packet, run_testbenches, wait_for
+
+META = meta_with(NO_META, tag=16)
+
+
+def lengths_for(width):
+    """Packet lengths across the boundaries of the first three beats, and empty."""
+    return sorted({0, 1} | {n for k in range(1, 4) for n in (k * width - 1, k * width,
+                                                          k * width + 1)})
+
+
+def held_while_stalled(stream):
+    """A testbench failing when a beat offered and not taken changes or goes away."""
+    async def testbench(ctx):
+        stalled = None
+        async for _, _, valid, ready, beat in ctx.tick().sample(stream.valid, stream.ready,
+                                                               stream.payload):
+            if stalled is not None:
+                assert valid, "valid fell before the beat was taken"
+                assert beat == stalled, "payload changed before it was taken"
+            stalled = beat if valid and not ready else None
+    return testbench
+
+
+@pytest.mark.parametrize("width", [8, 64])
+@pytest.mark.parametrize("source_gaps, sink_gaps", [(True, True), (False, True), (True, False)])
+def test_random(width, source_gaps, sink_gaps):
+    """Random gaps in valid and ready: every packet comes out whole, unchanged and in order,
+    with its meta; the output holds each beat until it is taken."""
+    dut = PacketRegister(META, width=width)
+    rng = random.Random(f"register{width}")
+    payloads = [rng.randbytes(length) for length in lengths_for(width) for _ in range(3)]
+    rng.shuffle(payloads)
+    received = []
+
+    async def source(ctx):
+        gaps = random.Random(1) if source_gaps else None
+        for tag, payload in enumerate(payloads):
+            await put_packet(ctx, dut.i, payload, {"tag": tag}, width=width, gaps=gaps)
+
+    async def sink(ctx):
+        gaps = random.Random(2) if sink_gaps else None
+        for _ in payloads:
+            payload, meta = await get_packet(ctx, dut.o, width=width, gaps=gaps)
+            received.append((meta.tag, payload))
+
+    async def check(ctx):
+        await wait_for(ctx, lambda: len(received) == len(payloads), 20_000)
+        for _ in range(10):
+            await ctx.tick()
+            assert not ctx.get(dut.o.valid), "more beats than were sent"
+        assert received == list(enumerate(payloads))
+
+    run_testbenches(dut, check, source, sink, held_while_stalled(dut.o))
+
+
+@pytest.mark.parametrize("width", [8, 64])
+def test_throughput(width):
+    """Source always valid, sink always ready: ``i.ready`` never falls, a beat leaves every
+    cycle from the first to the last, and each leaves one cycle after it was taken."""
+    dut = PacketRegister(META, width=width)
+    rng = random.Random(f"throughput{width}")
+    payloads = [rng.randbytes(length) for length in lengths_for(width)]
+    total = sum(beats_for(len(payload), width) for payload in payloads)
+    taken, given = [], []
+
+    async def source(ctx):
+        for tag, payload in enumerate(payloads):
+            await put_packet(ctx, dut.i, payload, {"tag": tag}, width=width)
+
+    async def monitor(ctx):
+        cycle = 0
+        async for _, _, i_valid, i_ready, o_valid, o_ready in ctx.tick().sample(
+                dut.i.valid, dut.i.ready, dut.o.valid, dut.o.ready):
+            assert i_ready, f"cycle {cycle}: i.ready fell with the sink always ready"
+            if i_valid and i_ready:
+                taken.append(cycle)
+            if o_valid and o_ready:
+                given.append(cycle)
+            cycle += 1
+
+    async def check(ctx):
+        ctx.set(dut.o.ready, 1)
+        await wait_for(ctx, lambda: len(given) == total, 1_000)
+
+    run_testbenches(dut, check, source, monitor)
+    assert given == [cycle + 1 for cycle in taken]
+    assert given == list(range(given[0], given[0] + total))
+
+
+@pytest.mark.parametrize("width", [8, 64])
+def test_no_combinational_path(width):
+    """In every state the random traffic reaches, ``i.ready`` and all of ``o`` but its ready
+    are the same whatever ``o.ready`` and ``i`` are in that cycle: they come from registers.
+    Beats pass in order against a queue."""
+    dut = PacketRegister(META, width=width)
+    rng = random.Random(f"paths{width}")
+    cycles = 2_000
+
+    def random_beat():
+        return {"data": rng.getrandbits(8 * width), "keep": rng.getrandbits(width),
+                "last": rng.getrandbits(1), "meta": {"tag": rng.getrandbits(16)}}
+
+    async def testbench(ctx):
+        pending, sent, received, ready_low = None, [], [], 0
+        for _ in range(cycles):
+            outputs = []
+            for o_ready, i_valid in ((0, 0), (1, 1), (1, 0), (0, 1)):
+                ctx.set(dut.o.ready, o_ready)
+                ctx.set(dut.i.valid, i_valid)
+                ctx.set(dut.i.payload, random_beat())
+                outputs.append((ctx.get(dut.i.ready), ctx.get(dut.o.valid),
+                                ctx.get(dut.o.payload)))
+            assert all(output == outputs[0] for output in outputs), \
+                "i.ready or o followed o.ready or i within the cycle"
+            i_ready, o_valid, o_beat = outputs[0]
+            ready_low += not i_ready
+
+            if pending is None and rng.random() < 0.6:
+                pending = random_beat()
+            o_ready = rng.random() < 0.5
+            ctx.set(dut.i.valid, pending is not None)
+            if pending is not None:
+                ctx.set(dut.i.payload, pending)
+            ctx.set(dut.o.ready, o_ready)
+            if pending is not None and i_ready:
+                sent.append(ctx.get(dut.i.payload))
+                pending = None
+            if o_valid and o_ready:
+                received.append(o_beat)
+            await ctx.tick()
+        assert received == sent[:len(received)]
+        assert len(sent) - len(received) <= 2, "more than two beats inside"
+        assert len(received) > cycles // 3 and ready_low > cycles // 20, "traffic too light"
+
+    run_testbenches(dut, testbench)
+
+
+def test_arguments():
+    with pytest.raises(ValueError, match="width"):
+        PacketRegister(META, width=0)
+    with pytest.raises(TypeError, match="meta"):
+        PacketRegister(16)
