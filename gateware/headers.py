@@ -14,8 +14,8 @@ from amaranth.lib import data
 
 __all__ = [
     "NetworkLayout", "byte_swap",
-    "ETHERNET", "ARP", "IPV4", "UDP", "ICMP_ECHO",
-    "ETHERTYPE_IPV4", "ETHERTYPE_ARP", "IP_PROTO_ICMP", "IP_PROTO_UDP",
+    "ETHERNET", "ARP", "IPV4", "UDP", "ICMP_ECHO", "BTH", "RETH", "IMMDT", "AETH",
+    "ETHERTYPE_IPV4", "ETHERTYPE_ARP", "IP_PROTO_ICMP", "IP_PROTO_UDP", "UDP_PORT_ROCEV2",
 ]
 
 
@@ -125,7 +125,37 @@ ICMP_ECHO = NetworkLayout({    # RFC 792, echo request and echo reply
     "sequence": 16,
 })
 
+BTH = NetworkLayout({          # InfiniBand Base Transport Header (IBTA vol. 1, 9.2)
+    "opcode": 8,
+    "solicited": 1,
+    "migration": 1,
+    "pad_count": 2,
+    "version": 4,
+    "pkey": 16,
+    "resv8a": 8,               # RoCEv2 carries FECN and BECN in its top two bits
+    "dest_qp": 24,
+    "ack_request": 1,
+    "resv7": 7,
+    "psn": 24,
+})
+
+RETH = NetworkLayout({         # RDMA Extended Transport Header (9.3.3)
+    "virtual_address": 64,
+    "rkey": 32,
+    "dma_length": 32,
+})
+
+IMMDT = NetworkLayout({        # Immediate Data Extended Transport Header (9.3.5)
+    "immediate": 32,
+})
+
+AETH = NetworkLayout({         # ACK Extended Transport Header (9.3.7)
+    "syndrome": 8,
+    "msn": 24,
+})
+
 ETHERTYPE_IPV4 = 0x0800
 ETHERTYPE_ARP = 0x0806
 IP_PROTO_ICMP = 1
 IP_PROTO_UDP = 17
+UDP_PORT_ROCEV2 = 4791
