@@ -2,23 +2,30 @@
 
 from amaranth import *
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.wiring import In, Out, connect
+from amaranth.lib.wiring import In, Out, connect, flipped
 
 from .arp.layer import ARP_COUNTERS, ArpLayer
 from .config import NetworkConfig, config_value
 from .counters import COUNTER_BITS
 from .eth.rx import EthernetReceiver
-from .eth.tx import EthernetTransmitter
+from .eth.tx import ETH_TX_META, EthernetTransmitter
 from .icmp.echo import ICMP_COUNTERS, IcmpEcho
 from .ip.rx import IPv4Receiver
-from .ip.tx import IP_TX_META, IPv4Transmitter
+from .ip.tx import IP_TX_META, NEXT_HOP_META, IPv4Transmitter
 from .packet.arbiter import PacketArbiter
-from .stream import BEAT_BYTES, axi_stream_signature
+from .packet.register import PacketRegister
+from .roce.generator import GENERATOR_RUN, TrafficGenerator
+from .roce.icrc import IcrcInserter
+from .roce.planner import TRANSMIT_CONFIG
+from .roce.request_arbiter import RequestArbiter
+from .roce.requests import COMPLETION, QP_WRITE, WORK_REQUEST
+from .roce.tx import RequesterTransmitter
+from .stream import BEAT_BYTES, NO_META, axi_stream_signature
 from .udp.echo import UdpEcho
 from .udp.rx import UdpReceiver
 from .udp.tx import UDP_TX_META, UdpTransmitter
 
-__all__ = ["NetworkCore", "ECHO_PORT", "CMAC_CLOCK_HZ"]
+__all__ = ["NetworkCore", "ECHO_PORT", "CMAC_CLOCK_HZ", "TOS_ECT0"]
 
 #: The CMAC's user clock on the VCU118 (the core's ``sync`` domain there).
 CMAC_CLOCK_HZ = 322_265_625
@@ -26,9 +33,14 @@ CMAC_CLOCK_HZ = 322_265_625
 #: UDP echo service (RFC 862), for bring-up.
 ECHO_PORT = 7
 
+#: Default IPv4 traffic class of RoCEv2 packets: DSCP 0, ECN ECT(0), so that
+#: ECN-capable switches mark instead of dropping.
+TOS_ECT0 = 0b10
+
 
 class NetworkCore(wiring.Component):
-    """Ethernet, ARP, IPv4, ICMP echo and UDP on the MAC's 512-bit streams.
+    """The RoCEv2 endpoint over Ethernet, ARP, IPv4, ICMP echo and UDP on the
+    MAC's 512-bit streams.
 
     ``rx`` takes frames from the MAC without FCS (``tuser`` set with the last
     beat marks a bad frame; there is no ``tready``); ``tx`` gives frames to
@@ -51,7 +63,7 @@ class NetworkCore(wiring.Component):
 
     def __init__(self, *, mac="02:00:00:00:00:02", ip="10.77.0.2", netmask="255.255.255.0",
                  gateway="0.0.0.0", clock_hz=CMAC_CLOCK_HZ, arp_retry_interval=None,
-                 arp_lifetime=None, arp_retries=3, rx_depth=512, echo_depth=256,
+                 arp_lifetime=None, arp_retries=3, rx_depth=512, echo_depth=256, qps=16,
                  width=BEAT_BYTES):
         self._defaults = config_value(mac=mac, ip=ip, netmask=netmask, gateway=gateway)
         self._arp_retry_interval = arp_retry_interval or clock_hz
@@ -59,12 +71,19 @@ class NetworkCore(wiring.Component):
         self._arp_retries = arp_retries
         self._rx_depth = rx_depth
         self._echo_depth = echo_depth
+        self._qps = qps
         self._width = width
         super().__init__({
             "rx": In(axi_stream_signature(width=width, ready=False)),
             "tx": Out(axi_stream_signature(width=width)),
             "config": In(stream.Signature(NetworkConfig)),
             "counters": Out(self.counters_layout()),
+            "work_request": In(stream.Signature(WORK_REQUEST)),
+            "payload": In(axi_stream_signature(width=width)),
+            "completion": Out(stream.Signature(COMPLETION)),
+            "generator": In(stream.Signature(GENERATOR_RUN)),
+            "qp_write": In(stream.Signature(QP_WRITE)),
+            "roce_config": In(stream.Signature(TRANSMIT_CONFIG)),
         })
 
     @staticmethod
@@ -95,11 +114,20 @@ class NetworkCore(wiring.Component):
         m.submodules.icmp = icmp = IcmpEcho(depth=self._echo_depth, width=width)
         m.submodules.udp_rx = udp_rx = UdpReceiver([ECHO_PORT], width=width)
         m.submodules.udp_echo = udp_echo = UdpEcho(depth=self._echo_depth, width=width)
-        m.submodules.udp_mux = udp_mux = PacketArbiter(UDP_TX_META, inputs=1, width=width)
+        m.submodules.generator = generator = TrafficGenerator(width=width)
+        m.submodules.requests = requests = RequestArbiter(inputs=2, width=width)
+        m.submodules.roce_tx = roce_tx = RequesterTransmitter(qps=self._qps, width=width)
+        m.submodules.udp_mux = udp_mux = PacketArbiter(UDP_TX_META, inputs=2, width=width)
         m.submodules.udp_tx = udp_tx = UdpTransmitter(width=width)
         m.submodules.ip_mux = ip_mux = PacketArbiter(IP_TX_META, inputs=2, priority=True,
                                                      width=width)
         m.submodules.ip_tx = ip_tx = IPv4Transmitter(width=width)
+        m.submodules.icrc = icrc = IcrcInserter(width=width)
+        # Register slices on the transmit path between the layers whose logic is
+        # combinational (latency 0), so no path spans several of them.
+        m.submodules.ip_out = ip_out = PacketRegister(NEXT_HOP_META, width=width)
+        m.submodules.arp_out = arp_out = PacketRegister(ETH_TX_META, width=width)
+        m.submodules.mac_out = mac_out = PacketRegister(NO_META, width=width)
         m.submodules.eth_tx = eth_tx = EthernetTransmitter(width=width)
         for layer in (eth_rx, arp, ip_rx, ip_tx, eth_tx):
             m.d.comb += layer.i_config.eq(config)
@@ -118,20 +146,47 @@ class NetworkCore(wiring.Component):
         connect(m, ip_rx.o_udp, udp_rx.i)
         connect(m, udp_rx.o[0], udp_echo.i)
 
-        # Transmit: services → UDP → IPv4 (with ICMP first) → ARP → Ethernet → MAC.
+        # RoCEv2 requester: user logic | generator → transmit engine.
+        roce_config = Signal(TRANSMIT_CONFIG, init={"tos": TOS_ECT0, "ack_interval": 0})
+        m.d.comb += self.roce_config.ready.eq(1)
+        with m.If(self.roce_config.valid):
+            m.d.sync += roce_config.eq(self.roce_config.p)
+        m.d.comb += [
+            roce_tx.i_config.eq(roce_config),
+            requests.i_payload[0].valid.eq(self.payload.tvalid),
+            requests.i_payload[0].p.data.eq(self.payload.tdata),
+            requests.i_payload[0].p.keep.eq(self.payload.tkeep),
+            requests.i_payload[0].p.last.eq(self.payload.tlast),
+            self.payload.tready.eq(requests.i_payload[0].ready),
+        ]
+        connect(m, flipped(self.work_request), requests.i_request[0])
+        connect(m, flipped(self.generator), generator.i_start)
+        connect(m, generator.o_request, requests.i_request[1])
+        connect(m, generator.o_payload, requests.i_payload[1])
+        connect(m, requests.o_request, roce_tx.i_request)
+        connect(m, requests.o_payload, roce_tx.i_payload)
+        connect(m, flipped(self.qp_write), roce_tx.i_qp_write)
+        connect(m, roce_tx.o_completion, flipped(self.completion))
+
+        # Transmit: services → UDP → IPv4 (with ICMP first) → ICRC → ARP → Ethernet → MAC.
         connect(m, udp_echo.o, udp_mux.i[0])
+        connect(m, roce_tx.o, udp_mux.i[1])
         connect(m, udp_mux.o, udp_tx.i)
         connect(m, icmp.o, ip_mux.i[0])
         connect(m, udp_tx.o, ip_mux.i[1])
         connect(m, ip_mux.o, ip_tx.i)
-        connect(m, ip_tx.o, arp.i_ip)
-        connect(m, arp.o, eth_tx.i)
+        connect(m, ip_tx.o, ip_out.i)
+        connect(m, ip_out.o, icrc.i)
+        connect(m, icrc.o, arp.i_ip)
+        connect(m, arp.o, arp_out.i)
+        connect(m, arp_out.o, eth_tx.i)
+        connect(m, eth_tx.o, mac_out.i)
         m.d.comb += [
-            self.tx.tvalid.eq(eth_tx.o.valid),
-            self.tx.tdata.eq(eth_tx.o.p.data),
-            self.tx.tkeep.eq(eth_tx.o.p.keep),
-            self.tx.tlast.eq(eth_tx.o.p.last),
-            eth_tx.o.ready.eq(self.tx.tready),
+            self.tx.tvalid.eq(mac_out.o.valid),
+            self.tx.tdata.eq(mac_out.o.p.data),
+            self.tx.tkeep.eq(mac_out.o.p.keep),
+            self.tx.tlast.eq(mac_out.o.p.last),
+            mac_out.o.ready.eq(self.tx.tready),
         ]
 
         m.d.comb += [

@@ -2,10 +2,13 @@
 
 One :class:`NetworkBench` owns the clock, the MAC-side receive source
 (cocotbext-axi), a transmit monitor that reads the 512-bit bus once per beat
-and applies random backpressure, the pcap of both directions, and a Scapy
-peer that answers the core's ARP requests for the addresses it holds.
+and applies random backpressure, the pcap of both directions, a Scapy peer
+that answers the core's ARP requests for the addresses it holds, and the
+RoCEv2 side: QP writes, work requests with their payload (a cocotbext-axi
+source with optional random gaps), generator starts and the completions.
 """
 
+import enum
 import random
 from collections import deque
 
@@ -19,13 +22,20 @@ from scapy.layers.l2 import ARP, Ether
 
 from gateware.config import NetworkConfig
 from gateware.core import NetworkCore
+from gateware.roce.generator import GENERATOR_RUN
+from gateware.roce.planner import TRANSMIT_CONFIG
+from gateware.roce.requests import COMPLETION, QP_WRITE, WORK_REQUEST
 
 from .pcap import PcapWriter
 
-__all__ = ["NetworkBench", "CLOCK_PERIOD_PS", "MIN_FRAME"]
+__all__ = ["NetworkBench", "CLOCK_PERIOD_PS", "MIN_FRAME", "CORE_PARAMS"]
 
 #: 322.265625 MHz, the CMAC's user clock, rounded to an even number of picoseconds.
 CLOCK_PERIOD_PS = 3104
+
+#: The core as the benches build it: ARP timers (in cycles) small enough that
+#: retries and expiry fit in a short simulation.
+CORE_PARAMS = {"arp_retry_interval": 3000, "arp_lifetime": 40_000, "arp_retries": 3}
 
 #: A MAC on the wire never delivers less (without FCS); shorter frames are padded.
 MIN_FRAME = 60
@@ -37,9 +47,18 @@ def _decode(layout, value):
     result = {}
     for name, field in layout:
         member = view[name]
-        result[name] = (_decode(field.shape, member.as_value().value)
-                        if isinstance(field.shape, data.StructLayout) else int(member))
+        if isinstance(field.shape, data.StructLayout):
+            result[name] = _decode(field.shape, member.as_value().value)
+        elif isinstance(member, enum.Enum):
+            result[name] = member.value
+        else:
+            result[name] = int(member)
     return result
+
+
+def _encode(layout, value):
+    """The integer of a StructLayout constant given as a (nested) dict."""
+    return layout.const(value).as_value().value
 
 
 class NetworkBench:
@@ -54,7 +73,7 @@ class NetworkBench:
         the core's ARP requests for them.
     """
 
-    def __init__(self, dut, *, pcap, tx_ready=1.0, peers=None, seed=0):
+    def __init__(self, dut, *, pcap, tx_ready=1.0, peers=None, seed=0, payload_gaps=0.0):
         self.dut = dut
         self.rng = random.Random(seed)
         self.tx_ready = tx_ready
@@ -68,12 +87,26 @@ class NetworkBench:
         self.pcap = PcapWriter(pcap)
         self.width = len(dut.tx__tkeep)
         self.source = AxiStreamSource(AxiStreamBus.from_prefix(dut, "rx_"), dut.clk, dut.rst)
+        self.payload_gaps = payload_gaps
+        self._payload_rng = random.Random(seed + 1)
+        self.completions = deque()        # completions, decoded, in order
+        self._requests = deque()
+        self._request_ready = Event()
+        self._payloads = deque()
+        self._payload_ready = Event()
+        self._payload_busy = False
         cocotb.start_soon(Clock(dut.clk, CLOCK_PERIOD_PS, unit="ps").start())
         cocotb.start_soon(self._transmit_monitor())
+        cocotb.start_soon(self._completion_monitor())
+        cocotb.start_soon(self._request_driver())
+        cocotb.start_soon(self._payload_driver())
 
     async def reset(self):
         self.dut.rst.value = 1
-        self.dut.config__valid.value = 0
+        for port in ("config", "work_request", "generator", "qp_write", "roce_config"):
+            getattr(self.dut, f"{port}__valid").value = 0
+        self.dut.payload__tvalid.value = 0
+        self.dut.completion__ready.value = 1
         self.dut.tx__tready.value = 0
         await ClockCycles(self.dut.clk, 4)
         self.dut.rst.value = 0
@@ -86,6 +119,80 @@ class NetworkBench:
         self.dut.config__valid.value = 1
         await RisingEdge(self.dut.clk)
         self.dut.config__valid.value = 0
+
+    async def _put(self, port, layout, value):
+        """One transfer on a stream port of the core (valid/ready, payload a struct)."""
+        getattr(self.dut, f"{port}__payload").value = _encode(layout, value)
+        getattr(self.dut, f"{port}__valid").value = 1
+        while True:
+            await RisingEdge(self.dut.clk)
+            if getattr(self.dut, f"{port}__ready").value == 1:
+                break
+        getattr(self.dut, f"{port}__valid").value = 0
+
+    async def set_qp(self, qp, state):
+        """Write a QP's transmit state (a dict of QP_STATE)."""
+        await self._put("qp_write", QP_WRITE, {"qp": qp, "state": state})
+
+    async def configure_roce(self, *, tos, ack_interval=0):
+        await self._put("roce_config", TRANSMIT_CONFIG, {"tos": tos,
+                                                         "ack_interval": ack_interval})
+
+    async def start_generator(self, run):
+        """Start a generator run (a dict of GENERATOR_RUN)."""
+        await self._put("generator", GENERATOR_RUN, run)
+
+    def post(self, request, payload):
+        """Queue a work request (a dict of WORK_REQUEST) and its payload bytes."""
+        self._requests.append(request)
+        self._request_ready.set()
+        self._payloads.append(bytes(payload))
+        self._payload_ready.set()
+
+    def all_posted(self):
+        """Every queued work request and payload beat has been taken by the core."""
+        return not self._requests and not self._payloads and not self._payload_busy
+
+    async def _request_driver(self):
+        while True:
+            while not self._requests:
+                self._request_ready.clear()
+                await self._request_ready.wait()
+            await self._put("work_request", WORK_REQUEST, self._requests.popleft())
+
+    async def _payload_driver(self):
+        """Drives each payload as one packet, a beat per cycle but for random gaps
+        (``payload_gaps``: the probability of an idle cycle before a beat)."""
+        dut, width = self.dut, self.width
+        while True:
+            while not self._payloads:
+                self._payload_ready.clear()
+                await self._payload_ready.wait()
+            payload = self._payloads.popleft()
+            self._payload_busy = True
+            chunks = [payload[at:at + width] for at in range(0, len(payload), width)] or [b""]
+            for index, chunk in enumerate(chunks):
+                while self.payload_gaps and self._payload_rng.random() < self.payload_gaps:
+                    dut.payload__tvalid.value = 0
+                    await RisingEdge(dut.clk)
+                dut.payload__tdata.value = int.from_bytes(chunk, "little")
+                dut.payload__tkeep.value = (1 << len(chunk)) - 1
+                dut.payload__tlast.value = int(index == len(chunks) - 1)
+                dut.payload__tvalid.value = 1
+                while True:
+                    await RisingEdge(dut.clk)
+                    if dut.payload__tready.value == 1:
+                        break
+            dut.payload__tvalid.value = 0
+            self._payload_busy = False
+
+    async def _completion_monitor(self):
+        dut = self.dut
+        while True:
+            await RisingEdge(dut.clk)
+            if dut.completion__valid.value == 1 and dut.completion__ready.value == 1:
+                self.completions.append(
+                    _decode(COMPLETION, dut.completion__payload.value.to_unsigned()))
 
     def _now_ns(self):
         return get_sim_time(unit="ns")

@@ -1,4 +1,5 @@
-"""``make sim``: the simulated endpoint answers ARP, ping and UDP echo from a Scapy host."""
+"""``make sim``: the simulated endpoint answers ARP, ping and UDP echo from a Scapy host,
+then writes into its memory over RoCEv2."""
 
 import os
 import sys
@@ -6,6 +7,7 @@ from pathlib import Path
 
 from gateware.core import NetworkCore
 
+from .bench import CORE_PARAMS
 from .runner import BUILD, build, run, simulator
 
 
@@ -13,8 +15,7 @@ def main() -> int:
     pcap = BUILD / "pcap" / "network-demo.pcap"
     print(f"Building the endpoint's Verilog and compiling it with {simulator()} "
           "(cached after the first run)...", flush=True)
-    design = build("network", NetworkCore(arp_retry_interval=3000, arp_lifetime=40_000,
-                                          arp_retries=3))
+    design = build("core", NetworkCore(**CORE_PARAMS))
     os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     try:

@@ -8,7 +8,9 @@ from scapy.layers.inet import ICMP, IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from sim.bench import NetworkBench
+from gateware.roce.requests import PathMtu, Verb
+from sim.bench import MIN_FRAME, NetworkBench
+from sim.rocev2 import Message, generator_payload, message_packets, roce_frame
 
 PARAMS = json.loads(os.environ["BENCH_PARAMS"])
 HOST_MAC, HOST_IP = "52:54:00:12:34:56", "10.77.0.1"
@@ -47,6 +49,7 @@ async def demo(dut):
         if Raw in request and (Raw not in answer or answer[Raw].load != request[Raw].load):
             failures += 1
             print("     MISMATCH: the reply does not carry the request's data", flush=True)
+    failures += await roce_demo(bench)
     bench.close()
     counters = bench.counters()
     drops = {f"{group}.{name}": value for group, fields in counters.items()
@@ -56,3 +59,41 @@ async def demo(dut):
           flush=True)
     print("Open it with: wireshark " + PARAMS["pcap"], flush=True)
     assert failures == 0
+
+
+async def roce_demo(bench):
+    """A QP towards the host; one RDMA WRITE with immediate posted by user logic, then a
+    generator run of SENDs. Every frame is checked against Scapy's, ICRC included."""
+    qp = {"remote_qpn": 0x11, "next_psn": 0x100, "rkey": 0x1234,
+          "remote_ip": int.from_bytes(bytes(map(int, HOST_IP.split("."))), "big"),
+          "path_mtu": PathMtu.MTU_1024, "src_port": 0xC000}
+    await bench.set_qp(0, qp)
+    write = Message("RDMA_WRITE_WITH_IMMEDIATE", bytes(index & 0xFF for index in range(2500)),
+                    remote_address=0x7F00_0000_1000, immediate=0xCAFE)
+    runs = [("RDMA WRITE with immediate, 2500 bytes, path MTU 1024, from user logic", write)]
+    runs += [(f"generator: SEND {k}, 100 bytes", Message("SEND", generator_payload(k, 100)))
+             for k in range(3)]
+    bench.post({"verb": Verb.RDMA_WRITE_WITH_IMMEDIATE, "qp": 0, "tag": 1,
+                "remote_address": write.remote_address, "length": len(write.payload),
+                "immediate": write.immediate}, write.payload)
+    await bench.start_generator({"qp": 0, "verb": Verb.SEND, "length": 100, "count": 3,
+                                 "divider": 0, "base": 0, "ring": 0})
+    failures, psn = 0, qp["next_psn"]
+    for title, message in runs:
+        print(f"{title}:", flush=True)
+        for fields in message_packets(message, psn=psn, path_mtu=1024, rkey=qp["rkey"]):
+            frame = await bench.recv()
+            show("<-", frame)
+            expected = roce_frame(fields, src_mac=CORE_MAC, dst_mac=HOST_MAC, src_ip=CORE_IP,
+                                  dst_ip=HOST_IP, dest_qp=qp["remote_qpn"],
+                                  src_port=qp["src_port"], tos=0x02, ip_id=Ether(frame)[IP].id)
+            expected += bytes(max(0, MIN_FRAME - len(expected)))
+            if frame != expected:
+                failures += 1
+                print("     MISMATCH: differs from the frame Scapy builds", flush=True)
+            psn += 1
+    await bench.idle(50)
+    print(f"Completions: {[(c['tag'], c['packets']) for c in bench.completions]} "
+          "(tag, packets); every frame equals Scapy's, ICRC included"
+          if not failures else "", flush=True)
+    return failures

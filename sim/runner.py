@@ -94,6 +94,8 @@ def run(design: Build, *, module: str, test_dir: Path, params: dict | None = Non
     results = design.runner.test(hdl_toplevel=design.toplevel, test_module=module,
                           test_dir=test_dir, testcase=testcase, extra_env=env,
                           timescale=("1ps", "1ps"),
+                          results_xml=str((design.directory /
+                                           f"results-{module}-{testcase or 'all'}.xml").resolve()),
                           waves=bool(os.environ.get("WAVES")))
     tests, failed = get_results(results)
     if failed:

@@ -1,4 +1,4 @@
-"""cocotb tests of NetworkCore; run through tests/sim/test_network.py."""
+"""cocotb tests of the network layer of NetworkCore; run through tests/sim/test_core.py."""
 
 import json
 import os

@@ -1,0 +1,164 @@
+"""The built-in traffic generator: work requests and payloads of a run, as the
+connection manager's start datagram describes it (CM_PROTOCOL, "Start a run"
+and "Generator payload")."""
+
+from amaranth import *
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..stream import BEAT_BYTES, NO_META, keep_mask, packet_signature
+from .requests import QP_INDEX_BITS, WORK_REQUEST, Verb
+
+__all__ = ["GENERATOR_RUN", "TrafficGenerator"]
+
+#: One run of the generator.
+GENERATOR_RUN = data.StructLayout({
+    "qp": QP_INDEX_BITS,
+    "verb": Verb,
+    "length": 32,               # bytes per message, 0 allowed
+    "count": 32,                # messages in the run
+    "divider": 32,              # cycles between message starts; 0: as fast as possible
+    "base": 64,                 # remote address of message 0
+    "ring": 64,                 # ring size in bytes; 0: no ring
+})
+
+
+class TrafficGenerator(wiring.Component):
+    """Issues the messages of a run: for each, one work request and one payload packet.
+
+    A run is taken from ``i_start`` only while idle (``i_start.ready`` is
+    ``~o_running``). Message ``k`` (0 … ``count`` − 1) is a work request with
+    the run's verb and QP, ``tag`` = ``k`` mod 2^16, ``immediate`` = ``k``, the
+    run's length, and ``remote_address`` = ``base`` + ``k`` × ``length``; with a
+    ring, ``base`` + (``k`` mod ``slots``) × ``length`` where ``slots`` =
+    ``ring`` // ``length`` (a running offset that returns to 0 when the next
+    message would cross the ring's end, so no multiplier or divider; a ring
+    shorter than one message, or a length of 0, keeps every message at
+    ``base``).
+
+    The payload of message ``k`` is ``length`` bytes of little-endian 64-bit
+    words, word ``j`` = ``(k << 32) | j``, the last word cut to the length;
+    lane 0 is the first byte. A length of 0 is one beat with ``keep`` zero.
+
+    Timing. The first request is offered the cycle after the start is taken.
+    A message starts the cycle its request is first offered; starts are at
+    least ``divider`` cycles apart (and at most one per cycle). A message's
+    payload is never offered before its request (at the soonest in the same
+    cycle); the two streams are independent handshakes in message order, and
+    a consumer takes the request and then the payload. Payload beats leave
+    one per cycle while the sink is ready, with no idle cycle between
+    messages once the next request has been offered (always, with
+    ``divider`` 0 and a ready request sink).
+    ``o_running`` is low again, and a new start can be taken, from the
+    second cycle after the last payload beat is taken (with ``count`` 0,
+    after the start); ``o_messages`` counts the requests taken in the current
+    or last run.
+
+    ``width`` must be a multiple of 8 bytes (whole 64-bit words per beat).
+    """
+
+    def __init__(self, *, width=BEAT_BYTES):
+        if not isinstance(width, int) or width < 8 or width % 8:
+            raise ValueError(f"Beat width must be a positive multiple of 8 bytes, not {width!r}")
+        self._width = width
+        super().__init__({
+            "i_start": In(stream.Signature(GENERATOR_RUN)),
+            "o_request": Out(stream.Signature(WORK_REQUEST)),
+            "o_payload": Out(packet_signature(NO_META, width=width)),
+            "o_running": Out(1),
+            "o_messages": Out(32),
+        })
+
+    @property
+    def width(self):
+        return self._width
+
+    def elaborate(self, platform):
+        m = Module()
+        width = self._width
+        words = width // 8
+
+        run = Signal(GENERATOR_RUN)
+        running = self.o_running
+        issued = self.o_messages            # requests taken: the next request is message `issued`
+
+        # Request side.
+        gap = Signal(32)                    # cycles before the next message may start
+        offered = Signal()                  # the request was offered and not taken last cycle
+        address = Signal(64)                # base + offset of message `issued`
+        limit = Signal(66)                  # offset + 2 × length: the end of the next slot
+        more = issued != run.count
+        request = self.o_request
+
+        m.d.comb += [
+            request.valid.eq(running & more & ((gap == 0) | offered)),
+            request.p.verb.eq(run.verb),
+            request.p.qp.eq(run.qp),
+            request.p.tag.eq(issued[:16]),
+            request.p.remote_address.eq(address),
+            request.p.length.eq(run.length),
+            request.p.immediate.eq(issued),
+        ]
+        m.d.sync += offered.eq(request.valid & ~request.ready)
+        with m.If(request.valid & ~offered):
+            m.d.sync += gap.eq(Mux(run.divider == 0, 0, run.divider - 1))
+        with m.Elif(gap != 0):
+            m.d.sync += gap.eq(gap - 1)
+
+        with m.If(request.valid & request.ready):
+            m.d.sync += issued.eq(issued + 1)
+            with m.If((run.ring == 0) | (limit <= run.ring)):
+                m.d.sync += [
+                    address.eq(address + run.length),
+                    limit.eq(limit + run.length),
+                ]
+            with m.Else():
+                m.d.sync += [
+                    address.eq(run.base),
+                    limit.eq(run.length << 1),
+                ]
+
+        # Payload side: message `sent`, from the 64-bit word `word` with `remaining` bytes left.
+        sent = Signal(32)
+        word = Signal(32)
+        remaining = Signal(32)
+        payload = self.o_payload
+        last = remaining <= width
+        m.d.comb += [
+            payload.valid.eq(running & ((sent < issued) | ((sent == issued) & request.valid))),
+            payload.p.data.eq(Cat(Cat((word + index)[:32], sent) for index in range(words))),
+            payload.p.keep.eq(Mux(last, keep_mask(remaining[:width.bit_length()], width),
+                                  (1 << width) - 1)),
+            payload.p.last.eq(last),
+        ]
+        with m.If(payload.valid & payload.ready):
+            with m.If(last):
+                m.d.sync += [
+                    sent.eq(sent + 1),
+                    word.eq(0),
+                    remaining.eq(run.length),
+                ]
+            with m.Else():
+                m.d.sync += [
+                    word.eq(word + words),
+                    remaining.eq(remaining - width),
+                ]
+
+        # Run control.
+        m.d.comb += self.i_start.ready.eq(~running)
+        with m.If(self.i_start.valid & self.i_start.ready):
+            m.d.sync += [
+                run.eq(self.i_start.p),
+                running.eq(1),
+                issued.eq(0),
+                gap.eq(0),
+                address.eq(self.i_start.p.base),
+                limit.eq(self.i_start.p.length << 1),
+                sent.eq(0),
+                word.eq(0),
+                remaining.eq(self.i_start.p.length),
+            ]
+        with m.Elif(running & ~more & (sent == run.count)):
+            m.d.sync += running.eq(0)
+
+        return m
