@@ -9,11 +9,13 @@ from .config import NetworkConfig, config_value
 from .counters import COUNTER_BITS
 from .eth.rx import EthernetReceiver
 from .eth.tx import ETH_TX_META, EthernetTransmitter
+from .headers import UDP_PORT_ROCEV2
 from .icmp.echo import ICMP_COUNTERS, IcmpEcho
 from .ip.rx import IPv4Receiver
 from .ip.tx import IP_TX_META, NEXT_HOP_META, IPv4Transmitter
 from .packet.arbiter import PacketArbiter
 from .packet.register import PacketRegister
+from .roce.ack import ACK_COUNTERS, AckReceiver
 from .roce.generator import GENERATOR_RUN, TrafficGenerator
 from .roce.icrc import IcrcInserter
 from .roce.planner import TRANSMIT_CONFIG
@@ -95,6 +97,7 @@ class NetworkCore(wiring.Component):
             "arp": ARP_COUNTERS,
             "icmp": ICMP_COUNTERS,
             "udp_echo_dropped": unsigned(COUNTER_BITS),
+            "roce_ack": ACK_COUNTERS,
         })
 
     def elaborate(self, platform):
@@ -112,7 +115,8 @@ class NetworkCore(wiring.Component):
                                           retries=self._arp_retries, width=width)
         m.submodules.ip_rx = ip_rx = IPv4Receiver(width=width)
         m.submodules.icmp = icmp = IcmpEcho(depth=self._echo_depth, width=width)
-        m.submodules.udp_rx = udp_rx = UdpReceiver([ECHO_PORT], width=width)
+        m.submodules.udp_rx = udp_rx = UdpReceiver([ECHO_PORT, UDP_PORT_ROCEV2], width=width)
+        m.submodules.ack_rx = ack_rx = AckReceiver(qps=self._qps, width=width)
         m.submodules.udp_echo = udp_echo = UdpEcho(depth=self._echo_depth, width=width)
         m.submodules.generator = generator = TrafficGenerator(width=width)
         m.submodules.requests = requests = RequestArbiter(inputs=2, width=width)
@@ -145,6 +149,7 @@ class NetworkCore(wiring.Component):
         connect(m, ip_rx.o_icmp, icmp.i)
         connect(m, ip_rx.o_udp, udp_rx.i)
         connect(m, udp_rx.o[0], udp_echo.i)
+        connect(m, udp_rx.o[1], ack_rx.i)
 
         # RoCEv2 requester: user logic | generator → transmit engine.
         roce_config = Signal(TRANSMIT_CONFIG, init={"tos": TOS_ECT0, "ack_interval": 0})
@@ -196,5 +201,6 @@ class NetworkCore(wiring.Component):
             self.counters.arp.eq(arp.o_counters),
             self.counters.icmp.eq(icmp.o_counters),
             self.counters.udp_echo_dropped.eq(udp_echo.o_dropped),
+            self.counters.roce_ack.eq(ack_rx.o_counters),
         ]
         return m

@@ -27,6 +27,9 @@ TRANSMIT_CONFIG = data.StructLayout({
 #: The default partition key (full membership), the only one RoCE uses.
 PKEY_DEFAULT = 0xFFFF
 
+#: RoCEv2 source ports lie in 0xC000–0xFFFF (IBTA annex A17): these bits are always set.
+ROCEV2_SOURCE_PORTS = 0xC000
+
 
 def _opcode(verb, first, last):
     """The RC opcode of a packet: the verb's family, and where the packet sits."""
@@ -46,7 +49,8 @@ class PacketPlanner(wiring.Component):
     AckReq on the last packet and on every ``ack_interval``-th), the RETH on
     the first packet of an RDMA WRITE, the ImmDt on the last packet of the
     immediate verbs, pad count, the UDP/IPv4 destination, and the payload
-    bytes of the packet. It reads the QP's state from the table when it takes
+    bytes of the packet (UDP source port: the QP's, with its top two bits set,
+    so always in 0xC000–0xFFFF). It reads the QP's state from the table when it takes
     a work request and writes the next PSN back with the last packet.
 
     A request for a QP index past ``qps``, longer than 2^31 bytes, or for a QP
@@ -125,7 +129,7 @@ class PacketPlanner(wiring.Component):
             descriptor.meta.transport_length.eq(
                 BTH.length + Mux(has_reth, RETH.length, 0) + Mux(has_immdt, IMMDT.length, 0)),
             descriptor.meta.dst_ip.eq(state.remote_ip),
-            descriptor.meta.src_port.eq(state.src_port),
+            descriptor.meta.src_port.eq(state.src_port | ROCEV2_SOURCE_PORTS),
             descriptor.meta.dst_port.eq(UDP_PORT_ROCEV2),
             descriptor.meta.length.eq(descriptor.meta.transport_length + payload_length + pad
                                       + 4),

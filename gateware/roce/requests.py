@@ -11,12 +11,15 @@ from amaranth import *
 from amaranth.lib import data, enum
 
 __all__ = [
-    "QP_INDEX_BITS", "MAX_MESSAGE_BYTES", "Verb", "PathMtu", "WORK_REQUEST",
+    "QP_INDEX_BITS", "FIRST_QPN", "MAX_MESSAGE_BYTES", "Verb", "PathMtu", "WORK_REQUEST",
     "CompletionStatus", "COMPLETION", "QP_STATE", "QP_WRITE",
 ]
 
 #: Bits of a QP index: up to 256 QPs.
 QP_INDEX_BITS = 8
+
+#: QPN of QP index 0 (CM_PROTOCOL: "QPNs start at 256"); index i is QPN 256 + i.
+FIRST_QPN = 256
 
 #: Longest message (IBTA: a DMA length is at most 2^31 bytes).
 MAX_MESSAGE_BYTES = 1 << 31
@@ -82,7 +85,7 @@ QP_STATE = data.StructLayout({
     "rkey": 32,
     "remote_ip": 32,
     "path_mtu": PathMtu,
-    "src_port": 16,             # UDP source port, stable per QP, in 0xC000–0xFFFF
+    "src_port": 16,             # UDP source port, stable per QP (sent with bits 15:14 set)
 })
 
 #: A write into the QP table.

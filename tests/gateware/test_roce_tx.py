@@ -44,9 +44,10 @@ def expected_datagrams(qp, message, *, tos, ack_interval):
     for fields in packets:
         frame = roce_frame(fields, src_mac="02:00:00:00:00:02", dst_mac="02:00:00:00:00:01",
                            src_ip="10.77.0.2", dst_ip=qp.remote_ip, dest_qp=qp.remote_qpn,
-                           src_port=qp.src_port, tos=tos, ip_id=0)
+                           src_port=qp.src_port | 0xC000, tos=tos, ip_id=0)
         datagram = frame[HEADERS:-4] + bytes(4)
-        meta = {"dst_ip": int(ipaddress.IPv4Address(qp.remote_ip)), "src_port": qp.src_port,
+        meta = {"dst_ip": int(ipaddress.IPv4Address(qp.remote_ip)),
+                "src_port": qp.src_port | 0xC000,   # RoCEv2 source ports: 0xC000–0xFFFF
                 "dst_port": ROCEV2_PORT, "length": len(datagram), "tos": tos}
         out.append((meta, datagram))
     first_psn = qp.psn
@@ -235,3 +236,12 @@ def test_payload_shorter_or_longer_than_the_request():
                   status=CompletionStatus.PAYLOAD_SHORT)
     bench.message(qp, Message("SEND_WITH_IMMEDIATE", pattern(513, 6), 0, 6))
     bench.run()
+
+
+def test_source_port_stays_in_the_rocev2_range():
+    bench = Bench(seed=11)
+    qp = bench.add_qp(Qp(1, remote_qpn=9, psn=0, rkey=1, remote_ip="10.77.0.6", path_mtu=512,
+                         src_port=0x1234))
+    bench.message(qp, Message("SEND", pattern(1000, 1)))
+    bench.run()
+    assert all(meta["src_port"] == 0xD234 for meta, _ in bench.datagrams)

@@ -10,10 +10,11 @@ import random
 from dataclasses import dataclass
 
 import cocotb
-from scapy.layers.inet import IP
+from scapy.contrib.roce import AETH, BTH
+from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from gateware.roce.requests import PathMtu, Verb
+from gateware.roce.requests import FIRST_QPN, PathMtu, Verb
 from sim.bench import MIN_FRAME, NetworkBench
 from sim.rocev2 import Message, generator_payload, message_packets, roce_frame
 
@@ -156,4 +157,37 @@ async def generator_run_follows_the_cm_rule(dut):
                                  "length": length, "count": count, "divider": 0,
                                  "base": base, "ring": ring})
     await run.check()
+    bench.close()
+
+
+@cocotb.test()
+async def acknowledgements_are_checked_and_counted(dut):
+    """ACKs and NAKs for our QPs are taken; a bad ICRC, a request opcode and an unknown
+    QPN are dropped and counted; the transmit side keeps working."""
+    bench = await start(dut, seed=7)
+    run = RoceRun(bench)
+    qp = Qp(3, remote_qpn=0x17, psn=0x1000, rkey=0xD3D, path_mtu=1024, src_port=0xC003)
+    await run.open(qp)
+
+    def acknowledge(qpn, psn, *, syndrome=0x1F, opcode=0x11, corrupt=False):
+        frame = bytes(Ether(src=PEER_MAC, dst=OUR_MAC)
+                      / IP(src=PEER_IP, dst=OUR_IP, flags="DF", ttl=64)
+                      / UDP(sport=0xDA25, dport=4791, chksum=0)
+                      / BTH(opcode=opcode, dqpn=qpn, psn=psn)
+                      / AETH(syndrome=syndrome, msn=1))
+        return frame[:-1] + bytes([frame[-1] ^ 1]) if corrupt else frame
+
+    our_qpn = FIRST_QPN + qp.index
+    for frame in (acknowledge(our_qpn, 0x1000), acknowledge(our_qpn, 0x1001, syndrome=0x60),
+                  acknowledge(our_qpn, 0x1002, syndrome=0x2E),
+                  acknowledge(our_qpn, 0x1000, corrupt=True),
+                  acknowledge(our_qpn, 0x1000, opcode=0x0A),
+                  acknowledge(FIRST_QPN + 200, 0x1000)):
+        await bench.send(frame)
+    run.post(qp, Message("RDMA_WRITE", bytes(range(200)), 0x1000), tag=1)
+    await run.check()
+    counters = bench.counters()
+    assert counters["roce_ack"] == {"acks": 3, "icrc_errors": 1, "unsupported": 1,
+                                    "unknown_qp": 1}, counters["roce_ack"]
+    assert counters["udp"]["port"] == 0
     bench.close()

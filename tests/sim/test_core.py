@@ -27,6 +27,7 @@ TESTCASES = {
         "every_verb_length_and_path_mtu_matches_scapy",
         "psn_wraps_in_a_long_back_to_back_run",
         "generator_run_follows_the_cm_rule",
+        "acknowledgements_are_checked_and_counted",
     ],
 }
 

@@ -1,0 +1,136 @@
+"""AckReceiver against acknowledgements built by Scapy, the ACK captured from Linux
+Soft-RoCE, and every kind of datagram it must drop."""
+
+import random
+import re
+from pathlib import Path
+
+from amaranth.lib import data
+from scapy.contrib.roce import AETH, BTH
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
+from scapy.packet import Raw
+
+from gateware.headers import ETHERNET, IPV4
+from gateware.headers import UDP as UDP_LAYOUT
+from gateware.roce.ack import AckReceiver
+from gateware.roce.requests import FIRST_QPN
+
+from .streams import run_testbenches, to_beats
+
+WIDTH = 64
+QPS = 64
+VECTORS = Path(__file__).parents[3] / "shared" / "vectors" / "rxe-frames.md"
+
+
+def rxe_frames():
+    text = VECTORS.read_text()
+    return [bytes.fromhex("".join(block.split()))
+            for block in re.findall(r"\n\n((?:    [0-9a-f]+\n)+)", text)]
+
+
+def ack_frame(*, qpn, psn, syndrome=0x1F, msn=1, src="10.77.0.1", ip_id=7, corrupt=False,
+              opcode=0x11, version=0, payload=b""):
+    frame = (Ether(src="52:54:00:12:34:56", dst="02:00:00:00:00:02")
+             / IP(src=src, dst="10.77.0.2", id=ip_id, flags="DF", ttl=64)
+             / UDP(sport=0xDA25, dport=4791, chksum=0)
+             / BTH(opcode=opcode, version=version, dqpn=qpn, psn=psn)
+             / AETH(syndrome=syndrome, msn=msn)
+             / Raw(payload))
+    frame = bytes(frame)
+    if corrupt:
+        frame = frame[:-1] + bytes([frame[-1] ^ 0x40])
+    return frame
+
+
+def as_input(frame):
+    """The meta and UDP payload beats the UDP receiver hands to its service on 4791."""
+    packet = Ether(frame)
+    ip_header = bytes(packet[IP])[:IPV4.length]
+    udp_header = bytes(packet[UDP])[:UDP_LAYOUT.length]
+    meta = {"length": len(frame), "eth": data.Const(ETHERNET, 0),
+            "ip": data.Const(IPV4, int.from_bytes(ip_header, "big")),
+            "udp": data.Const(UDP_LAYOUT, int.from_bytes(udp_header, "big"))}
+    payload = bytes(packet[UDP].payload)[:packet[UDP].len - UDP_LAYOUT.length]
+    return meta, payload
+
+
+def run(cases, *, gaps):
+    """Feed ``cases`` [(frame, expected event or None)]; return the events and counters."""
+    dut = AckReceiver(qps=QPS, width=WIDTH)
+    events = []
+
+    async def source(ctx):
+        rng = random.Random(1)
+        for frame, _ in cases:
+            meta, payload = as_input(frame)
+            for beat_data, keep, last in to_beats(payload, WIDTH):
+                while gaps and rng.random() < 0.3:
+                    await ctx.tick()
+                ctx.set(dut.i.valid, 1)
+                ctx.set(dut.i.payload, {"data": beat_data, "keep": keep, "last": last,
+                                        "meta": meta})
+                await ctx.tick()
+                ctx.set(dut.i.valid, 0)
+        for _ in range(5):
+            await ctx.tick()
+
+    async def sink(ctx):
+        async for _, _, valid, event in ctx.tick().sample(dut.o.valid, dut.o.payload):
+            if valid:
+                events.append({name: int(getattr(event, name))
+                               for name in ("qp", "src_ip", "psn", "syndrome", "msn")})
+
+    counters = {}
+
+    async def main(ctx):
+        await source(ctx)
+        for name in ("acks", "icrc_errors", "unsupported", "unknown_qp"):
+            counters[name] = ctx.get(getattr(dut.o_counters, name))
+
+    run_testbenches(dut, main, sink)
+    return events, counters
+
+
+def event(qpn, psn, syndrome=0x1F, msn=1, src="10.77.0.1"):
+    return {"qp": qpn - FIRST_QPN, "src_ip": int.from_bytes(bytes(map(int, src.split("."))),
+                                                            "big"),
+            "psn": psn, "syndrome": syndrome, "msn": msn}
+
+
+def test_soft_roce_ack_vector():
+    _, ack = rxe_frames()
+    events, counters = run([(ack, None)], gaps=False)
+    assert events == [event(0x123, 0x1000, 0x1F, 1)]
+    assert counters == {"acks": 1, "icrc_errors": 0, "unsupported": 0, "unknown_qp": 0}
+
+
+def test_acks_naks_and_drops_back_to_back_and_with_gaps():
+    rng = random.Random(3)
+    good = []
+    for _ in range(40):
+        qpn = FIRST_QPN + rng.randrange(QPS)
+        psn = rng.getrandbits(24)
+        syndrome = rng.choice([0x1F, 0x00, 0x20 | rng.getrandbits(5), 0x60, 0x61, 0x62, 0x63])
+        msn = rng.getrandbits(24)
+        src = f"10.77.0.{rng.randrange(1, 250)}"
+        good.append((ack_frame(qpn=qpn, psn=psn, syndrome=syndrome, msn=msn, src=src),
+                     event(qpn, psn, syndrome, msn, src)))
+    bad = {
+        "icrc_errors": [ack_frame(qpn=FIRST_QPN, psn=5, corrupt=True)],
+        "unknown_qp": [ack_frame(qpn=FIRST_QPN + QPS, psn=5), ack_frame(qpn=FIRST_QPN - 1,
+                                                                        psn=5)],
+        "unsupported": [ack_frame(qpn=FIRST_QPN, psn=5, opcode=0x04),          # SEND ONLY
+                        ack_frame(qpn=FIRST_QPN, psn=5, version=1),
+                        ack_frame(qpn=FIRST_QPN, psn=5, payload=bytes(4)),     # longer
+                        ack_frame(qpn=FIRST_QPN, psn=5, payload=bytes(100))],  # two beats
+    }
+    cases = list(good)
+    for frames in bad.values():
+        for frame in frames:
+            cases.insert(rng.randrange(len(cases) + 1), (frame, None))
+    for gaps in (False, True):
+        events, counters = run(cases, gaps=gaps)
+        assert events == [expected for _, expected in cases if expected is not None]
+        assert counters == {"acks": len(good),
+                            **{reason: len(frames) for reason, frames in bad.items()}}
