@@ -13,6 +13,7 @@ from scapy.packet import Raw
 
 from gateware.roce.icrc import IcrcInserter
 
+from ..rxe_vectors import ETHERNET_HEADER, RXE_ACKNOWLEDGE, RXE_WRITE_ONLY
 from .streams import get_packet, put_packet, run_testbenches, wait_for
 
 WIDTH = 64
@@ -20,16 +21,6 @@ ICRC_BYTES = 4
 HEADERS_AND_ICRC = len(IP() / UDP() / BTH())
 OPCODES = (0x04, 0x0a, 0x06, 0x07, 0x08, 0x11)   # SEND ONLY, WRITE ONLY/FIRST/MIDDLE/LAST, ACK
 
-# Linux Soft-RoCE (rdma_rxe) frames from /work/shared/vectors/rxe-frames.md, Ethernet header
-# included, ICRC last.
-ETHERNET_HEADER = 14
-RXE_WRITE_ONLY = bytes.fromhex(
-    "52540012345602000000000208004500007c00004000401125d50a4d00020a4d0001c0de12b7006800000a00ffff"
-    "000000178000100000000000377bc00000000d3d0000004048454c4c4f2d524f43452d46524f4d2d484f53542d00"
-    "0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f202122232425262728292ac452c91c")
-RXE_ACKNOWLEDGE = bytes.fromhex(
-    "020000000002525400123456080045000030ac894000401179970a4d00010a4d0002da2512b7001c00001100ffff"
-    "00000123000010001f000001cb9a8e50")
 
 
 @dataclass

@@ -22,6 +22,8 @@ from sim.responder import (
 )
 from sim.rocev2 import Message, PacketFields, generator_payload, message_packets, roce_frame
 
+from ..rxe_vectors import RXE_ACKNOWLEDGE, RXE_WRITE_ONLY
+
 OUR_MAC, OUR_IP = "02:00:00:00:00:02", "10.77.0.2"          # the endpoint: the requester
 PEER_MAC, PEER_IP = "52:54:00:12:34:56", "10.77.0.1"        # the responder
 QPN, PEER_QPN = 0x17, 0x123
@@ -29,15 +31,6 @@ BASE, SIZE, RKEY = 0x377BC000, 1 << 14, 0xD3D
 PSN = 0x1000
 MTU = 256
 
-# rxe-frames.md: an RDMA WRITE ONLY accepted by rxe and the ACK rxe sent for it.
-RXE_WRITE = bytes.fromhex(
-    "52540012345602000000000208004500007c00004000401125d50a4d00020a4d0001c0de12b7006800000a00"
-    "ffff0000001780001000"
-    "00000000377bc00000000d3d0000004048454c4c4f2d524f43452d46524f4d2d484f53542d000102030405060708"
-    "090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f202122232425262728292ac452c91c")
-RXE_ACK = bytes.fromhex(
-    "020000000002525400123456080045000030ac894000401179970a4d00010a4d0002da2512b7001c00001100"
-    "ffff00000123000010001f000001cb9a8e50")
 
 
 def make_responder(**kwargs) -> Responder:
@@ -95,8 +88,8 @@ def payload(length: int, k: int = 1) -> bytes:
 
 def test_rxe_write_only_gets_the_ack_rxe_sent():
     responder = make_responder(ip_id_start=0xAC89, path_mtu=1024)
-    responder.receive(RXE_WRITE, 0)
-    assert responder.poll(0) == [RXE_ACK]
+    responder.receive(RXE_WRITE_ONLY, 0)
+    assert responder.poll(0) == [RXE_ACKNOWLEDGE]
     assert responder.memory[:64] == b"HELLO-ROCE-FROM-HOST-" + bytes(range(43))
     assert (responder.expected_psn, responder.msn) == (PSN + 1, 1)
     assert responder.src_port == rxe_udp_source_port(QPN, PEER_QPN) == 0xDA25
