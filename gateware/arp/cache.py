@@ -1,3 +1,6 @@
+import operator
+from functools import reduce
+
 from amaranth import *
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -13,7 +16,9 @@ class ArpCache(wiring.Component):
 
     ``i_lookup_ip`` is answered in the same cycle on ``o_hit`` / ``o_mac``.
     A binding on ``i_update`` refreshes the entry for its address, or takes a
-    free entry, or else replaces entries in turn. An entry expires
+    free entry, or else replaces entries in turn; it is written in two steps
+    (find the entry, then write it), so lookups see it 2 cycles after it was
+    offered, and bindings may come every cycle. An entry expires
     ``lifetime`` cycles after its last update (counted in steps of
     ``lifetime / 8``, so an entry lives between 7/8 and all of it).
     """
@@ -53,32 +58,46 @@ class ArpCache(wiring.Component):
                 with m.Else():
                     m.d.sync += age[index].eq(age[index] + 1)
 
-        for index in range(count):
-            with m.If(valid[index] & (table[index].ip == self.i_lookup_ip)):
-                m.d.comb += [
-                    self.o_hit.eq(1),
-                    self.o_mac.eq(table[index].mac),
-                ]
+        # Lookup: the bindings are unique, so the answer is the OR of the matching entries.
+        found = Cat(valid[index] & (table[index].ip == self.i_lookup_ip) for index in range(count))
+        m.d.comb += [
+            self.o_hit.eq(found.any()),
+            self.o_mac.eq(reduce(operator.or_, (Mux(found[index], table[index].mac, 0)
+                                                for index in range(count)))),
+        ]
 
+        # Update, in two steps. First: which entry holds the address, as a one-hot
+        # vector, allowing for the write of the binding before it, which is not in the
+        # table yet.
         update = self.i_update.p
+        pending = Signal(ARP_ENTRY)
+        pending_valid = Signal()
+        pending_matches = Signal(count)
+        spare = Signal(count)
+        write = Signal(count)
         matches = Cat(valid[index] & (table[index].ip == update.ip) for index in range(count))
-        slot = Signal(range(count))
-        with m.If(matches.any()):
-            for index in reversed(range(count)):
-                with m.If(matches[index]):
-                    m.d.comb += slot.eq(index)
-        with m.Elif(~valid.all()):
-            for index in reversed(range(count)):
-                with m.If(~valid[index]):
-                    m.d.comb += slot.eq(index)
-        with m.Else():
-            m.d.comb += slot.eq(victim)
-        with m.If(self.i_update.valid):
-            m.d.sync += [
-                table[slot].eq(update),
-                valid.bit_select(slot, 1).eq(1),
-                age[slot].eq(0),
-            ]
-            with m.If(~matches.any() & valid.all()):
-                m.d.sync += victim.eq(Mux(victim == count - 1, 0, victim + 1))
+        m.d.sync += [
+            pending.eq(update),
+            pending_valid.eq(self.i_update.valid),
+            pending_matches.eq(Mux(pending_valid & (pending.ip == update.ip),
+                                   write, matches & ~write)),
+        ]
+
+        # Then the write: the entry holding the address, else the first free one, else the
+        # victim; the last two depend on registers only.
+        first_free = Cat(~valid[index] & valid[:index].all() for index in range(count))
+        victim_hot = Cat(victim == index for index in range(count))
+        m.d.comb += [
+            spare.eq(Mux(valid.all(), victim_hot, first_free)),
+            write.eq(Mux(pending_valid, Mux(pending_matches.any(), pending_matches, spare), 0)),
+        ]
+        for index in range(count):
+            with m.If(write[index]):
+                m.d.sync += [
+                    table[index].eq(pending),
+                    valid[index].eq(1),
+                    age[index].eq(0),
+                ]
+        with m.If(pending_valid & ~pending_matches.any() & valid.all()):
+            m.d.sync += victim.eq(Mux(victim == count - 1, 0, victim + 1))
         return m
