@@ -8,6 +8,7 @@ from scapy.layers.inet import ICMP, IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
+from gateware.config import parse_ipv4
 from gateware.roce.requests import PathMtu, Verb
 from sim.bench import MIN_FRAME, NetworkBench
 from sim.rocev2 import Message, generator_payload, message_packets, roce_frame
@@ -65,7 +66,7 @@ async def roce_demo(bench):
     """A QP towards the host; one RDMA WRITE with immediate posted by user logic, then a
     generator run of SENDs. Every frame is checked against Scapy's, ICRC included."""
     qp = {"remote_qpn": 0x11, "next_psn": 0x100, "rkey": 0x1234,
-          "remote_ip": int.from_bytes(bytes(map(int, HOST_IP.split("."))), "big"),
+          "remote_ip": parse_ipv4(HOST_IP),
           "path_mtu": PathMtu.MTU_1024, "src_port": 0xC000}
     await bench.set_qp(0, qp)
     write = Message("RDMA_WRITE_WITH_IMMEDIATE", bytes(index & 0xFF for index in range(2500)),

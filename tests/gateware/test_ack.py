@@ -9,6 +9,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
+from gateware.config import parse_ipv4
 from gateware.headers import ETHERNET, IPV4
 from gateware.headers import UDP as UDP_LAYOUT
 from gateware.roce.ack import AckReceiver
@@ -84,8 +85,7 @@ def run(cases, *, gaps):
 
 
 def event(qpn, psn, syndrome=0x1F, msn=1, src="10.77.0.1"):
-    return {"qp": qpn - FIRST_QPN, "src_ip": int.from_bytes(bytes(map(int, src.split("."))),
-                                                            "big"),
+    return {"qp": qpn - FIRST_QPN, "src_ip": parse_ipv4(src),
             "psn": psn, "syndrome": syndrome, "msn": msn}
 
 

@@ -3,21 +3,15 @@
 "Generator payload": every request field, every payload byte, and the timing."""
 
 import random
-import struct
 from itertools import pairwise
 
 import pytest
 
 from gateware.roce.generator import TrafficGenerator
 from gateware.roce.requests import Verb
+from sim.rocev2 import generator_payload
 
 from .streams import StreamMonitor, get_item_random_ready, get_packet, run_testbenches, wait_for
-
-
-def model_payload(k, length):
-    """Message ``k``: little-endian 64-bit words ``(k << 32) | j``, the last cut to the length."""
-    words = -(-length // 8)
-    return b"".join(struct.pack("<Q", (k << 32) | j) for j in range(words))[:length]
 
 
 def model_address(run, k):
@@ -99,7 +93,7 @@ class Bench:
 
         run_testbenches(self.dut, check, self.starter, self.request_sink, self.payload_sink,
                         self.streams.run)
-        expected = [(model_request(run, k), model_payload(k, run["length"]))
+        expected = [(model_request(run, k), generator_payload(k, run["length"]))
                     for run in self.runs for k in range(run["count"])]
         for index, (request, payload) in enumerate(expected):
             assert self.requests[index] == request, f"request {index}"
@@ -220,7 +214,7 @@ def test_start_ignored_while_running():
 
     run_testbenches(dut, bench, request_sink, payload_sink)
     assert requests == [model_request(first, k) for k in range(first["count"])]
-    assert payloads == [model_payload(k, first["length"]) for k in range(first["count"])]
+    assert payloads == [generator_payload(k, first["length"]) for k in range(first["count"])]
 
 
 def test_tag_wraps():

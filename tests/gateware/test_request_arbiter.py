@@ -12,6 +12,7 @@ from amaranth.lib import wiring
 from gateware.roce.generator import TrafficGenerator
 from gateware.roce.request_arbiter import RequestArbiter
 from gateware.roce.requests import Verb
+from sim.rocev2 import generator_payload
 
 from .streams import (
     StreamMonitor,
@@ -23,7 +24,7 @@ from .streams import (
     run_testbenches,
     wait_for,
 )
-from .test_generator import make_run, model_payload, model_request
+from .test_generator import make_run, model_request
 
 
 def make_messages(rng, inputs, count, width):
@@ -238,7 +239,7 @@ def test_with_generator():
         await wait_for(ctx, lambda: len(received) == total, 10_000)
 
     run_testbenches(top, check, start, user_requests, user_payloads, engine)
-    generated = [(model_request(run, k), model_payload(k, run["length"]))
+    generated = [(model_request(run, k), generator_payload(k, run["length"]))
                  for k in range(run["count"])]
     assert [message for message in received if message[0][1] == run["qp"]] == generated
     assert [message for message in received if message[0][1] == 0] == \

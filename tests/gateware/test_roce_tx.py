@@ -1,12 +1,12 @@
 """RequesterTransmitter against the Scapy model of sim/rocev2.py: every datagram it
 sends (transport headers, payload, pad, ICRC slot) and every completion."""
 
-import ipaddress
 import random
 
 import pytest
 from amaranth.lib import data
 
+from gateware.config import parse_ipv4
 from gateware.roce.requests import QP_STATE, CompletionStatus, PathMtu, Verb
 from gateware.roce.tx import RequesterTransmitter
 from sim.rocev2 import ROCEV2_PORT, Message, message_packets, roce_frame
@@ -27,7 +27,7 @@ class Qp:
         """The QP's state as a QP_STATE constant; path MTU 0 stands for a missing one."""
         state = QP_STATE.const({
             "remote_qpn": self.remote_qpn, "next_psn": self.psn, "rkey": self.rkey,
-            "remote_ip": int(ipaddress.IPv4Address(self.remote_ip)),
+            "remote_ip": parse_ipv4(self.remote_ip),
             "path_mtu": PathMtu.from_bytes(self.path_mtu or 256), "src_port": self.src_port})
         if self.path_mtu:
             return state
@@ -46,7 +46,7 @@ def expected_datagrams(qp, message, *, tos, ack_interval):
                            src_ip="10.77.0.2", dst_ip=qp.remote_ip, dest_qp=qp.remote_qpn,
                            src_port=qp.src_port | 0xC000, tos=tos, ip_id=0)
         datagram = frame[HEADERS:-4] + bytes(4)
-        meta = {"dst_ip": int(ipaddress.IPv4Address(qp.remote_ip)),
+        meta = {"dst_ip": parse_ipv4(qp.remote_ip),
                 "src_port": qp.src_port | 0xC000,   # RoCEv2 source ports: 0xC000–0xFFFF
                 "dst_port": ROCEV2_PORT, "length": len(datagram), "tos": tos}
         out.append((meta, datagram))

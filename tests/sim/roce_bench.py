@@ -14,6 +14,7 @@ from scapy.contrib.roce import AETH, BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
+from gateware.config import parse_ipv4
 from gateware.roce.requests import FIRST_QPN, PathMtu, Verb
 from sim.bench import MIN_FRAME, NetworkBench
 from sim.rocev2 import Message, generator_payload, message_packets, roce_frame
@@ -36,7 +37,7 @@ class Qp:
 
     def state(self):
         return {"remote_qpn": self.remote_qpn, "next_psn": self.psn, "rkey": self.rkey,
-                "remote_ip": int.from_bytes(bytes(map(int, PEER_IP.split("."))), "big"),
+                "remote_ip": parse_ipv4(PEER_IP),
                 "path_mtu": PathMtu.from_bytes(self.path_mtu), "src_port": self.src_port}
 
 
