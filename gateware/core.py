@@ -20,7 +20,8 @@ from .roce.generator import GENERATOR_RUN, TrafficGenerator
 from .roce.icrc import IcrcInserter
 from .roce.planner import TRANSMIT_CONFIG
 from .roce.request_arbiter import RequestArbiter
-from .roce.requests import COMPLETION, QP_WRITE, WORK_REQUEST
+from .roce.requests import COMPLETION, QP_INDEX_BITS, QP_STATUS, QP_WRITE, WORK_REQUEST
+from .roce.timers import ticks_at
 from .roce.tx import RequesterTransmitter
 from .stream import BEAT_BYTES, NO_META, axi_stream_signature
 from .udp.echo import UdpEcho
@@ -61,12 +62,24 @@ class NetworkCore(wiring.Component):
     rx_depth : int
         Beats of the receive FIFO (holds the frame being received; 512 beats
         take a 9000-byte jumbo frame with room to spare).
+    qps : int
+        RoCEv2 queue pairs (QPN 256 + index).
+    retransmit_beats : int
+        Beats (64 bytes) of each QP's retransmit ring, a power of 2: the
+        payload a QP may have unacknowledged. The default, 128 KiB, is 10.5 us
+        at 100 Gb/s, more than the ACK timeout of 8.2 us (timeout 1).
+    messages : int
+        Unacknowledged messages a QP may have.
+
+    ``roce_config`` sets the RoCEv2 traffic class and the cycles of the IB
+    timers' 4.096 us tick (default: at ``clock_hz``); ``qp_status_select`` →
+    ``qp_status``: that QP's reliability state and counters, a cycle later.
     """
 
     def __init__(self, *, mac="02:00:00:00:00:02", ip="10.77.0.2", netmask="255.255.255.0",
                  gateway="0.0.0.0", clock_hz=CMAC_CLOCK_HZ, arp_retry_interval=None,
                  arp_lifetime=None, arp_retries=3, rx_depth=512, echo_depth=256, qps=16,
-                 width=BEAT_BYTES):
+                 retransmit_beats=2048, messages=128, width=BEAT_BYTES):
         self._defaults = config_value(mac=mac, ip=ip, netmask=netmask, gateway=gateway)
         self._arp_retry_interval = arp_retry_interval or clock_hz
         self._arp_lifetime = arp_lifetime or 60 * clock_hz
@@ -74,6 +87,9 @@ class NetworkCore(wiring.Component):
         self._rx_depth = rx_depth
         self._echo_depth = echo_depth
         self._qps = qps
+        self._retransmit_beats = retransmit_beats
+        self._messages = messages
+        self._tick = ticks_at(clock_hz)
         self._width = width
         super().__init__({
             "rx": In(axi_stream_signature(width=width, ready=False)),
@@ -86,6 +102,8 @@ class NetworkCore(wiring.Component):
             "generator": In(stream.Signature(GENERATOR_RUN)),
             "qp_write": In(stream.Signature(QP_WRITE)),
             "roce_config": In(stream.Signature(TRANSMIT_CONFIG)),
+            "qp_status_select": In(QP_INDEX_BITS),
+            "qp_status": Out(QP_STATUS),
         })
 
     @staticmethod
@@ -120,7 +138,9 @@ class NetworkCore(wiring.Component):
         m.submodules.udp_echo = udp_echo = UdpEcho(depth=self._echo_depth, width=width)
         m.submodules.generator = generator = TrafficGenerator(width=width)
         m.submodules.requests = requests = RequestArbiter(inputs=2, width=width)
-        m.submodules.roce_tx = roce_tx = RequesterTransmitter(qps=self._qps, width=width)
+        m.submodules.roce_tx = roce_tx = RequesterTransmitter(
+            qps=self._qps, ring_beats=self._retransmit_beats, messages=self._messages,
+            width=width)
         m.submodules.udp_mux = udp_mux = PacketArbiter(UDP_TX_META, inputs=2, width=width)
         m.submodules.udp_tx = udp_tx = UdpTransmitter(width=width)
         m.submodules.ip_mux = ip_mux = PacketArbiter(IP_TX_META, inputs=2, priority=True,
@@ -152,7 +172,7 @@ class NetworkCore(wiring.Component):
         connect(m, udp_rx.o[1], ack_rx.i)
 
         # RoCEv2 requester: user logic | generator → transmit engine.
-        roce_config = Signal(TRANSMIT_CONFIG, init={"tos": TOS_ECT0, "ack_interval": 0})
+        roce_config = Signal(TRANSMIT_CONFIG, init={"tos": TOS_ECT0, "tick": self._tick})
         m.d.comb += self.roce_config.ready.eq(1)
         with m.If(self.roce_config.valid):
             m.d.sync += roce_config.eq(self.roce_config.p)
@@ -172,6 +192,12 @@ class NetworkCore(wiring.Component):
         connect(m, requests.o_payload, roce_tx.i_payload)
         connect(m, flipped(self.qp_write), roce_tx.i_qp_write)
         connect(m, roce_tx.o_completion, flipped(self.completion))
+        connect(m, ack_rx.o, roce_tx.i_ack)
+        connect(m, ack_rx.o_icrc_error, roce_tx.i_icrc_error)
+        m.d.comb += [
+            roce_tx.status_qp.eq(self.qp_status_select),
+            self.qp_status.eq(roce_tx.status),
+        ]
 
         # Transmit: services → UDP → IPv4 (with ICMP first) → ICRC → ARP → Ethernet → MAC.
         connect(m, udp_echo.o, udp_mux.i[0])

@@ -5,7 +5,10 @@ One :class:`NetworkBench` owns the clock, the MAC-side receive source
 and applies random backpressure, the pcap of both directions, a Scapy peer
 that answers the core's ARP requests for the addresses it holds, and the
 RoCEv2 side: QP writes, work requests with their payload (a cocotbext-axi
-source with optional random gaps), generator starts and the completions.
+source with optional random gaps), generator starts, the completions and
+the per-QP status. Responder models (:class:`sim.responder.Responder`) can be
+attached: they receive the core's packets for their QPN and their answers
+are sent back into the core, in a time counted in clock cycles (``cycle``).
 """
 
 import enum
@@ -18,13 +21,14 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, Event, RisingEdge, with_timeout
 from cocotb.utils import get_sim_time
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSource
+from scapy.contrib.roce import BTH
 from scapy.layers.l2 import ARP, Ether
 
 from gateware.config import NetworkConfig
 from gateware.core import NetworkCore
 from gateware.roce.generator import GENERATOR_RUN
 from gateware.roce.planner import TRANSMIT_CONFIG
-from gateware.roce.requests import COMPLETION, QP_WRITE, WORK_REQUEST
+from gateware.roce.requests import COMPLETION, QP_STATUS, QP_WRITE, WORK_REQUEST
 
 from .pcap import PcapWriter
 
@@ -34,8 +38,10 @@ __all__ = ["NetworkBench", "CLOCK_PERIOD_PS", "MIN_FRAME", "CORE_PARAMS"]
 CLOCK_PERIOD_PS = 3104
 
 #: The core as the benches build it: ARP timers (in cycles) small enough that
-#: retries and expiry fit in a short simulation.
-CORE_PARAMS = {"arp_retry_interval": 3000, "arp_lifetime": 40_000, "arp_retries": 3}
+#: retries and expiry fit in a short simulation, and retransmit rings of 512
+#: beats (32 KiB) per QP, so that a quarter of a ring is a few packets.
+CORE_PARAMS = {"arp_retry_interval": 3000, "arp_lifetime": 40_000, "arp_retries": 3,
+               "retransmit_beats": 512}
 
 #: A MAC on the wire never delivers less (without FCS); shorter frames are padded.
 MIN_FRAME = 60
@@ -82,6 +88,9 @@ class NetworkBench:
         self.arp_requests = []            # every ARP request the core sent
         self.received = deque()           # frames from the core, but its ARP requests
         self._arrival = Event()
+        self.cycle = 0                    # clock cycles since the bench started
+        self._responders = {}             # attached responder models by their QPN
+        self._responder_due = None        # the earliest next_due of any of them
         self.tx_beats = 0
         self.tx_cycles_valid = 0
         self.pcap = PcapWriter(pcap)
@@ -90,6 +99,7 @@ class NetworkBench:
         self.payload_gaps = payload_gaps
         self._payload_rng = random.Random(seed + 1)
         self.completions = deque()        # completions, decoded, in order
+        self._completion = Event()
         self._requests = deque()
         self._request_ready = Event()
         self._payloads = deque()
@@ -134,9 +144,9 @@ class NetworkBench:
         """Write a QP's transmit state (a dict of QP_STATE)."""
         await self._put("qp_write", QP_WRITE, {"qp": qp, "state": state})
 
-    async def configure_roce(self, *, tos, ack_interval=0):
-        await self._put("roce_config", TRANSMIT_CONFIG, {"tos": tos,
-                                                         "ack_interval": ack_interval})
+    async def configure_roce(self, *, tos, tick):
+        """Set the RoCEv2 traffic class and the clock cycles of a 4.096 us timer tick."""
+        await self._put("roce_config", TRANSMIT_CONFIG, {"tos": tos, "tick": tick})
 
     async def start_generator(self, run):
         """Start a generator run (a dict of GENERATOR_RUN)."""
@@ -193,17 +203,49 @@ class NetworkBench:
             if dut.completion__valid.value == 1 and dut.completion__ready.value == 1:
                 self.completions.append(
                     _decode(COMPLETION, dut.completion__payload.value.to_unsigned()))
+                self._completion.set()
+
+    async def wait_completions(self, count, timeout_cycles=20_000):
+        """Wait until ``count`` completions have come since the bench started."""
+        async def wait():
+            while len(self.completions) < count:
+                self._completion.clear()
+                await self._completion.wait()
+        await with_timeout(wait(), timeout_cycles * CLOCK_PERIOD_PS, "ps")
+
+    async def qp_status(self, qp):
+        """A QP's reliability state and counters (a dict of QP_STATUS)."""
+        self.dut.qp_status_select.value = qp
+        await ClockCycles(self.dut.clk, 2)      # the output is registered
+        return _decode(QP_STATUS, self.dut.qp_status.value.to_unsigned())
 
     def _now_ns(self):
         return get_sim_time(unit="ns")
 
-    async def send(self, frame, *, error=False, pad=True):
-        """Deliver one frame as the MAC would (``error``: tuser set with the last beat)."""
+    def _rx_frame(self, frame, *, error=False, pad=True):
+        """A frame as the MAC delivers it (padded to the minimum), written to the pcap."""
         frame = bytes(frame)
         if pad and len(frame) < MIN_FRAME:
             frame += bytes(MIN_FRAME - len(frame))
         self.pcap.write(frame, self._now_ns())
-        await self.source.send(AxiStreamFrame(frame, tuser=int(error)))
+        return AxiStreamFrame(frame, tuser=int(error))
+
+    async def send(self, frame, *, error=False, pad=True):
+        """Deliver one frame as the MAC would (``error``: tuser set with the last beat)."""
+        await self.source.send(self._rx_frame(frame, error=error, pad=pad))
+
+    def attach(self, responder):
+        """Connect a responder model: the core's packets to its QPN go to it (they
+        stay in ``received`` too), and its answers go into the core when due."""
+        self._responders[responder.qpn] = responder
+
+    def _serve(self, responder):
+        """Send the responder's frames that are due, and note when it is due next."""
+        for frame in responder.poll(self.cycle):
+            self.source.send_nowait(self._rx_frame(frame))
+        times = [due for due in (r.next_due for r in self._responders.values())
+                 if due is not None]
+        self._responder_due = min(times, default=None)
 
     async def wait_sent(self):
         await self.source.wait()
@@ -228,6 +270,12 @@ class NetworkBench:
         frame = bytearray()
         while True:
             await RisingEdge(dut.clk)
+            self.cycle += 1
+            if self._responder_due is not None and self._responder_due <= self.cycle:
+                for responder in list(self._responders.values()):
+                    due = responder.next_due
+                    if due is not None and due <= self.cycle:
+                        self._serve(responder)
             if dut.tx__tvalid.value == 1:
                 self.tx_cycles_valid += 1
                 if dut.tx__tready.value == 1:
@@ -263,6 +311,11 @@ class NetworkBench:
             return
         self.received.append(frame)
         self._arrival.set()
+        if self._responders and BTH in packet:     # Scapy's BTH: UDP port 4791
+            responder = self._responders.get(packet[BTH].dqpn)
+            if responder is not None:
+                responder.receive(frame, self.cycle)
+                self._serve(responder)
 
     def close(self):
         self.pcap.close()

@@ -9,9 +9,10 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
 from gateware.config import parse_ipv4
-from gateware.roce.requests import PathMtu, Verb
-from sim.bench import MIN_FRAME, NetworkBench
-from sim.rocev2 import Message, generator_payload, message_packets, roce_frame
+from gateware.roce.requests import FIRST_QPN, PathMtu, Verb
+from sim.bench import CORE_PARAMS, MIN_FRAME, NetworkBench
+from sim.responder import Completion, Responder
+from sim.rocev2 import Message, RetransmitRing, generator_payload, message_packets, roce_frame
 
 PARAMS = json.loads(os.environ["BENCH_PARAMS"])
 HOST_MAC, HOST_IP = "52:54:00:12:34:56", "10.77.0.1"
@@ -63,14 +64,25 @@ async def demo(dut):
 
 
 async def roce_demo(bench):
-    """A QP towards the host; one RDMA WRITE with immediate posted by user logic, then a
-    generator run of SENDs. Every frame is checked against Scapy's, ICRC included."""
+    """A QP towards the host, whose RDMA side is a responder model (Soft-RoCE's rules);
+    one RDMA WRITE with immediate posted by user logic, then a generator run of SENDs.
+    Every frame is checked against Scapy's, ICRC included; the host acknowledges them,
+    and the data must be in its memory and receive queue."""
     qp = {"remote_qpn": 0x11, "next_psn": 0x100, "rkey": 0x1234,
           "remote_ip": parse_ipv4(HOST_IP),
-          "path_mtu": PathMtu.MTU_1024, "src_port": 0xC000}
+          "path_mtu": PathMtu.MTU_1024, "src_port": 0xC000,
+          "timeout": 14, "retry_count": 7, "rnr_retry": 7}     # rdma-core's usual values
     await bench.set_qp(0, qp)
     write = Message("RDMA_WRITE_WITH_IMMEDIATE", bytes(index & 0xFF for index in range(2500)),
                     remote_address=0x7F00_0000_1000, immediate=0xCAFE)
+    host = Responder(mac=HOST_MAC, ip=HOST_IP, peer_mac=CORE_MAC, peer_ip=CORE_IP,
+                     qpn=qp["remote_qpn"], peer_qpn=FIRST_QPN, expected_psn=qp["next_psn"],
+                     rkey=qp["rkey"], memory_base=write.remote_address,
+                     memory_size=len(write.payload), path_mtu=1024)
+    host.post_receive(4)
+    bench.attach(host)
+    ring = RetransmitRing(CORE_PARAMS["retransmit_beats"]) \
+        if "retransmit_beats" in CORE_PARAMS else None
     runs = [("RDMA WRITE with immediate, 2500 bytes, path MTU 1024, from user logic", write)]
     runs += [(f"generator: SEND {k}, 100 bytes", Message("SEND", generator_payload(k, 100)))
              for k in range(3)]
@@ -82,7 +94,8 @@ async def roce_demo(bench):
     failures, psn = 0, qp["next_psn"]
     for title, message in runs:
         print(f"{title}:", flush=True)
-        for fields in message_packets(message, psn=psn, path_mtu=1024, rkey=qp["rkey"]):
+        for fields in message_packets(message, psn=psn, path_mtu=1024, rkey=qp["rkey"],
+                                      ring=ring):
             frame = await bench.recv()
             show("<-", frame)
             expected = roce_frame(fields, src_mac=CORE_MAC, dst_mac=HOST_MAC, src_ip=CORE_IP,
@@ -93,8 +106,17 @@ async def roce_demo(bench):
                 failures += 1
                 print("     MISMATCH: differs from the frame Scapy builds", flush=True)
             psn += 1
+    await bench.wait_completions(len(runs))
     await bench.idle(50)
+    print(f"The host acknowledged with {host.stats['frames_sent']} ACKs.", flush=True)
     print(f"Completions: {[(c['tag'], c['packets']) for c in bench.completions]} "
           "(tag, packets); every frame equals Scapy's, ICRC included"
           if not failures else "", flush=True)
+    landed = [Completion(0x09, write.payload, write.immediate)]
+    landed += [Completion(0x04, message.payload, None) for _, message in runs[1:]]
+    if host.memory != write.payload or host.receive_queue != landed:
+        failures += 1
+        print("MISMATCH: the data in the host's memory or receive queue differs", flush=True)
+    else:
+        print("The host's memory and receive queue hold the data, byte for byte.", flush=True)
     return failures

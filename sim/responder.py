@@ -324,6 +324,11 @@ class Responder:
         return self._state
 
     @property
+    def qpn(self) -> int:
+        """Our QPN: the destination QPN of the packets we take."""
+        return self._qpn
+
+    @property
     def expected_psn(self) -> int:
         return self._expected_psn
 
@@ -542,7 +547,7 @@ class Responder:
         imm = ImmDt(data[headers - _IMMDT_LEN:headers]).imm if immediate else None
         payload = data[headers:len(data) - bth.padcount]
 
-        needs_receive = (kind == "SEND" and position in ("FIRST", "ONLY")) or immediate
+        needs_receive = position in ("FIRST", "ONLY") if kind == "SEND" else immediate
         if needs_receive and not self._take_receive(kind):
             return False
 

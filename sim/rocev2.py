@@ -4,7 +4,8 @@ Scapy (``scapy.contrib.roce``) has the BTH and computes the ICRC but has no
 RETH or ImmDt layer; they are defined here from the InfiniBand specification
 (RETH: virtual address u64, rkey u32, DMA length u32; ImmDt: u32, all
 big-endian). :func:`message_packets` cuts a message into packets the way the
-specification says a requester must, independently of the gateware.
+specification says a requester must, independently of the gateware, and sets
+AckReq by the core's rule (:class:`RetransmitRing`).
 """
 
 import struct
@@ -16,11 +17,14 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw
 
-__all__ = ["RETH", "ImmDt", "Message", "PacketFields", "message_packets", "roce_frame",
-           "generator_payload", "ROCEV2_PORT", "PKEY"]
+__all__ = ["RETH", "ImmDt", "Message", "PacketFields", "RetransmitRing", "message_packets",
+           "roce_frame", "generator_payload", "ROCEV2_PORT", "PKEY", "RING_BEAT_BYTES"]
 
 ROCEV2_PORT = 4791
 PKEY = 0xFFFF
+
+#: Bytes of one beat of a retransmit ring: the core's 512-bit bus.
+RING_BEAT_BYTES = 64
 
 
 class RETH(Packet):
@@ -67,9 +71,35 @@ _OPCODES = {    # IBTA vol. 1 table 38, Reliable Connection
 }
 
 
+@dataclass
+class RetransmitRing:
+    """Where a QP's packets land in the core's retransmit ring of ``beats`` beats,
+    for the AckReq rule: the core asks for an ACK whenever a packet's payload
+    reaches the next quarter of the ring, so ACKs free the ring before it fills.
+    ``tail`` counts the beats written since the QP was set; a packet takes
+    ceil(payload / 64) beats."""
+    beats: int
+    tail: int = 0
+
+    def ack_request(self, payload_bytes: int) -> bool:
+        """Whether a packet of ``payload_bytes`` reaches a quarter of the ring; it
+        is then written (``tail`` advances)."""
+        beats = -(-payload_bytes // RING_BEAT_BYTES)
+        quarter = self.beats // 4
+        reaches = self.tail % quarter + beats >= quarter
+        self.tail += beats
+        return reaches
+
+
 def message_packets(message: Message, *, psn: int, path_mtu: int, rkey: int,
+                    ring: RetransmitRing | None = None,
                     ack_interval: int = 0) -> list[PacketFields]:
-    """The packets of one message: full path-MTU packets, then the rest."""
+    """The packets of one message: full path-MTU packets, then the rest.
+
+    AckReq is set on the last packet, on those that reach a quarter of the QP's
+    ``ring`` (which every packet advances), and on every ``ack_interval``-th
+    packet of the message (for tests of a responder on its own).
+    """
     data = message.payload
     chunks = [data[offset:offset + path_mtu] for offset in range(0, len(data), path_mtu)]
     chunks = chunks or [b""]
@@ -80,7 +110,8 @@ def message_packets(message: Message, *, psn: int, path_mtu: int, rkey: int,
         position = ("ONLY" if first else "LAST") if last else ("FIRST" if first else "MIDDLE")
         if last and message.with_immediate:
             position += "_IMM"
-        ack = last or (ack_interval > 0 and (index + 1) % ack_interval == 0)
+        ack = ring is not None and ring.ack_request(len(chunk))
+        ack = ack or last or (ack_interval > 0 and (index + 1) % ack_interval == 0)
         packets.append(PacketFields(
             opcode=_OPCODES[family, position],
             psn=(psn + index) % (1 << 24),

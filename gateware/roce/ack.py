@@ -43,7 +43,8 @@ class AckReceiver(wiring.Component):
     ``meta`` and the BTH and AETH, with the variant fields as ones, in one
     flat XOR per bit). Never stalls the receive path (``i`` is always ready).
     ``o`` has no backpressure: an event is valid for one cycle, 2 cycles
-    after the datagram's beat.
+    after the datagram's beat; so is ``o_icrc_error``, the QP of an
+    acknowledgement dropped for its ICRC.
     """
 
     def __init__(self, *, qps, width=BEAT_BYTES):
@@ -54,6 +55,7 @@ class AckReceiver(wiring.Component):
         super().__init__({
             "i": In(packet_signature(UDP_RX_META, width=width)),
             "o": Out(stream.Signature(ACK_EVENT, always_ready=True)),
+            "o_icrc_error": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "o_counters": Out(ACK_COUNTERS),
         })
 
@@ -108,16 +110,18 @@ class AckReceiver(wiring.Component):
             for index, row in enumerate(data_matrix.rows)))
         icrc_ok = ICRC.finalize_value(register) == expected_icrc
         accepted = candidate & shaped & known_qp & icrc_ok
+        icrc_error = candidate & shaped & known_qp & ~icrc_ok
         m.d.sync += [
             self.o.valid.eq(accepted),
             self.o.p.eq(event),
+            self.o_icrc_error.valid.eq(icrc_error),
+            self.o_icrc_error.p.eq(event.qp),
         ]
         counters = self.o_counters
         m.d.comb += [
             counters.acks.eq(event_counter(m, accepted, "acks")),
             counters.unsupported.eq(event_counter(m, candidate & ~shaped, "unsupported")),
             counters.unknown_qp.eq(event_counter(m, candidate & shaped & ~known_qp, "unknown_qp")),
-            counters.icrc_errors.eq(event_counter(m, candidate & shaped & known_qp & ~icrc_ok,
-                                                  "icrc_errors")),
+            counters.icrc_errors.eq(event_counter(m, icrc_error, "icrc_errors")),
         ]
         return m

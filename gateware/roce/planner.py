@@ -3,13 +3,24 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..headers import BTH, IMMDT, RETH, UDP_PORT_ROCEV2
-from .descriptor import MAX_PACKET_PAYLOAD, PACKET_DESCRIPTOR
+from ..stream import BEAT_BYTES
+from .descriptor import (
+    BUFFER_READ,
+    MAX_PACKET_PAYLOAD,
+    MESSAGE,
+    MESSAGE_LOADED,
+    PACKET_DESCRIPTOR,
+    PACKET_SENT,
+    POINTER_BITS,
+    QP_VIEW,
+    REPLAY,
+    SLOT_BITS,
+)
 from .opcodes import Opcode
-from .qp_table import PSN_UPDATE
+from .qp_table import QP_PATH
 from .requests import (
     MAX_MESSAGE_BYTES,
     QP_INDEX_BITS,
-    QP_STATE,
     WORK_REQUEST,
     CompletionStatus,
     PathMtu,
@@ -21,7 +32,7 @@ __all__ = ["PacketPlanner", "TRANSMIT_CONFIG", "PKEY_DEFAULT"]
 #: Settings of the transmit engine that hold for every QP.
 TRANSMIT_CONFIG = data.StructLayout({
     "tos": 8,               # IPv4 DSCP/ECN byte of every RoCEv2 packet
-    "ack_interval": 16,     # AckReq also on every N-th packet of a message (0: last only)
+    "tick": 16,             # clock cycles of the 4.096 us tick of the IB timers
 })
 
 #: The default partition key (full membership), the only one RoCE uses.
@@ -29,6 +40,18 @@ PKEY_DEFAULT = 0xFFFF
 
 #: RoCEv2 source ports lie in 0xC000–0xFFFF (IBTA annex A17): these bits are always set.
 ROCEV2_SOURCE_PORTS = 0xC000
+
+#: Where the planner is in one message: the message, its QP's path, and the next packet.
+_CONTEXT = data.StructLayout({
+    "qp": QP_INDEX_BITS,
+    "slot": SLOT_BITS,
+    "message": MESSAGE,
+    "path": QP_PATH,
+    "remaining": 32,            # payload bytes from the next packet on
+    "psn": 24,                  # of the next packet
+    "index": 24,                # of the next packet in the message
+    "offset": POINTER_BITS,     # ring position of the next packet's payload
+})
 
 
 def _opcode(verb, first, last):
@@ -41,55 +64,105 @@ def _opcode(verb, first, last):
     return Opcode[f"{family}_{position}{suffix}"]
 
 
+def _mtu_bytes(m, path_mtu, width):
+    """The payload bytes of a full packet at a path MTU (0 for a value that is none)."""
+    result = Signal(range(MAX_PACKET_PAYLOAD + 1))
+    with m.Switch(path_mtu):
+        for mtu in PathMtu:
+            with m.Case(mtu):
+                m.d.comb += result.eq(mtu.bytes)
+    return result
+
+
 class PacketPlanner(wiring.Component):
-    """Cuts each work request into packets by its QP's path MTU.
+    """Cuts messages into packets by their QP's path MTU, sends new messages and
+    resends old ones.
 
     For every packet it hands the segmenter a descriptor: the BTH (opcode by
-    position in the message, PSN counting modulo 2^24 from the QP's next PSN,
-    AckReq on the last packet and on every ``ack_interval``-th), the RETH on
-    the first packet of an RDMA WRITE, the ImmDt on the last packet of the
-    immediate verbs, pad count, the UDP/IPv4 destination, and the payload
-    bytes of the packet (UDP source port: the QP's, with its top two bits set,
-    so always in 0xC000–0xFFFF). It reads the QP's state from the table when it takes
-    a work request and writes the next PSN back with the last packet.
+    position in the message, PSN modulo 2^24, AckReq), the RETH on the first
+    packet of an RDMA WRITE, the ImmDt on the last packet of the immediate
+    verbs, pad count, the UDP/IPv4 destination (UDP source port: the QP's,
+    with its top two bits set, so always in 0xC000–0xFFFF), the payload bytes,
+    and where the payload sits in the QP's retransmit ring.
+
+    Two contexts take turns packet by packet: a *replay* (go-back-N resend of a
+    message the reliability engine hands over, from one of its packets up to
+    the QP's next new PSN; first) and the *new* message (a work request and its
+    QP's path from the table, when the reliability engine has a free message
+    slot and ring room for each packet, and the QP is not due a resend). A
+    packet requests an ACK when it is the last of its message, when its
+    payload crosses a quarter of the QP's ring (so a ring never fills without
+    an ACK on its way), and when it ends a resend. A resent packet is
+    otherwise the same as its original.
 
     A request for a QP index past ``qps``, longer than 2^31 bytes, or for a QP
-    without a valid path MTU yields one ``drop`` descriptor, so its payload is
-    drained and its completion says BAD_REQUEST. Two cycles per message, then
-    one descriptor per cycle.
+    without a valid path MTU yields one ``drop`` descriptor that completes it
+    as BAD_REQUEST; one for a QP in ERROR completes as FLUSHED; a message whose
+    QP fails while it is sent ends with a ``drop`` descriptor that drains the
+    rest of its payload. Two cycles per message load, then a packet per cycle.
     """
 
-    def __init__(self, *, qps):
+    def __init__(self, *, qps, ring_beats, width=BEAT_BYTES):
+        if ring_beats < 4 or ring_beats & (ring_beats - 1) or ring_beats >= 1 << POINTER_BITS - 1:
+            raise ValueError(f"Ring beats must be a power of 2, 4..2^{POINTER_BITS - 2}, "
+                             f"not {ring_beats!r}")
+        if width & (width - 1):
+            raise ValueError(f"Beat width must be a power of 2, not {width!r}")
+        if ring_beats * width < MAX_PACKET_PAYLOAD:
+            raise ValueError(f"A ring of {ring_beats} beats does not hold a packet of "
+                             f"{MAX_PACKET_PAYLOAD} bytes")
         self._qps = qps
+        self._ring_beats = ring_beats
+        self._width = width
         super().__init__({
             "i_request": In(stream.Signature(WORK_REQUEST)),
+            "i_replay": In(stream.Signature(REPLAY)),
             "i_config": In(TRANSMIT_CONFIG),
             "read_qp": Out(QP_INDEX_BITS),
-            "read_state": In(QP_STATE),
-            "o_psn": Out(stream.Signature(PSN_UPDATE, always_ready=True)),
+            "read_path": In(QP_PATH),
+            "new_qp": Out(QP_INDEX_BITS),
+            "new_view": In(QP_VIEW),
+            "replay_qp": Out(QP_INDEX_BITS),
+            "replay_view": In(QP_VIEW),
+            "o_loaded": Out(stream.Signature(MESSAGE_LOADED, always_ready=True)),
+            "o_sent": Out(stream.Signature(PACKET_SENT, always_ready=True)),
             "o_packet": Out(stream.Signature(PACKET_DESCRIPTOR)),
+            "o_read": Out(stream.Signature(BUFFER_READ)),
         })
 
     def elaborate(self, platform):
         m = Module()
+        width = self._width
+        ring_bits = (self._ring_beats - 1).bit_length()
+        beat_bits = (width - 1).bit_length()
+        quarter_bits = ring_bits - 2
 
-        request = Signal(WORK_REQUEST)
-        state = Signal(QP_STATE)
-        mtu_bytes = Signal(range(MAX_PACKET_PAYLOAD + 1))
-        remaining = Signal(32)
-        psn = Signal(24)
-        packets = Signal(24)
-        ack_countdown = Signal(16)
-        first = Signal()
+        new = Signal(_CONTEXT)
+        new_sending = Signal()                  # the new context has packets to send
+        new_refusing = Signal()                 # it completes a request at once
+        refusal = Signal(CompletionStatus)
+        replay = Signal(_CONTEXT)
+        replaying = Signal()
 
-        mtu_of_state = Signal.like(mtu_bytes)
-        with m.Switch(self.read_state.path_mtu):
-            for mtu in PathMtu:
-                with m.Case(mtu):
-                    m.d.comb += mtu_of_state.eq(mtu.bytes)
+        # The packet of this cycle: the replay's, else the new message's.
+        new_view, replay_view = self.new_view, self.replay_view
+        replay_has_packet = ((replay.psn != replay_view.next_psn)
+                             & (replay.index < replay.message.packets) & ~replay_view.error)
+        replay_go = replaying & replay_has_packet
 
-        last = remaining <= mtu_bytes
-        payload_length = Mux(last, remaining, mtu_bytes)[:len(mtu_bytes)]
+        context = Signal(_CONTEXT)
+        m.d.comb += context.eq(Mux(replay_go, replay, new))
+        message = context.message
+        request = message.request
+        mtu_bytes = _mtu_bytes(m, message.path_mtu, width)
+        last = context.remaining <= mtu_bytes
+        payload_length = Signal(range(MAX_PACKET_PAYLOAD + 1))
+        m.d.comb += payload_length.eq(Mux(last, context.remaining, mtu_bytes))
+        beats = Signal(range(MAX_PACKET_PAYLOAD + 1))
+        m.d.comb += beats.eq((payload_length + width - 1) >> beat_bits)
+        crosses_quarter = (context.offset[:quarter_bits] + beats) >> quarter_bits != 0
+        resend_end = replay_go & (context.psn + 1 == replay_view.next_psn)
+        first = context.index == 0
         pad = (-payload_length)[:2]
         verb = request.verb
         write = (verb == Verb.RDMA_WRITE) | (verb == Verb.RDMA_WRITE_WITH_IMMEDIATE)
@@ -105,21 +178,30 @@ class PacketPlanner(wiring.Component):
                         with m.Case(last_value | first_value << 1 | verb_value.value << 2):
                             m.d.comb += opcode.eq(_opcode(verb_value, first_value, last_value))
 
+        room = Signal()
+        used = (new.offset - new_view.head)[:POINTER_BITS]
+        m.d.comb += room.eq(used + beats <= self._ring_beats)
+        new_turn = ~replay_go & new_sending
+        replay_same_qp = replaying & (replay.qp == new.qp)
+        new_go = new_turn & ~new_view.error & ~new_view.blocked & ~replay_same_qp & room
+        new_abort = new_turn & new_view.error
+        refuse = ~replay_go & new_refusing
+
         descriptor = self.o_packet.p
         transport = descriptor.meta.transport
         bth = Signal(BTH)
         reth = Signal(RETH)
         immdt = Signal(IMMDT)
-        ack_interval = self.i_config.ack_interval
+        path = context.path
         m.d.comb += [
             bth.opcode.eq(opcode),
             bth.pad_count.eq(pad),
             bth.pkey.eq(PKEY_DEFAULT),
-            bth.dest_qp.eq(state.remote_qpn),
-            bth.ack_request.eq(last | ((ack_interval != 0) & (ack_countdown == 1))),
-            bth.psn.eq(psn),
+            bth.dest_qp.eq(path.remote_qpn),
+            bth.ack_request.eq(last | crosses_quarter | resend_end),
+            bth.psn.eq(context.psn),
             reth.virtual_address.eq(request.remote_address),
-            reth.rkey.eq(state.rkey),
+            reth.rkey.eq(path.rkey),
             reth.dma_length.eq(request.length),
             immdt.immediate.eq(request.immediate),
             transport.bth.eq(bth),
@@ -128,75 +210,157 @@ class PacketPlanner(wiring.Component):
                                         Cat(C(0, RETH.size), immdt))),
             descriptor.meta.transport_length.eq(
                 BTH.length + Mux(has_reth, RETH.length, 0) + Mux(has_immdt, IMMDT.length, 0)),
-            descriptor.meta.dst_ip.eq(state.remote_ip),
-            descriptor.meta.src_port.eq(state.src_port | ROCEV2_SOURCE_PORTS),
+            descriptor.meta.dst_ip.eq(path.remote_ip),
+            descriptor.meta.src_port.eq(path.src_port | ROCEV2_SOURCE_PORTS),
             descriptor.meta.dst_port.eq(UDP_PORT_ROCEV2),
             descriptor.meta.length.eq(descriptor.meta.transport_length + payload_length + pad
                                       + 4),
             descriptor.meta.tos.eq(self.i_config.tos),
             descriptor.payload_length.eq(payload_length),
-            descriptor.message_end.eq(last),
-            descriptor.completion.qp.eq(request.qp),
+            descriptor.message_end.eq(~replay_go & last),
+            descriptor.replay.eq(replay_go),
+            descriptor.address.eq(Cat(context.offset[:ring_bits], context.qp)),
+            descriptor.tracked.eq(~refuse),
+            descriptor.slot.eq(context.slot),
+            descriptor.completion.qp.eq(context.qp),
             descriptor.completion.tag.eq(request.tag),
-            descriptor.completion.first_psn.eq(state.next_psn),
-            descriptor.completion.packets.eq(packets + 1),
+            descriptor.completion.status.eq(refusal),
+            descriptor.completion.first_psn.eq(message.first_psn),
+            descriptor.completion.packets.eq(message.packets),
         ]
+        with m.If(new_abort | refuse):
+            m.d.comb += [
+                descriptor.drop.eq(1),
+                descriptor.message_end.eq(1),
+            ]
 
+        # Hand over the descriptor (and, for a resend with payload, the buffer read).
+        needs_read = replay_go & (payload_length != 0)
+        offered = replay_go | new_go | new_abort | refuse
+        m.d.comb += [
+            self.o_packet.valid.eq(offered & (self.o_read.ready | ~needs_read)),
+            self.o_read.valid.eq(needs_read & self.o_packet.ready),
+            self.o_read.p.address.eq(descriptor.address),
+            self.o_read.p.beats.eq(beats),
+        ]
+        taken = self.o_packet.valid & self.o_packet.ready
+        advanced = Signal(_CONTEXT)
+        m.d.comb += [
+            advanced.eq(context),
+            advanced.remaining.eq(context.remaining - payload_length),
+            advanced.psn.eq(context.psn + 1),
+            advanced.index.eq(context.index + 1),
+            advanced.offset.eq(context.offset + beats),
+            self.o_sent.valid.eq(taken & (replay_go | new_go)),
+            self.o_sent.p.qp.eq(context.qp),
+            self.o_sent.p.replay.eq(replay_go),
+            self.o_sent.p.bytes.eq(payload_length),
+            self.o_sent.p.next_psn.eq(advanced.psn),
+            self.o_sent.p.next_tail.eq(advanced.offset),
+        ]
+        with m.If(taken):
+            with m.If(replay_go):
+                m.d.sync += replay.eq(advanced)
+            with m.If(new_go):
+                m.d.sync += new.eq(advanced)
+                with m.If(last):
+                    m.d.sync += new_sending.eq(0)
+            with m.If(new_abort):
+                m.d.sync += new_sending.eq(0)
+            with m.If(refuse):
+                m.d.sync += new_refusing.eq(0)
+        with m.If(replaying & ~replay_has_packet):
+            m.d.sync += replaying.eq(0)
+
+        # Load contexts: a resend when the replay context is free, else a new message.
+        m.d.comb += [
+            self.replay_qp.eq(replay.qp),
+            self.new_qp.eq(new.qp),
+        ]
+        path_mtu_bytes = _mtu_bytes(m, self.read_path.path_mtu, width)
         with m.FSM():
             with m.State("IDLE"):
-                m.d.comb += [
-                    self.i_request.ready.eq(1),
-                    self.read_qp.eq(self.i_request.p.qp),
-                ]
-                with m.If(self.i_request.valid):
-                    m.d.sync += request.eq(self.i_request.p)
-                    m.next = "LOAD"
-
-            with m.State("LOAD"):
-                valid_mtu = Cat(self.read_state.path_mtu == mtu for mtu in PathMtu).any()
-                too_long = request.length > MAX_MESSAGE_BYTES
-                m.d.sync += [
-                    state.eq(self.read_state),
-                    mtu_bytes.eq(mtu_of_state),
-                    remaining.eq(request.length),
-                    psn.eq(self.read_state.next_psn),
-                    packets.eq(0),
-                    ack_countdown.eq(ack_interval),
-                    first.eq(1),
-                ]
-                with m.If((request.qp >= self._qps) | too_long | ~valid_mtu):
-                    m.next = "REFUSE"
-                with m.Else():
-                    m.next = "PLAN"
-
-            with m.State("REFUSE"):
-                m.d.comb += [
-                    self.o_packet.valid.eq(1),
-                    descriptor.drop.eq(1),
-                    descriptor.message_end.eq(1),
-                    descriptor.completion.status.eq(CompletionStatus.BAD_REQUEST),
-                    descriptor.completion.packets.eq(0),
-                ]
-                with m.If(self.o_packet.ready):
-                    m.next = "IDLE"
-
-            with m.State("PLAN"):
-                m.d.comb += self.o_packet.valid.eq(1)
-                with m.If(self.o_packet.ready):
-                    m.d.sync += [
-                        remaining.eq(remaining - payload_length),
-                        psn.eq(psn + 1),
-                        packets.eq(packets + 1),
-                        ack_countdown.eq(Mux(ack_countdown <= 1, ack_interval,
-                                             ack_countdown - 1)),
-                        first.eq(0),
+                with m.If(self.i_replay.valid & ~replaying):
+                    m.d.comb += [
+                        self.read_qp.eq(self.i_replay.p.qp),
+                        self.i_replay.ready.eq(1),
                     ]
-                    with m.If(last):
-                        m.d.comb += [
-                            self.o_psn.valid.eq(1),
-                            self.o_psn.p.qp.eq(request.qp),
-                            self.o_psn.p.psn.eq(psn + 1),
-                        ]
-                        m.next = "IDLE"
+                    command = self.i_replay.p
+                    packet_offset = Signal(32)
+                    with m.Switch(command.message.path_mtu):
+                        for mtu in PathMtu:
+                            with m.Case(mtu):
+                                m.d.comb += packet_offset.eq(command.packet * mtu.bytes)
+                    m.d.sync += [
+                        replay.qp.eq(command.qp),
+                        replay.slot.eq(command.slot),
+                        replay.message.eq(command.message),
+                        replay.remaining.eq(command.message.request.length - packet_offset),
+                        replay.psn.eq(command.message.first_psn + command.packet),
+                        replay.index.eq(command.packet),
+                        replay.offset.eq(command.message.start + (packet_offset >> beat_bits)),
+                    ]
+                    m.next = "LOAD_REPLAY"
+                with m.Elif(self.i_request.valid & ~new_sending & ~new_refusing):
+                    m.d.comb += self.read_qp.eq(self.i_request.p.qp)
+                    m.next = "LOAD_NEW"
+
+            with m.State("LOAD_REPLAY"):
+                m.d.sync += [
+                    replay.path.eq(self.read_path),
+                    replaying.eq(1),
+                ]
+                m.next = "IDLE"
+
+            with m.State("LOAD_NEW"):
+                request = self.i_request.p
+                m.d.comb += self.new_qp.eq(request.qp)
+                valid_mtu = path_mtu_bytes != 0
+                bad = (request.qp >= self._qps) | (request.length > MAX_MESSAGE_BYTES) | ~valid_mtu
+                packets = Signal(24)
+                with m.Switch(self.read_path.path_mtu):
+                    for mtu in PathMtu:
+                        with m.Case(mtu):
+                            m.d.comb += packets.eq(
+                                (request.length + mtu.bytes - 1) >> (mtu.bytes.bit_length() - 1))
+                loaded = Signal(MESSAGE)
+                m.d.comb += [
+                    loaded.request.eq(request),
+                    loaded.first_psn.eq(new_view.next_psn),
+                    loaded.packets.eq(Mux(request.length == 0, 1, packets)),
+                    loaded.start.eq(new_view.tail),
+                    loaded.path_mtu.eq(self.read_path.path_mtu),
+                ]
+                with m.If(bad | new_view.error):
+                    m.d.comb += self.i_request.ready.eq(1)
+                    m.d.sync += [
+                        new.qp.eq(request.qp),
+                        new.message.eq(0),
+                        new.message.request.eq(request),
+                        new.message.first_psn.eq(Mux(request.qp < self._qps,
+                                                     new_view.next_psn, 0)),
+                        new_refusing.eq(1),
+                        refusal.eq(Mux(bad, CompletionStatus.BAD_REQUEST,
+                                       CompletionStatus.FLUSHED)),
+                    ]
+                with m.Elif(new_view.slot_free):
+                    m.d.comb += [
+                        self.i_request.ready.eq(1),
+                        self.o_loaded.valid.eq(1),
+                        self.o_loaded.p.qp.eq(request.qp),
+                        self.o_loaded.p.message.eq(loaded),
+                    ]
+                    m.d.sync += [
+                        new.qp.eq(request.qp),
+                        new.slot.eq(new_view.slot),
+                        new.message.eq(loaded),
+                        new.path.eq(self.read_path),
+                        new.remaining.eq(request.length),
+                        new.psn.eq(new_view.next_psn),
+                        new.index.eq(0),
+                        new.offset.eq(new_view.tail),
+                        new_sending.eq(1),
+                    ]
+                m.next = "IDLE"
 
         return m

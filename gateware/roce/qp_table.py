@@ -4,20 +4,21 @@ from amaranth.lib.wiring import In, Out
 
 from .requests import QP_INDEX_BITS, QP_STATE, QP_WRITE
 
-__all__ = ["QpTable", "PSN_UPDATE"]
+__all__ = ["QpTable", "QP_PATH"]
 
-#: The transmit engine's write-back of a QP's next PSN after a message.
-PSN_UPDATE = data.StructLayout({"qp": QP_INDEX_BITS, "psn": 24})
+#: What the transmit engine reads of a QP for every message: where its packets go and
+#: how they are cut. (The PSNs and timers live in the reliability engine.)
+QP_PATH = data.StructLayout({name: QP_STATE.members[name]
+                             for name in ("remote_qpn", "rkey", "remote_ip", "path_mtu",
+                                          "src_port")})
 
 
 class QpTable(wiring.Component):
-    """The transmit state of every QP, in block RAM.
+    """The path of every QP, in block RAM.
 
-    ``i_write`` sets a QP's whole state (the connection manager or user
-    logic); ``i_psn`` is the engine's write-back of the next PSN and takes
-    precedence, so ``i_write`` waits (is not ready) in a cycle the engine
-    writes. ``read_qp`` → ``read_state``: read latency 1 cycle; a write is
-    seen by reads issued from the next cycle on.
+    ``i_write`` sets a QP (the connection manager or user logic); its path
+    fields are kept here. ``read_qp`` → ``read_path``: read latency 1 cycle; a
+    write is seen by reads issued from the next cycle on.
     """
 
     def __init__(self, qps):
@@ -25,10 +26,9 @@ class QpTable(wiring.Component):
             raise ValueError(f"QP count must be 1..{1 << QP_INDEX_BITS}, not {qps!r}")
         self._qps = qps
         super().__init__({
-            "i_write": In(stream.Signature(QP_WRITE)),
-            "i_psn": In(stream.Signature(PSN_UPDATE, always_ready=True)),
+            "i_write": In(stream.Signature(QP_WRITE, always_ready=True)),
             "read_qp": In(QP_INDEX_BITS),
-            "read_state": Out(QP_STATE),
+            "read_path": Out(QP_PATH),
         })
 
     @property
@@ -37,32 +37,15 @@ class QpTable(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        static = data.StructLayout({name: shape for name, shape in QP_STATE.members.items()
-                                    if name != "next_psn"})
-        m.submodules.static = static_mem = memory.Memory(shape=static, depth=self._qps, init=[])
-        m.submodules.psn = psn_mem = memory.Memory(shape=24, depth=self._qps, init=[])
-
-        static_write = static_mem.write_port()
-        psn_write = psn_mem.write_port()
-        static_read = static_mem.read_port()
-        psn_read = psn_mem.read_port()
-
-        setting = self.i_write.valid & self.i_write.ready
+        m.submodules.paths = paths = memory.Memory(shape=QP_PATH, depth=self._qps, init=[])
+        write = paths.write_port()
+        read = paths.read_port()
         m.d.comb += [
-            self.i_write.ready.eq(~self.i_psn.valid),
-            static_write.addr.eq(self.i_write.p.qp),
-            static_write.en.eq(setting),
-            psn_write.addr.eq(Mux(self.i_psn.valid, self.i_psn.p.qp, self.i_write.p.qp)),
-            psn_write.data.eq(Mux(self.i_psn.valid, self.i_psn.p.psn,
-                                  self.i_write.p.state.next_psn)),
-            psn_write.en.eq(self.i_psn.valid | setting),
-            static_read.addr.eq(self.read_qp),
-            psn_read.addr.eq(self.read_qp),
-            self.read_state.next_psn.eq(psn_read.data),
+            write.addr.eq(self.i_write.p.qp),
+            write.en.eq(self.i_write.valid),
+            read.addr.eq(self.read_qp),
+            self.read_path.eq(read.data),
         ]
-        for name in static.members:
-            m.d.comb += [
-                static_write.data[name].eq(self.i_write.p.state[name]),
-                self.read_state[name].eq(static_read.data[name]),
-            ]
+        for name in QP_PATH.members:
+            m.d.comb += write.data[name].eq(self.i_write.p.state[name])
         return m

@@ -4,7 +4,7 @@ it answers: work requests, completions, and the per-QP transmit state.
 A work request describes one message; its payload arrives separately as one
 packet on a payload stream (``length`` bytes; a zero-length message is one
 beat with ``keep`` all zero). The completion of a work request comes back once
-its last packet has left the transmit engine.
+the responder has acknowledged its last packet (or the QP failed).
 """
 
 from amaranth import *
@@ -12,7 +12,7 @@ from amaranth.lib import data, enum
 
 __all__ = [
     "QP_INDEX_BITS", "FIRST_QPN", "MAX_MESSAGE_BYTES", "Verb", "PathMtu", "WORK_REQUEST",
-    "CompletionStatus", "COMPLETION", "QP_STATE", "QP_WRITE",
+    "CompletionStatus", "COMPLETION", "QP_STATE", "QP_WRITE", "QP_COUNTERS", "QP_STATUS",
 ]
 
 #: Bits of a QP index: up to 256 QPs.
@@ -63,11 +63,17 @@ WORK_REQUEST = data.StructLayout({
 })
 
 
-class CompletionStatus(enum.Enum, shape=2):
+class CompletionStatus(enum.Enum, shape=4):
     SUCCESS = 0
     BAD_REQUEST = 1             # QP index out of range or length above 2^31; nothing sent
     PAYLOAD_SHORT = 2           # payload ended early; the rest was sent as zeros
     PAYLOAD_LONG = 3            # payload went past the length; the excess was dropped
+    RETRY_EXCEEDED = 4          # no ACK after ``retry_count`` resends (IBV_WC_RETRY_EXC_ERR)
+    RNR_RETRY_EXCEEDED = 5      # more RNR NAKs than ``rnr_retry`` (IBV_WC_RNR_RETRY_EXC_ERR)
+    REMOTE_INVALID_REQUEST = 6  # NAK invalid request (IBV_WC_REM_INV_REQ_ERR)
+    REMOTE_ACCESS_ERROR = 7     # NAK remote access error (IBV_WC_REM_ACCESS_ERR)
+    REMOTE_OPERATIONAL_ERROR = 8  # NAK remote operational error (IBV_WC_REM_OP_ERR)
+    FLUSHED = 9                 # the QP was in ERROR: not (completely) sent (IBV_WC_WR_FLUSH_ERR)
 
 
 COMPLETION = data.StructLayout({
@@ -86,10 +92,38 @@ QP_STATE = data.StructLayout({
     "remote_ip": 32,
     "path_mtu": PathMtu,
     "src_port": 16,             # UDP source port, stable per QP (sent with bits 15:14 set)
+    "timeout": 5,               # ACK timeout 4.096 us * 2^timeout (IBTA local ACK timeout; 0: none)
+    "retry_count": 3,           # resends after a timeout or NAK sequence error before ERROR
+    "rnr_retry": 3,             # resends after RNR NAKs before ERROR (7: without limit)
 })
 
 #: A write into the QP table.
 QP_WRITE = data.StructLayout({
     "qp": QP_INDEX_BITS,
     "state": QP_STATE,
+})
+
+#: What the reliability engine counts per QP, each since the QP was last set.
+QP_COUNTERS = data.StructLayout({
+    "packets": 32,              # packets sent the first time
+    "bytes": 48,                # their payload bytes
+    "retransmitted": 32,        # packets sent again (go-back-N after a NAK or timeout)
+    "acks": 32,                 # acknowledgements taken (ACKs and NAKs inside the window)
+    "naks_sequence": 32,        # NAK PSN sequence error
+    "naks_rnr": 32,             # RNR NAK
+    "naks_invalid": 32,         # NAK invalid request
+    "naks_access": 32,          # NAK remote access error
+    "naks_operational": 32,     # NAK remote operational error
+    "rnr_waits": 32,            # RNR timer waits started
+    "timeouts": 32,             # ACK timeouts
+    "icrc_errors": 32,          # acknowledgements for this QP dropped for a bad ICRC
+    "acks_dropped": 32,         # dropped: outside the window (duplicate or ghost), wrong source
+})
+
+#: A QP's reliability state and counters, as the core reports them.
+QP_STATUS = data.StructLayout({
+    "error": 1,                 # the QP is in ERROR: it sends nothing until it is set again
+    "error_status": CompletionStatus,   # why (the status of the work request that failed)
+    "outstanding": 24,          # packets sent and not yet acknowledged
+    "counters": QP_COUNTERS,
 })

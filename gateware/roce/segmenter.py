@@ -1,11 +1,17 @@
 from amaranth import *
-from amaranth.lib import stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..stream import BEAT_BYTES, NO_META, keep_count, keep_mask, packet_signature
-from .descriptor import MAX_PACKET_PAYLOAD, PACKET_DESCRIPTOR, ROCE_TX_META
+from .descriptor import (
+    ADDRESS_BITS,
+    MAX_PACKET_PAYLOAD,
+    MESSAGE_END,
+    PACKET_DESCRIPTOR,
+    ROCE_TX_META,
+)
 from .icrc import ICRC_BYTES
-from .requests import COMPLETION, CompletionStatus
+from .requests import CompletionStatus
 
 __all__ = ["PayloadSegmenter"]
 
@@ -24,20 +30,32 @@ class PayloadSegmenter(wiring.Component):
     early, the rest of the message goes out as zeros (PAYLOAD_SHORT); bytes
     beyond the length are dropped up to its ``last`` (PAYLOAD_LONG); either
     way the next message starts clean. A ``drop`` descriptor sends nothing
-    and drains its payload. Each message's completion is pushed with its last
-    beat (after the drain, if any). Latency 0; one beat per cycle, no idle
-    cycle between packets.
+    and drains the rest of its message's payload. Each message's end is
+    reported with its status on ``o_message_end`` with its last beat (after
+    the drain, if any).
+
+    Every payload beat of a new packet is also written (masked to the
+    payload, so pad and ICRC slot stay zero) to the retransmit buffer at the
+    descriptor's address on; a ``replay`` descriptor takes its payload from
+    the buffer's ``i_replay`` beats instead and leaves the message's payload
+    stream alone. Latency 0; one beat per cycle, no idle cycle between
+    packets.
     """
 
-    def __init__(self, *, width=BEAT_BYTES):
+    def __init__(self, *, ring_beats, width=BEAT_BYTES):
         if MAX_PACKET_PAYLOAD % width:
             raise ValueError(f"Beat width {width} must divide the path MTUs")
+        self._ring_bits = (ring_beats - 1).bit_length()
         self._width = width
         super().__init__({
             "i_packet": In(stream.Signature(PACKET_DESCRIPTOR)),
             "i_payload": In(packet_signature(NO_META, width=width)),
+            "i_replay": In(stream.Signature(data.StructLayout({"data": 8 * width, "last": 1}))),
             "o": Out(packet_signature(ROCE_TX_META, width=width)),
-            "o_completion": Out(stream.Signature(COMPLETION)),
+            "o_write": Out(stream.Signature(
+                data.StructLayout({"address": ADDRESS_BITS, "data": 8 * width}),
+                always_ready=True)),
+            "o_message_end": Out(stream.Signature(MESSAGE_END)),
         })
 
     def elaborate(self, platform):
@@ -45,6 +63,8 @@ class PayloadSegmenter(wiring.Component):
         width = self._width
         descriptor = self.i_packet.p
         payload = self.i_payload
+        replay = descriptor.replay
+        resent = self.i_replay
 
         start = Signal(init=1)                  # the next beat is a packet's first
         payload_left = Signal(range(MAX_PACKET_PAYLOAD + 1))
@@ -64,10 +84,14 @@ class PayloadSegmenter(wiring.Component):
 
         take = Signal()                             # this beat carries payload from the input
         lanes = Signal(width)                       # its lanes that hold payload
+        source_valid = Mux(replay, resent.valid, payload.valid)
         m.d.comb += [
-            take.eq((beat_payload != 0) & ~ended),
+            take.eq((beat_payload != 0) & (replay | ~ended)),
             lanes.eq(keep_mask(beat_payload, width) & payload.p.keep & Mux(take, -1, 0)),
         ]
+        beat_data = Signal(8 * width)
+        m.d.comb += beat_data.eq(Mux(replay, resent.p.data & Mux(take, -1, 0),
+                                     payload.p.data & Cat(lane.replicate(8) for lane in lanes)))
         last_beat = beat_frame <= width
 
         got = keep_count(payload.p.keep)
@@ -75,24 +99,38 @@ class PayloadSegmenter(wiring.Component):
         ends_long = descriptor.message_end & (got > beat_payload)
 
         status = Signal(CompletionStatus)
+        message_end = self.o_message_end
         m.d.comb += [
-            self.o_completion.p.eq(descriptor.completion),
-            self.o_completion.p.status.eq(status),
+            message_end.p.tracked.eq(descriptor.tracked),
+            message_end.p.slot.eq(descriptor.slot),
+            message_end.p.completion.eq(descriptor.completion),
+            message_end.p.completion.status.eq(status),
+        ]
+
+        # Where this beat goes in the retransmit buffer: the ring offset wraps in the QP's ring.
+        ring_bits = self._ring_bits
+        beat = Signal(range(MAX_PACKET_PAYLOAD // width + 1))
+        offset = descriptor.address[:ring_bits] + Mux(start, 0, beat)
+        m.d.comb += [
+            self.o_write.p.address.eq(Cat(offset[:ring_bits], descriptor.address[ring_bits:])),
+            self.o_write.p.data.eq(beat_data),
         ]
 
         with m.If(~draining & ~descriptor.drop):
             sending = self.o.valid & self.o.ready
             closing = last_beat & descriptor.message_end
-            consumed_last = take & payload.p.last
+            consumed_last = take & ~replay & payload.p.last
             completes = closing & (ended | consumed_last)
             m.d.comb += [
-                self.o.valid.eq(self.i_packet.valid & (payload.valid | ~take)
-                                & (self.o_completion.ready | ~completes)),
-                self.o.p.data.eq(payload.p.data & Cat(lane.replicate(8) for lane in lanes)),
+                self.o.valid.eq(self.i_packet.valid & (source_valid | ~take)
+                                & (message_end.ready | ~completes)),
+                self.o.p.data.eq(beat_data),
                 self.o.p.keep.eq(keep_mask(beat_frame, width)),
                 self.o.p.last.eq(last_beat),
                 self.o.p.meta.eq(descriptor.meta),
-                payload.ready.eq(take & self.o.ready & self.o.valid),
+                payload.ready.eq(take & ~replay & self.o.ready & self.o.valid),
+                resent.ready.eq(take & replay & self.o.ready & self.o.valid),
+                self.o_write.valid.eq(sending & ~replay & (beat_payload != 0)),
                 status.eq(Mux(short | (consumed_last & ends_short), CompletionStatus.PAYLOAD_SHORT,
                               Mux(long | (consumed_last & ends_long),
                                   CompletionStatus.PAYLOAD_LONG, CompletionStatus.SUCCESS))),
@@ -100,6 +138,7 @@ class PayloadSegmenter(wiring.Component):
             with m.If(sending):
                 m.d.sync += [
                     start.eq(last_beat),
+                    beat.eq(Mux(start, 1, beat + 1)),
                     payload_left.eq(Mux(take & (beat_payload > width), beat_payload - width, 0)),
                     frame_left.eq(beat_frame - width),
                 ]
@@ -114,17 +153,27 @@ class PayloadSegmenter(wiring.Component):
                 with m.If(completes):
                     m.d.comb += [
                         self.i_packet.ready.eq(1),
-                        self.o_completion.valid.eq(1),
+                        message_end.valid.eq(1),
                     ]
                     m.d.sync += [ended.eq(0), short.eq(0), long.eq(0)]
                 with m.Elif(closing):
                     m.d.sync += draining.eq(1)
 
+        with m.Elif(ended):
+            # A message whose payload already ended and that is dropped: nothing to drain.
+            m.d.comb += [
+                message_end.valid.eq(self.i_packet.valid),
+                self.i_packet.ready.eq(message_end.ready),
+                status.eq(CompletionStatus.PAYLOAD_SHORT),
+            ]
+            with m.If(message_end.valid & message_end.ready):
+                m.d.sync += [draining.eq(0), ended.eq(0), short.eq(0), long.eq(0)]
+
         with m.Else():
             # Drain the rest of the message's payload, then complete it.
             m.d.comb += [
-                payload.ready.eq(self.i_packet.valid & self.o_completion.ready),
-                status.eq(Mux(descriptor.drop, CompletionStatus.BAD_REQUEST,
+                payload.ready.eq(self.i_packet.valid & message_end.ready),
+                status.eq(Mux(descriptor.drop, descriptor.completion.status,
                               Mux(short, CompletionStatus.PAYLOAD_SHORT,
                                   Mux(long | payload.p.keep.any(), CompletionStatus.PAYLOAD_LONG,
                                       CompletionStatus.SUCCESS)))),
@@ -135,7 +184,7 @@ class PayloadSegmenter(wiring.Component):
                 with m.If(payload.p.last):
                     m.d.comb += [
                         self.i_packet.ready.eq(1),
-                        self.o_completion.valid.eq(1),
+                        message_end.valid.eq(1),
                     ]
                     m.d.sync += [draining.eq(0), ended.eq(0), short.eq(0), long.eq(0)]
 

@@ -6,30 +6,48 @@ from ..packet.insert import HeaderInserter
 from ..packet.register import PacketRegister
 from ..stream import BEAT_BYTES, NO_META, packet_signature
 from ..udp.tx import UDP_TX_META
-from .descriptor import PACKET_DESCRIPTOR, ROCE_TX_META, TRANSPORT, TRANSPORT_LENGTHS
+from .ack import ACK_EVENT
+from .descriptor import (
+    BUFFER_READ,
+    PACKET_DESCRIPTOR,
+    ROCE_TX_META,
+    TRANSPORT,
+    TRANSPORT_LENGTHS,
+)
 from .planner import TRANSMIT_CONFIG, PacketPlanner
 from .qp_table import QpTable
-from .requests import COMPLETION, QP_WRITE, WORK_REQUEST
+from .reliability import ReliabilityEngine
+from .requests import COMPLETION, QP_INDEX_BITS, QP_STATUS, QP_WRITE, WORK_REQUEST
+from .retransmit import RetransmitBuffer
 from .segmenter import PayloadSegmenter
 
 __all__ = ["RequesterTransmitter"]
 
 
 class RequesterTransmitter(wiring.Component):
-    """The RoCEv2 requester's transmit engine: work requests and their payload
-    in, UDP datagrams to port 4791 out (BTH, RETH, ImmDt, payload, pad, and a
-    4-byte ICRC placeholder that the IP-level ICRC inserter fills).
+    """The RoCEv2 requester: work requests and their payload in, UDP datagrams to
+    port 4791 out (BTH, RETH, ImmDt, payload, pad, and a 4-byte ICRC placeholder
+    that the IP-level ICRC inserter fills), acknowledgements in, completions out.
 
     ``i_request`` takes one work request per message and ``i_payload`` its
-    payload as one packet; ``o_completion`` reports each message once its
-    last packet has left. ``i_qp_write`` sets a QP's transmit state. Planner →
-    descriptor FIFO → segmenter → register → transport header inserter →
-    register: 2 cycles of latency on the data path, one beat per cycle, no
-    idle cycle between the packets of a message.
+    payload as one packet; ``o_completion`` reports each message once the
+    responder has acknowledged it (or its QP failed). ``i_ack`` takes the ACK
+    receiver's acknowledgements. ``i_qp_write`` sets a QP. Each QP keeps the
+    payload of its unacknowledged packets in a ring of ``ring_beats`` beats
+    and up to ``messages`` unacknowledged messages; when either is full, the
+    QP waits (and the request and payload streams with it).
+
+    Planner → descriptor FIFO → segmenter (payload: new from ``i_payload``
+    and into the retransmit buffer, or resent from it) → register →
+    transport header inserter → register: 2 cycles of latency on the data
+    path, one beat per cycle, no idle cycle between the packets of a message.
     """
 
-    def __init__(self, *, qps=16, width=BEAT_BYTES, descriptors=4):
+    def __init__(self, *, qps=16, ring_beats=2048, messages=128, width=BEAT_BYTES,
+                 descriptors=4):
         self._qps = qps
+        self._ring_beats = ring_beats
+        self._messages = messages
         self._width = width
         self._descriptors = descriptors
         super().__init__({
@@ -37,8 +55,12 @@ class RequesterTransmitter(wiring.Component):
             "i_payload": In(packet_signature(NO_META, width=width)),
             "i_qp_write": In(stream.Signature(QP_WRITE)),
             "i_config": In(TRANSMIT_CONFIG),
+            "i_ack": In(stream.Signature(ACK_EVENT, always_ready=True)),
+            "i_icrc_error": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "o": Out(packet_signature(UDP_TX_META, width=width)),
             "o_completion": Out(stream.Signature(COMPLETION)),
+            "status_qp": In(QP_INDEX_BITS),
+            "status": Out(QP_STATUS),
         })
 
     @property
@@ -50,23 +72,48 @@ class RequesterTransmitter(wiring.Component):
         width = self._width
 
         m.submodules.table = table = QpTable(self._qps)
-        m.submodules.planner = planner = PacketPlanner(qps=self._qps)
+        m.submodules.planner = planner = PacketPlanner(
+            qps=self._qps, ring_beats=self._ring_beats, width=width)
+        m.submodules.reliability = reliability = ReliabilityEngine(
+            qps=self._qps, ring_beats=self._ring_beats, messages=self._messages, width=width)
         m.submodules.descriptors = descriptors = fifo.SyncFIFOBuffered(
             width=PACKET_DESCRIPTOR.size, depth=self._descriptors)
-        m.submodules.segmenter = segmenter = PayloadSegmenter(width=width)
+        m.submodules.reads = reads = fifo.SyncFIFOBuffered(
+            width=BUFFER_READ.size, depth=self._descriptors)
+        m.submodules.buffer = buffer = RetransmitBuffer(
+            qps=self._qps, ring_beats=self._ring_beats, width=width)
+        m.submodules.segmenter = segmenter = PayloadSegmenter(
+            ring_beats=self._ring_beats, width=width)
         m.submodules.segmented = segmented = PacketRegister(ROCE_TX_META, width=width)
         m.submodules.transport = transport = HeaderInserter(
             "transport", TRANSPORT, ROCE_TX_META, width=width, lengths=TRANSPORT_LENGTHS)
         m.submodules.framed = framed = PacketRegister(UDP_TX_META, width=width)
 
-        connect(m, flipped(self.i_qp_write), table.i_write)
-        connect(m, planner.o_psn, table.i_psn)
+        # Setting a QP: its path into the table, its PSN and timers into the engine.
+        qp_write = self.i_qp_write
         m.d.comb += [
+            reliability.i_reset.valid.eq(qp_write.valid),
+            reliability.i_reset.p.eq(qp_write.p),
+            qp_write.ready.eq(reliability.i_reset.ready),
+            table.i_write.valid.eq(qp_write.valid & reliability.i_reset.ready),
+            table.i_write.p.eq(qp_write.p),
             table.read_qp.eq(planner.read_qp),
-            planner.read_state.eq(table.read_state),
+            planner.read_path.eq(table.read_path),
             planner.i_config.eq(self.i_config),
+            reliability.i_config.eq(self.i_config),
+            reliability.new_qp.eq(planner.new_qp),
+            planner.new_view.eq(reliability.new_view),
+            reliability.replay_qp.eq(planner.replay_qp),
+            planner.replay_view.eq(reliability.replay_view),
+            reliability.status_qp.eq(self.status_qp),
+            self.status.eq(reliability.status),
         ]
         connect(m, flipped(self.i_request), planner.i_request)
+        connect(m, flipped(self.i_ack), reliability.i_ack)
+        connect(m, flipped(self.i_icrc_error), reliability.i_icrc_error)
+        connect(m, planner.o_loaded, reliability.i_loaded)
+        connect(m, planner.o_sent, reliability.i_sent)
+        connect(m, reliability.o_replay, planner.i_replay)
 
         m.d.comb += [
             descriptors.w_en.eq(planner.o_packet.valid),
@@ -75,11 +122,51 @@ class RequesterTransmitter(wiring.Component):
             segmenter.i_packet.valid.eq(descriptors.r_rdy),
             segmenter.i_packet.p.eq(descriptors.r_data),
             descriptors.r_en.eq(segmenter.i_packet.ready),
+            reads.w_en.eq(planner.o_read.valid),
+            reads.w_data.eq(planner.o_read.p),
+            planner.o_read.ready.eq(reads.w_rdy),
+            buffer.i_read.p.eq(reads.r_data),
         ]
+        # A resend's payload is read when its descriptor reaches the segmenter, not
+        # before: its original may still be on its way into the buffer.
+        head = Signal(PACKET_DESCRIPTOR)
+        read_issued = Signal()
+        m.d.comb += head.eq(descriptors.r_data)
+        may_read = descriptors.r_rdy & head.replay & (head.payload_length != 0) & ~read_issued
+        m.d.comb += [
+            buffer.i_read.valid.eq(reads.r_rdy & may_read),
+            reads.r_en.eq(buffer.i_read.ready & may_read),
+        ]
+        with m.If(buffer.i_read.valid & buffer.i_read.ready):
+            m.d.sync += read_issued.eq(1)
+        with m.If(descriptors.r_en & descriptors.r_rdy):
+            m.d.sync += read_issued.eq(0)
         connect(m, flipped(self.i_payload), segmenter.i_payload)
-        connect(m, segmenter.o_completion, flipped(self.o_completion))
+        connect(m, segmenter.o_write, buffer.i_write)
+        connect(m, buffer.o_read, segmenter.i_replay)
         connect(m, segmenter.o, segmented.i)
         connect(m, segmented.o, transport.i)
         connect(m, transport.o, framed.i)
         connect(m, framed.o, flipped(self.o))
+
+        # Message ends: a tracked one's status waits in its slot for the ACK; a request
+        # completed at once (refused, or flushed) joins the engine's completions.
+        ended = segmenter.o_message_end
+        m.d.comb += [
+            reliability.i_message_end.valid.eq(ended.valid & ended.p.tracked),
+            reliability.i_message_end.p.eq(ended.p),
+        ]
+        immediate = ended.valid & ~ended.p.tracked
+        completion = self.o_completion
+        held = Signal()                 # an immediate completion offered and not yet taken
+        prefer_immediate = held | ~reliability.o_completion.valid
+        m.d.comb += [
+            completion.valid.eq(Mux(prefer_immediate, immediate,
+                                    reliability.o_completion.valid)),
+            completion.p.eq(Mux(prefer_immediate, ended.p.completion,
+                                reliability.o_completion.p)),
+            reliability.o_completion.ready.eq(~prefer_immediate & completion.ready),
+            ended.ready.eq(ended.p.tracked | (prefer_immediate & completion.ready)),
+        ]
+        m.d.sync += held.eq(prefer_immediate & immediate & ~completion.ready)
         return m

@@ -1,6 +1,8 @@
 """RequesterTransmitter against the Scapy model of sim/rocev2.py: every datagram it
-sends (transport headers, payload, pad, ICRC slot) and every completion."""
+sends (transport headers, payload, pad, ICRC slot) and every completion, with an
+acknowledger that answers each AckReq packet."""
 
+import dataclasses
 import random
 
 import pytest
@@ -13,22 +15,30 @@ from sim.rocev2 import ROCEV2_PORT, Message, message_packets, roce_frame
 
 from .streams import get_item, get_packet, put_item, put_packet, run_testbenches, wait_for
 
+RING_BEATS = 64             # per QP: 4 KiB, so long messages wait for ACKs
+ACK = 0x1F                  # AETH syndrome: ACK, no credit limit
+NAK_SEQUENCE = 0x60
+
 WIDTH = 64
 HEADERS = 14 + 20 + 8        # Ethernet, IPv4, UDP in front of the transport headers
 VERBS = [verb.name for verb in Verb]
 
 
 class Qp:
-    def __init__(self, index, *, remote_qpn, psn, rkey, remote_ip, path_mtu, src_port):
+    def __init__(self, index, *, remote_qpn, psn, rkey, remote_ip, path_mtu, src_port,
+                 timeout=8, retry_count=7):
         self.index, self.remote_qpn, self.psn, self.rkey = index, remote_qpn, psn, rkey
         self.remote_ip, self.path_mtu, self.src_port = remote_ip, path_mtu, src_port
+        self.timeout, self.retry_count = timeout, retry_count
+        self.tail = 0               # beats written to the QP's retransmit ring
 
     def state(self):
         """The QP's state as a QP_STATE constant; path MTU 0 stands for a missing one."""
         state = QP_STATE.const({
             "remote_qpn": self.remote_qpn, "next_psn": self.psn, "rkey": self.rkey,
             "remote_ip": parse_ipv4(self.remote_ip),
-            "path_mtu": PathMtu.from_bytes(self.path_mtu or 256), "src_port": self.src_port})
+            "path_mtu": PathMtu.from_bytes(self.path_mtu or 256), "src_port": self.src_port,
+            "timeout": self.timeout, "retry_count": self.retry_count, "rnr_retry": 7})
         if self.path_mtu:
             return state
         field = QP_STATE["path_mtu"]
@@ -36,12 +46,18 @@ class Qp:
         return data.Const(QP_STATE, state.as_value().value & ~mask)
 
 
-def expected_datagrams(qp, message, *, tos, ack_interval):
-    """(meta, UDP payload with a zero ICRC slot) of each packet, and advances the QP's PSN."""
-    packets = message_packets(message, psn=qp.psn, path_mtu=qp.path_mtu, rkey=qp.rkey,
-                              ack_interval=ack_interval)
+def expected_datagrams(qp, message, *, tos):
+    """(meta, UDP payload with a zero ICRC slot) of each packet, and advances the QP's PSN.
+    AckReq: on the last packet, and where a packet's payload crosses a quarter of the
+    QP's ring."""
+    packets = message_packets(message, psn=qp.psn, path_mtu=qp.path_mtu, rkey=qp.rkey)
     out = []
+    quarter = RING_BEATS // 4
     for fields in packets:
+        beats = -(-len(fields.payload) // WIDTH)
+        if qp.tail % quarter + beats >= quarter:
+            fields = dataclasses.replace(fields, ack_request=True)
+        qp.tail += beats
         frame = roce_frame(fields, src_mac="02:00:00:00:00:02", dst_mac="02:00:00:00:00:01",
                            src_ip="10.77.0.2", dst_ip=qp.remote_ip, dest_qp=qp.remote_qpn,
                            src_port=qp.src_port | 0xC000, tos=tos, ip_id=0)
@@ -59,39 +75,46 @@ class Bench:
     """Work requests, payloads and QP writes in; datagrams and completions out, each
     checked in order against the model."""
 
-    def __init__(self, *, qps=4, tos=0x02, ack_interval=0, seed=0, gaps=True):
-        self.dut = RequesterTransmitter(qps=qps, width=WIDTH)
-        self.tos, self.ack_interval = tos, ack_interval
+    def __init__(self, *, qps=4, tos=0x02, seed=0, gaps=True, acknowledge=None):
+        self.dut = RequesterTransmitter(qps=qps, ring_beats=RING_BEATS, messages=4, width=WIDTH)
+        self.tos = tos
+        self.acknowledge = acknowledge or (lambda qp, psn: ACK)
+        self.acks = []              # (qp, psn, syndrome) to send
         self.rng = random.Random(seed)
         self.gaps = gaps
         self.qps = {}
+        self.qp_objects = []
+        self.holds = {}             # request index: wait until this is true before posting it
         self.requests = []          # (request dict, payload bytes sent)
         self.datagrams = []         # expected (meta, bytes)
         self.completions = []       # expected completion dicts
         self.seen = {"datagrams": 0, "completions": 0}
+        self.resent = 0
+        self.status = {}            # QP index: its QP_STATUS at the end
         self.configured = False
 
     def add_qp(self, qp):
         self.qps[qp.index] = qp.state()
+        self.qp_objects.append(qp)
         return qp
 
-    def message(self, qp, message, *, payload=None, tag=None, status=None):
-        """Queue a message; ``payload`` overrides what the payload stream carries."""
+    def message(self, qp, message, *, payload=None, tag=None, status=None, goes_out=True):
+        """Queue a message; ``payload`` overrides what the payload stream carries;
+        ``goes_out``: whether its packets are sent (a QP in ERROR sends nothing)."""
         tag = len(self.requests) if tag is None else tag
         request = {"verb": Verb[message.verb], "qp": qp.index, "tag": tag,
                    "remote_address": message.remote_address, "length": len(message.payload),
                    "immediate": message.immediate}
         sent = message.payload if payload is None else payload
         self.requests.append((request, sent))
-        if status == CompletionStatus.BAD_REQUEST:
+        if status == CompletionStatus.BAD_REQUEST or not goes_out:
             self.completions.append({"qp": qp.index, "tag": tag, "status": status.value,
                                      "first_psn": qp.psn, "packets": 0})
             return
         if len(sent) < len(message.payload):
             message = Message(message.verb, sent + bytes(len(message.payload) - len(sent)),
                               message.remote_address, message.immediate)
-        datagrams, first_psn = expected_datagrams(qp, message, tos=self.tos,
-                                                  ack_interval=self.ack_interval)
+        datagrams, first_psn = expected_datagrams(qp, message, tos=self.tos)
         self.datagrams += datagrams
         self.completions.append({"qp": qp.index, "tag": tag,
                                  "status": (status or CompletionStatus.SUCCESS).value,
@@ -101,7 +124,7 @@ class Bench:
         return random.Random(seed) if self.gaps else None
 
     async def setup(self, ctx):
-        ctx.set(self.dut.i_config, {"tos": self.tos, "ack_interval": self.ack_interval})
+        ctx.set(self.dut.i_config, {"tos": self.tos, "tick": 1})
         for index, state in self.qps.items():
             await put_item(ctx, self.dut.i_qp_write, {"qp": index, "state": state})
         self.configured = True
@@ -109,7 +132,9 @@ class Bench:
     async def request_source(self, ctx):
         gaps = self.gap_source(1)
         await wait_for(ctx, lambda: self.configured, 100)
-        for request, _ in self.requests:
+        for index, (request, _) in enumerate(self.requests):
+            if index in self.holds:
+                await wait_for(ctx, self.holds[index], 100_000)
             await put_item(ctx, self.dut.i_request, request, gaps=gaps)
 
     async def payload_source(self, ctx):
@@ -118,23 +143,66 @@ class Bench:
             await put_packet(ctx, self.dut.i_payload, payload, {}, width=WIDTH, gaps=gaps)
 
     async def datagram_sink(self, ctx):
+        """The expected datagrams in order; a resend (a PSN already seen) must equal its
+        original but for AckReq."""
         gaps = self.gap_source(3)
-        for index, (meta, datagram) in enumerate(self.datagrams):
+        originals = {}
+        index = 0
+        while True:
             got, got_meta = await get_packet(ctx, self.dut.o, width=WIDTH, gaps=gaps)
+            key = got[5:8] + got[9:12]                  # destination QP and PSN
+            expected = self.datagrams[index][1] if index < len(self.datagrams) else b""
+            if key == expected[5:8] + expected[9:12]:
+                meta, datagram = self.datagrams[index]
+                index += 1
+                self.seen["datagrams"] += 1
+                originals[key] = datagram
+            else:
+                assert key in originals, f"datagram {index}: unexpected {got[:16].hex()}"
+                meta, datagram = None, originals[key]
+                self.resent += 1
+            if meta is None:        # a resend may ask for an ACK its original did not
+                got = got[:8] + bytes([got[8] & 0x7F | datagram[8] & 0x80]) + got[9:]
             assert got == datagram, (
                 f"datagram {index}: got {got[:48].hex()}… ({len(got)} bytes), "
                 f"expected {datagram[:48].hex()}… ({len(datagram)} bytes)")
-            for field, value in meta.items():
+            for field, value in (meta or {}).items():
                 assert getattr(got_meta, field) == value, f"datagram {index}: {field}"
-            self.seen["datagrams"] += 1
+            if got[8] & 0x80:
+                self.answer({"dst_ip": got_meta.dst_ip}, got)
+
+    def answer(self, meta, datagram):
+        """Queue the acknowledgement of an AckReq packet (or what ``acknowledge`` says)."""
+        qpn = int.from_bytes(datagram[5:8], "big")
+        psn = int.from_bytes(datagram[9:12], "big")
+        qp = next(qp for qp in self.qp_objects if qp.remote_qpn == qpn)
+        syndrome = self.acknowledge(qp, psn)
+        if syndrome is not None:
+            self.acks.append({"qp": qp.index, "src_ip": meta["dst_ip"], "psn": psn,
+                              "syndrome": syndrome, "msn": 0})
+
+    async def ack_source(self, ctx):
+        while True:
+            await ctx.tick()
+            if self.acks:
+                ctx.set(self.dut.i_ack.p, self.acks.pop(0))
+                ctx.set(self.dut.i_ack.valid, 1)
+            else:
+                ctx.set(self.dut.i_ack.valid, 0)
 
     async def completion_sink(self, ctx):
+        """Completions in order per QP (a refused request completes at once)."""
         gaps = self.gap_source(4)
-        for index, expected in enumerate(self.completions):
+        expected = {}
+        for completion in self.completions:
+            expected.setdefault(completion["qp"], []).append(completion)
+        for index in range(len(self.completions)):
             got = await get_item(ctx, self.dut.o_completion, gaps=gaps)
-            actual = {field: getattr(got, field) for field in expected}
+            actual = {field: getattr(got, field) for field in self.completions[0]}
             actual["status"] = actual["status"].value
-            assert actual == expected, f"completion {index}"
+            assert expected[actual["qp"]], f"completion {index}: {actual} not expected"
+            want = expected[actual["qp"]].pop(0)
+            assert actual == want, f"completion {index}: {actual} != {want}"
             self.seen["completions"] += 1
 
     def run(self, cycles=200_000):
@@ -145,11 +213,14 @@ class Bench:
                            cycles)
             for _ in range(30):
                 await ctx.tick()
-                assert not ctx.get(self.dut.o.valid), "a datagram nobody expected"
                 assert not ctx.get(self.dut.o_completion.valid), "a completion too many"
+            for index in self.qps:
+                ctx.set(self.dut.status_qp, index)
+                await ctx.tick()
+                self.status[index] = ctx.get(self.dut.status)
 
         run_testbenches(self.dut, main, self.request_source, self.payload_source,
-                        self.datagram_sink, self.completion_sink)
+                        self.datagram_sink, self.completion_sink, self.ack_source)
 
 
 def pattern(length, seed):
@@ -181,7 +252,7 @@ def test_every_verb_and_length(path_mtu):
 
 
 def test_psn_wraps_across_messages():
-    bench = Bench(ack_interval=0, seed=7)
+    bench = Bench(seed=7)
     qp = bench.add_qp(Qp(1, remote_qpn=0xFFFFFF, psn=(1 << 24) - 6, rkey=1, remote_ip="10.77.0.9",
                          path_mtu=256, src_port=0xFFFF))
     rng = random.Random(3)
@@ -192,15 +263,15 @@ def test_psn_wraps_across_messages():
     assert qp.psn < 100, "the run did not cross the 2^24 wrap"
 
 
-def test_ack_request_interval():
-    bench = Bench(ack_interval=3, seed=2)
+def test_ack_request_at_each_quarter_of_the_ring():
+    bench = Bench(seed=2)
     qp = bench.add_qp(Qp(0, remote_qpn=5, psn=0, rkey=9, remote_ip="10.77.0.3", path_mtu=256,
                          src_port=0xC123))
     bench.message(qp, Message("RDMA_WRITE", pattern(10 * 256, 1), 0x4000))
     bench.message(qp, Message("SEND", pattern(2 * 256 + 1, 2)))
     bench.run()
     acks = [datagram[8] >> 7 for _, datagram in bench.datagrams]
-    assert acks == [0, 0, 1, 0, 0, 1, 0, 0, 1, 1, 0, 0, 1]
+    assert acks == [0, 0, 0, 1, 0, 0, 0, 1, 0, 1] + [0, 1, 1]
 
 
 def test_bad_requests_are_refused_and_drained():
@@ -245,3 +316,102 @@ def test_source_port_stays_in_the_rocev2_range():
     bench.message(qp, Message("SEND", pattern(1000, 1)))
     bench.run()
     assert all(meta["src_port"] == 0xD234 for meta, _ in bench.datagrams)
+
+
+def status_of(bench, qp):
+    status = bench.status[qp.index]
+    return status.error, status.error_status, status.counters
+
+
+def once(syndrome, qp_index, psn):
+    """An acknowledger that answers ``syndrome`` for one packet the first time, else ACK."""
+    done = set()
+
+    def acknowledge(qp, packet_psn):
+        if qp.index == qp_index and packet_psn == psn and not done:
+            done.add(psn)
+            return syndrome
+        return ACK
+    return acknowledge
+
+
+def test_nak_sequence_resends_from_the_nakd_packet():
+    bench = Bench(seed=21, acknowledge=once(NAK_SEQUENCE, 0, 7))
+    qp = bench.add_qp(Qp(0, remote_qpn=5, psn=0, rkey=9, remote_ip="10.77.0.3", path_mtu=256,
+                         src_port=0xC123))
+    bench.message(qp, Message("RDMA_WRITE", pattern(10 * 256, 1), 0x4000))
+    bench.message(qp, Message("SEND", pattern(300, 2)))
+    bench.run()
+    error, _, counters = status_of(bench, qp)
+    assert not error
+    assert counters.naks_sequence == 1 and counters.retransmitted == bench.resent > 0
+    assert counters.packets == 12 and counters.bytes == 10 * 256 + 300
+
+
+def test_lost_ack_times_out_and_resends():
+    lost = set()
+
+    def acknowledge(qp, psn):
+        if psn == 3 and psn not in lost:
+            lost.add(psn)
+            return None
+        return ACK
+    bench = Bench(seed=22, acknowledge=acknowledge)
+    qp = bench.add_qp(Qp(0, remote_qpn=5, psn=0, rkey=9, remote_ip="10.77.0.3", path_mtu=256,
+                         src_port=0xC123))
+    bench.message(qp, Message("SEND", pattern(4 * 256, 1)))
+    bench.run()
+    error, _, counters = status_of(bench, qp)
+    assert not error and counters.timeouts == 1 and bench.resent == 4
+
+
+def test_rnr_nak_waits_then_resends():
+    bench = Bench(seed=23, acknowledge=once(0x20 | 2, 1, 0))
+    qp = bench.add_qp(Qp(1, remote_qpn=6, psn=0, rkey=9, remote_ip="10.77.0.3", path_mtu=256,
+                         src_port=0xC123))
+    bench.message(qp, Message("SEND_WITH_IMMEDIATE", pattern(40, 1), 0, 5))
+    bench.run()
+    error, _, counters = status_of(bench, qp)
+    assert not error and counters.naks_rnr == 1 and counters.rnr_waits == 1
+    assert bench.resent >= 1
+
+
+@pytest.mark.parametrize("syndrome, status", [
+    (0x62, CompletionStatus.REMOTE_ACCESS_ERROR),
+    (0x61, CompletionStatus.REMOTE_INVALID_REQUEST),
+])
+def test_error_nak_fails_the_qp_and_flushes(syndrome, status):
+    bench = Bench(seed=24, acknowledge=once(syndrome, 0, 1))
+    bad = bench.add_qp(Qp(0, remote_qpn=5, psn=0, rkey=9, remote_ip="10.77.0.3", path_mtu=256,
+                          src_port=0xC123))
+    good = bench.add_qp(Qp(1, remote_qpn=6, psn=50, rkey=9, remote_ip="10.77.0.4",
+                           path_mtu=256, src_port=0xC124))
+    bench.message(bad, Message("RDMA_WRITE", pattern(100, 1), 0x4000))      # PSN 0: ACKed
+    bench.message(bad, Message("RDMA_WRITE", pattern(100, 2), 0x5000), status=status)
+    bench.message(good, Message("SEND", pattern(700, 3)))
+    # Posted once the QP failed: flushed, nothing sent.
+    bench.holds[3] = lambda: bench.seen["completions"] >= 2
+    bench.message(bad, Message("SEND", pattern(70, 4)), status=CompletionStatus.FLUSHED,
+                  goes_out=False)
+    bench.message(good, Message("SEND", pattern(70, 5)))
+    bench.run()
+    error, error_status, _ = status_of(bench, bad)
+    assert error and error_status == status
+    assert not status_of(bench, good)[0]
+
+
+def test_a_silent_responder_exhausts_the_retries_and_other_qps_go_on():
+    bench = Bench(seed=25, acknowledge=lambda qp, psn: None if qp.index == 0 else ACK)
+    dead = bench.add_qp(Qp(0, remote_qpn=5, psn=0, rkey=9, remote_ip="10.77.0.3", path_mtu=256,
+                           src_port=0xC123, timeout=5, retry_count=2))
+    alive = bench.add_qp(Qp(1, remote_qpn=6, psn=0, rkey=9, remote_ip="10.77.0.4",
+                            path_mtu=256, src_port=0xC124))
+    bench.message(dead, Message("SEND", pattern(300, 1)), status=CompletionStatus.RETRY_EXCEEDED)
+    bench.message(dead, Message("SEND", pattern(30, 2)), status=CompletionStatus.FLUSHED)
+    for index in range(6):
+        bench.message(alive, Message("RDMA_WRITE", pattern(500, 3 + index), 0x100 * index))
+    bench.run()
+    error, error_status, counters = status_of(bench, dead)
+    assert error and error_status == CompletionStatus.RETRY_EXCEEDED
+    assert counters.timeouts == 3 and bench.resent == 2 * 3
+    assert not status_of(bench, alive)[0]

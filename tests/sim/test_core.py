@@ -1,6 +1,8 @@
 """The whole core in cocotb, through the Python runner (SIM=verilator or SIM=icarus):
-the network layer (network_bench: ARP, ICMP echo, UDP echo, every bad input) and the
-RoCEv2 transmit path (roce_bench: frames byte for byte against Scapy, ICRC included)."""
+the network layer (network_bench: ARP, ICMP echo, UDP echo, every bad input), the
+RoCEv2 requester (roce_bench: frames byte for byte against Scapy, ICRC included, and
+what lands at a responder model) and its reliability (reliability_bench: responder
+models with faults)."""
 
 from pathlib import Path
 
@@ -28,6 +30,18 @@ TESTCASES = {
         "psn_wraps_in_a_long_back_to_back_run",
         "generator_run_follows_the_cm_rule",
         "acknowledgements_are_checked_and_counted",
+    ],
+    "reliability_bench": [
+        "packet_loss_1_percent",
+        "packet_loss_10_percent",
+        "ack_loss",
+        "duplicated_and_ghost_acks",
+        "corrupted_acks",
+        "rnr_bursts",
+        "responder_stalls_longer_than_the_timeout",
+        "every_fault_at_once",
+        "never_answering_peer_exhausts_retries",
+        "error_naks_stop_the_qp",
     ],
 }
 

@@ -140,7 +140,7 @@ def test_send_and_immediate_verbs_land_in_the_receive_queue():
     responder = make_responder()
     responder.post_receive(4)
     messages = [("SEND", payload(2 * MTU + 9, 1), 0),
-                ("SEND_WITH_IMMEDIATE", payload(5, 2), 0x11223344),
+                ("SEND_WITH_IMMEDIATE", payload(MTU + 5, 2), 0x11223344),
                 ("RDMA_WRITE_WITH_IMMEDIATE", payload(MTU + 1, 3), 0xCAFEF00D),
                 ("RDMA_WRITE_WITH_IMMEDIATE", b"", 0x55)]
     psn, sent = PSN, []
@@ -152,7 +152,7 @@ def test_send_and_immediate_verbs_land_in_the_receive_queue():
     assert answers[-1][:2] == (ACK_UNLIMITED, psn - 1)
     assert responder.receive_queue == [
         Completion(opcode=0x02, data=messages[0][1], immediate=None),
-        Completion(opcode=0x05, data=messages[1][1], immediate=0x11223344),
+        Completion(opcode=0x03, data=messages[1][1], immediate=0x11223344),
         Completion(opcode=0x09, data=messages[2][1], immediate=0xCAFEF00D),
         Completion(opcode=0x0B, data=b"", immediate=0x55),
     ]

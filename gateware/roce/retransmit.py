@@ -1,0 +1,84 @@
+from amaranth import *
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..stream import BEAT_BYTES
+from .descriptor import ADDRESS_BITS, BUFFER_READ
+
+__all__ = ["RetransmitBuffer"]
+
+
+class RetransmitBuffer(wiring.Component):
+    """The payload of every unacknowledged packet: a ring of ``ring_beats`` beats
+    per QP in one memory (UltraRAM on UltraScale+: a 64-byte beat is 8 URAMs
+    wide, 4096 beats deep).
+
+    ``i_write`` stores a beat at an address (QP index above ring offset, as the
+    planner makes it). ``i_read`` asks for ``beats`` (1 or more) beats from an
+    address, which ``o_read`` returns in order, ``last`` on the final one; the
+    ring offset wraps within the QP's ring. Read latency 1 cycle, then a beat
+    per cycle.
+    """
+
+    def __init__(self, *, qps, ring_beats, width=BEAT_BYTES):
+        if ring_beats & (ring_beats - 1):
+            raise ValueError(f"Ring beats must be a power of 2, not {ring_beats!r}")
+        self._qp_bits = (qps - 1).bit_length()
+        self._ring_bits = (ring_beats - 1).bit_length()
+        self._width = width
+        super().__init__({
+            "i_write": In(stream.Signature(
+                data.StructLayout({"address": ADDRESS_BITS, "data": 8 * width}),
+                always_ready=True)),
+            "i_read": In(stream.Signature(BUFFER_READ)),
+            "o_read": Out(stream.Signature(data.StructLayout({"data": 8 * width, "last": 1}))),
+        })
+
+    @property
+    def depth(self):
+        return 1 << (self._qp_bits + self._ring_bits)
+
+    def elaborate(self, platform):
+        m = Module()
+        ring_bits, qp_bits = self._ring_bits, self._qp_bits
+        m.submodules.memory = store = memory.Memory(
+            shape=8 * self._width, depth=self.depth, init=[], attrs={"ram_style": "ultra"})
+        write = store.write_port()
+        read = store.read_port(transparent_for=())
+
+        address = self.i_write.p.address
+        m.d.comb += [
+            write.addr.eq(Cat(address[:ring_bits], address[ring_bits:ring_bits + qp_bits])),
+            write.data.eq(self.i_write.p.data),
+            write.en.eq(self.i_write.valid),
+        ]
+
+        offset = Signal(ring_bits)
+        qp = Signal(max(qp_bits, 1))
+        left = Signal.like(self.i_read.p.beats)
+        active = left != 0
+        free = ~self.o_read.valid | self.o_read.ready
+        issue = active & free
+        m.d.comb += [
+            read.addr.eq(Cat(offset, qp[:qp_bits])),
+            read.en.eq(free),
+            self.o_read.p.data.eq(read.data),
+            self.i_read.ready.eq(~active),
+        ]
+        with m.If(free):
+            m.d.sync += [
+                self.o_read.valid.eq(issue),
+                self.o_read.p.last.eq(left == 1),
+            ]
+        with m.If(issue):
+            m.d.sync += [
+                offset.eq(offset + 1),
+                left.eq(left - 1),
+            ]
+        with m.If(self.i_read.valid & self.i_read.ready):
+            m.d.sync += [
+                offset.eq(self.i_read.p.address[:ring_bits]),
+                qp.eq(self.i_read.p.address[ring_bits:]),
+                left.eq(self.i_read.p.beats),
+            ]
+        return m
