@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from amaranth import Signal, Value
 from amaranth.back import rtlil
 from amaranth.lib import wiring
 
@@ -85,6 +86,13 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "RequestArbiter (2 inputs)": lambda: _load("gateware.roce.request_arbiter.RequestArbiter")(
         inputs=2, width=WIDTH),
 }
+
+def _with_ports(component):
+    """The component and its port signals; constant members (the ``ready`` of an
+    always-ready stream) are not ports."""
+    ports = [Value.cast(value) for _, _, value in component.signature.flatten(component)]
+    return component, [port for port in ports if isinstance(port, Signal)]
+
 
 SYNTH = "synth_xilinx -family xcup -flatten -noiopad -noclkbuf -top top"
 SEQUENTIAL = re.compile(r"^(FD|RAMB|URAM|DSP48|FIFO)")
@@ -150,7 +158,8 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
     start = time.monotonic()
     try:
         try:
-            design = rtlil.convert(factory(), name="top")
+            component, ports = _with_ports(factory())
+            design = rtlil.convert(component, name="top", ports=ports)
         except RecursionError as error:
             raise SynthesisError(
                 "Python ran out of recursion converting the design to RTLIL "
