@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from amaranth import *
+from amaranth.lib import data
 from amaranth.lib.wiring import connect
 from amaranth.sim import Simulator
 
@@ -145,13 +146,15 @@ def measure(size, mtu, count, throttled):
         """ACKs each AckReq packet the engine sends, ``ACK_DELAY`` cycles later."""
         engine = chain.engine
         due, cycle, first = [], 0, True
-        async for _, _, valid, ready, data, last in ctx.tick().sample(
+        async for _, _, valid, ready, beat, last in ctx.tick().sample(
                 engine.o.valid, engine.o.ready, engine.o.p.data, engine.o.p.last):
             cycle += 1
             if valid and ready:
-                bth = data.to_bytes(BEAT_BYTES, "little")[:BTH.length] if first else b""
-                if bth and bth[4] & 0x80:
-                    due.append((cycle + ACK_DELAY, int.from_bytes(bth[9:12], "big")))
+                if first:
+                    wire = beat.to_bytes(BEAT_BYTES, "little")[:BTH.length]
+                    bth = data.Const(BTH, int.from_bytes(wire, "big"))
+                    if bth.ack_request:
+                        due.append((cycle + ACK_DELAY, int(bth.psn)))
                 first = bool(last)
             if due and due[0][0] <= cycle:
                 ctx.set(engine.i_ack.p, {"qp": 0, "src_ip": PEER_IP, "psn": due.pop(0)[1],
