@@ -11,7 +11,8 @@ from .requests import COMPLETION, QP_INDEX_BITS, WORK_REQUEST, PathMtu
 
 __all__ = ["TRANSPORT", "TRANSPORT_LENGTHS", "ROCE_TX_META", "PACKET_DESCRIPTOR",
            "MAX_PACKET_PAYLOAD", "SLOT_BITS", "POINTER_BITS", "ADDRESS_BITS", "MESSAGE",
-           "MESSAGE_LOADED", "PACKET_SENT", "REPLAY", "MESSAGE_END", "QP_VIEW", "BUFFER_READ"]
+           "MESSAGE_LOADED", "PACKET_SENT", "REPLAY", "MESSAGE_END", "QP_VIEW", "BUFFER_READ",
+           "buffer_write", "buffer_beat"]
 
 #: The transport headers of a packet: the BTH, then its extensions packed
 #: behind it (RETH, then ImmDt, each only when present), up to 32 bytes.
@@ -90,6 +91,16 @@ BUFFER_READ = data.StructLayout({
     "address": ADDRESS_BITS,
     "beats": range(MAX_PACKET_PAYLOAD + 1),
 })
+
+def buffer_write(width):
+    """A payload beat into the retransmit buffer, at a beat address."""
+    return data.StructLayout({"address": ADDRESS_BITS, "data": 8 * width})
+
+
+def buffer_beat(width):
+    """A payload beat out of the retransmit buffer; ``last`` ends a read."""
+    return data.StructLayout({"data": 8 * width, "last": 1})
+
 
 PACKET_DESCRIPTOR = data.StructLayout({
     "meta": ROCE_TX_META,

@@ -119,11 +119,10 @@ class ReliabilityEngine(wiring.Component):
     idle). ``status_qp`` → ``status``: a QP's state and counters, 1 cycle later.
     """
 
-    def __init__(self, *, qps, ring_beats, messages=128, acks=16, width=BEAT_BYTES):
+    def __init__(self, *, qps, messages=128, acks=16, width=BEAT_BYTES):
         if messages < 2 or messages & (messages - 1) or messages > 128:
             raise ValueError(f"Messages per QP must be a power of 2, 2..128, not {messages!r}")
         self._qps = qps
-        self._ring_beats = ring_beats
         self._messages = messages
         self._acks = acks
         self._width = width
@@ -258,7 +257,8 @@ class ReliabilityEngine(wiring.Component):
                     m.d.comb += resetting.eq(1)
                 with m.Elif(acks.r_rdy):
                     m.d.comb += acks.r_en.eq(1)
-                    m.d.sync += [event.eq(acks.r_data), qp.eq(acks.r_data[:QP_INDEX_BITS])]
+                    queued = data.View(ACK_EVENT, acks.r_data)
+                    m.d.sync += [event.eq(queued), qp.eq(queued.qp)]
                     m.next = "ACK"
                 with m.Elif(expired.any()):
                     m.d.sync += qp.eq(_lowest(expired))

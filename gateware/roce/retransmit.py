@@ -1,9 +1,9 @@
 from amaranth import *
-from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..stream import BEAT_BYTES
-from .descriptor import ADDRESS_BITS, BUFFER_READ
+from .descriptor import BUFFER_READ, buffer_beat, buffer_write
 
 __all__ = ["RetransmitBuffer"]
 
@@ -27,11 +27,9 @@ class RetransmitBuffer(wiring.Component):
         self._ring_bits = (ring_beats - 1).bit_length()
         self._width = width
         super().__init__({
-            "i_write": In(stream.Signature(
-                data.StructLayout({"address": ADDRESS_BITS, "data": 8 * width}),
-                always_ready=True)),
+            "i_write": In(stream.Signature(buffer_write(width), always_ready=True)),
             "i_read": In(stream.Signature(BUFFER_READ)),
-            "o_read": Out(stream.Signature(data.StructLayout({"data": 8 * width, "last": 1}))),
+            "o_read": Out(stream.Signature(buffer_beat(width))),
         })
 
     @property

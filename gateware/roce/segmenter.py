@@ -1,14 +1,15 @@
 from amaranth import *
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..stream import BEAT_BYTES, NO_META, keep_count, keep_mask, packet_signature
 from .descriptor import (
-    ADDRESS_BITS,
     MAX_PACKET_PAYLOAD,
     MESSAGE_END,
     PACKET_DESCRIPTOR,
     ROCE_TX_META,
+    buffer_beat,
+    buffer_write,
 )
 from .icrc import ICRC_BYTES
 from .requests import CompletionStatus
@@ -50,11 +51,9 @@ class PayloadSegmenter(wiring.Component):
         super().__init__({
             "i_packet": In(stream.Signature(PACKET_DESCRIPTOR)),
             "i_payload": In(packet_signature(NO_META, width=width)),
-            "i_replay": In(stream.Signature(data.StructLayout({"data": 8 * width, "last": 1}))),
+            "i_replay": In(stream.Signature(buffer_beat(width))),
             "o": Out(packet_signature(ROCE_TX_META, width=width)),
-            "o_write": Out(stream.Signature(
-                data.StructLayout({"address": ADDRESS_BITS, "data": 8 * width}),
-                always_ready=True)),
+            "o_write": Out(stream.Signature(buffer_write(width), always_ready=True)),
             "o_message_end": Out(stream.Signature(MESSAGE_END)),
         })
 

@@ -75,7 +75,7 @@ class RequesterTransmitter(wiring.Component):
         m.submodules.planner = planner = PacketPlanner(
             qps=self._qps, ring_beats=self._ring_beats, width=width)
         m.submodules.reliability = reliability = ReliabilityEngine(
-            qps=self._qps, ring_beats=self._ring_beats, messages=self._messages, width=width)
+            qps=self._qps, messages=self._messages, width=width)
         m.submodules.descriptors = descriptors = fifo.SyncFIFOBuffered(
             width=PACKET_DESCRIPTOR.size, depth=self._descriptors)
         m.submodules.reads = reads = fifo.SyncFIFOBuffered(

@@ -2,7 +2,6 @@
 sends (transport headers, payload, pad, ICRC slot) and every completion, with an
 acknowledger that answers each AckReq packet."""
 
-import dataclasses
 import random
 
 import pytest
@@ -11,7 +10,7 @@ from amaranth.lib import data
 from gateware.config import parse_ipv4
 from gateware.roce.requests import QP_STATE, CompletionStatus, PathMtu, Verb
 from gateware.roce.tx import RequesterTransmitter
-from sim.rocev2 import ROCEV2_PORT, Message, message_packets, roce_frame
+from sim.rocev2 import ROCEV2_PORT, Message, RetransmitRing, message_packets, roce_frame
 
 from .streams import get_item, get_packet, put_item, put_packet, run_testbenches, wait_for
 
@@ -30,7 +29,7 @@ class Qp:
         self.index, self.remote_qpn, self.psn, self.rkey = index, remote_qpn, psn, rkey
         self.remote_ip, self.path_mtu, self.src_port = remote_ip, path_mtu, src_port
         self.timeout, self.retry_count = timeout, retry_count
-        self.tail = 0               # beats written to the QP's retransmit ring
+        self.ring = RetransmitRing(RING_BEATS)
 
     def state(self):
         """The QP's state as a QP_STATE constant; path MTU 0 stands for a missing one."""
@@ -47,17 +46,12 @@ class Qp:
 
 
 def expected_datagrams(qp, message, *, tos):
-    """(meta, UDP payload with a zero ICRC slot) of each packet, and advances the QP's PSN.
-    AckReq: on the last packet, and where a packet's payload crosses a quarter of the
-    QP's ring."""
-    packets = message_packets(message, psn=qp.psn, path_mtu=qp.path_mtu, rkey=qp.rkey)
+    """(meta, UDP payload with a zero ICRC slot) of each packet, and advances the QP's PSN
+    and ring."""
+    packets = message_packets(message, psn=qp.psn, path_mtu=qp.path_mtu, rkey=qp.rkey,
+                              ring=qp.ring)
     out = []
-    quarter = RING_BEATS // 4
     for fields in packets:
-        beats = -(-len(fields.payload) // WIDTH)
-        if qp.tail % quarter + beats >= quarter:
-            fields = dataclasses.replace(fields, ack_request=True)
-        qp.tail += beats
         frame = roce_frame(fields, src_mac="02:00:00:00:00:02", dst_mac="02:00:00:00:00:01",
                            src_ip="10.77.0.2", dst_ip=qp.remote_ip, dest_qp=qp.remote_qpn,
                            src_port=qp.src_port | 0xC000, tos=tos, ip_id=0)
@@ -324,7 +318,8 @@ def status_of(bench, qp):
 
 
 def once(syndrome, qp_index, psn):
-    """An acknowledger that answers ``syndrome`` for one packet the first time, else ACK."""
+    """An acknowledger that answers ``syndrome`` (None: loses the ACK) for one packet the
+    first time, else ACK."""
     done = set()
 
     def acknowledge(qp, packet_psn):
@@ -349,14 +344,7 @@ def test_nak_sequence_resends_from_the_nakd_packet():
 
 
 def test_lost_ack_times_out_and_resends():
-    lost = set()
-
-    def acknowledge(qp, psn):
-        if psn == 3 and psn not in lost:
-            lost.add(psn)
-            return None
-        return ACK
-    bench = Bench(seed=22, acknowledge=acknowledge)
+    bench = Bench(seed=22, acknowledge=once(None, 0, 3))
     qp = bench.add_qp(Qp(0, remote_qpn=5, psn=0, rkey=9, remote_ip="10.77.0.3", path_mtu=256,
                          src_port=0xC123))
     bench.message(qp, Message("SEND", pattern(4 * 256, 1)))
