@@ -5,6 +5,8 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from .arp.layer import ARP_COUNTERS, ArpLayer
+from .cm.datagram import CM_PORT
+from .cm.manager import CM_CONFIG, ConnectionManager
 from .config import NetworkConfig, config_value
 from .counters import COUNTER_BITS
 from .eth.rx import EthernetReceiver
@@ -16,11 +18,18 @@ from .ip.tx import IP_TX_META, NEXT_HOP_META, IPv4Transmitter
 from .packet.arbiter import PacketArbiter
 from .packet.register import PacketRegister
 from .roce.ack import ACK_COUNTERS, AckReceiver
-from .roce.generator import GENERATOR_RUN, TrafficGenerator
+from .roce.generator_pool import GeneratorPool
 from .roce.icrc import IcrcInserter
 from .roce.planner import TRANSMIT_CONFIG
 from .roce.request_arbiter import RequestArbiter
-from .roce.requests import COMPLETION, QP_INDEX_BITS, QP_STATUS, QP_WRITE, WORK_REQUEST
+from .roce.requests import (
+    COMPLETION,
+    QP_INDEX_BITS,
+    QP_STATUS,
+    QP_WRITE,
+    WORK_REQUEST,
+    PathMtu,
+)
 from .roce.timers import ticks_at
 from .roce.tx import RequesterTransmitter
 from .stream import BEAT_BYTES, NO_META, axi_stream_signature
@@ -70,16 +79,29 @@ class NetworkCore(wiring.Component):
         at 100 Gb/s, more than the ACK timeout of 8.2 us (timeout 1).
     messages : int
         Unacknowledged messages a QP may have.
+    generator_runs : int
+        Generator runs that may be in progress at once (each on its own QP).
+    path_mtu, qp_timeout, retry_count, rnr_retry :
+        Defaults of the QPs the connection manager opens (``cm_config`` sets
+        them at run time): path MTU when OPEN_QP leaves it to us, ACK timeout
+        (4.096 us × 2^t), retries after timeouts and NAKs, RNR retries (7:
+        without limit).
 
     ``roce_config`` sets the RoCEv2 traffic class and the cycles of the IB
     timers' 4.096 us tick (default: at ``clock_hz``); ``qp_status_select`` →
     ``qp_status``: that QP's reliability state and counters, a cycle later.
+
+    The connection manager on UDP port 17185 opens and closes QPs and starts
+    the generator's runs; ``qp_write`` sets a QP directly (user logic), out
+    of the connection manager's sight.
     """
 
     def __init__(self, *, mac="02:00:00:00:00:02", ip="10.77.0.2", netmask="255.255.255.0",
                  gateway="0.0.0.0", clock_hz=CMAC_CLOCK_HZ, arp_retry_interval=None,
                  arp_lifetime=None, arp_retries=3, rx_depth=512, echo_depth=256, qps=16,
-                 retransmit_beats=2048, messages=128, width=BEAT_BYTES):
+                 retransmit_beats=2048, messages=128, generator_runs=4,
+                 path_mtu=PathMtu.MTU_4096, qp_timeout=14, retry_count=7, rnr_retry=7,
+                 width=BEAT_BYTES):
         self._defaults = config_value(mac=mac, ip=ip, netmask=netmask, gateway=gateway)
         self._arp_retry_interval = arp_retry_interval or clock_hz
         self._arp_lifetime = arp_lifetime or 60 * clock_hz
@@ -89,6 +111,9 @@ class NetworkCore(wiring.Component):
         self._qps = qps
         self._retransmit_beats = retransmit_beats
         self._messages = messages
+        self._generator_runs = generator_runs
+        self._cm_defaults = CM_CONFIG.const({"path_mtu": path_mtu, "timeout": qp_timeout,
+                                             "retry_count": retry_count, "rnr_retry": rnr_retry})
         self._tick = ticks_at(clock_hz)
         self._width = width
         super().__init__({
@@ -99,8 +124,8 @@ class NetworkCore(wiring.Component):
             "work_request": In(stream.Signature(WORK_REQUEST)),
             "payload": In(axi_stream_signature(width=width)),
             "completion": Out(stream.Signature(COMPLETION)),
-            "generator": In(stream.Signature(GENERATOR_RUN)),
             "qp_write": In(stream.Signature(QP_WRITE)),
+            "cm_config": In(stream.Signature(CM_CONFIG)),
             "roce_config": In(stream.Signature(TRANSMIT_CONFIG)),
             "qp_status_select": In(QP_INDEX_BITS),
             "qp_status": Out(QP_STATUS),
@@ -116,6 +141,8 @@ class NetworkCore(wiring.Component):
             "icmp": ICMP_COUNTERS,
             "udp_echo_dropped": unsigned(COUNTER_BITS),
             "roce_ack": ACK_COUNTERS,
+            "cm": ConnectionManager.counters_layout(),
+            "generator": GeneratorPool.counters_layout(),
         })
 
     def elaborate(self, platform):
@@ -133,15 +160,18 @@ class NetworkCore(wiring.Component):
                                           retries=self._arp_retries, width=width)
         m.submodules.ip_rx = ip_rx = IPv4Receiver(width=width)
         m.submodules.icmp = icmp = IcmpEcho(depth=self._echo_depth, width=width)
-        m.submodules.udp_rx = udp_rx = UdpReceiver([ECHO_PORT, UDP_PORT_ROCEV2], width=width)
+        m.submodules.udp_rx = udp_rx = UdpReceiver([ECHO_PORT, UDP_PORT_ROCEV2, CM_PORT],
+                                                   width=width)
+        m.submodules.cm = cm = ConnectionManager(qps=self._qps, width=width)
         m.submodules.ack_rx = ack_rx = AckReceiver(qps=self._qps, width=width)
         m.submodules.udp_echo = udp_echo = UdpEcho(depth=self._echo_depth, width=width)
-        m.submodules.generator = generator = TrafficGenerator(width=width)
+        m.submodules.generator = generator = GeneratorPool(
+            qps=self._qps, runs=self._generator_runs, width=width)
         m.submodules.requests = requests = RequestArbiter(inputs=2, width=width)
         m.submodules.roce_tx = roce_tx = RequesterTransmitter(
             qps=self._qps, ring_beats=self._retransmit_beats, messages=self._messages,
             width=width)
-        m.submodules.udp_mux = udp_mux = PacketArbiter(UDP_TX_META, inputs=2, width=width)
+        m.submodules.udp_mux = udp_mux = PacketArbiter(UDP_TX_META, inputs=3, width=width)
         m.submodules.udp_tx = udp_tx = UdpTransmitter(width=width)
         m.submodules.ip_mux = ip_mux = PacketArbiter(IP_TX_META, inputs=2, priority=True,
                                                      width=width)
@@ -170,6 +200,29 @@ class NetworkCore(wiring.Component):
         connect(m, ip_rx.o_udp, udp_rx.i)
         connect(m, udp_rx.o[0], udp_echo.i)
         connect(m, udp_rx.o[1], ack_rx.i)
+        connect(m, udp_rx.o[2], cm.i)
+
+        # Connection manager: sets and closes QPs, starts runs, reads status.
+        cm_config = Signal(CM_CONFIG, init=self._cm_defaults)
+        m.d.comb += self.cm_config.ready.eq(1)
+        with m.If(self.cm_config.valid):
+            m.d.sync += cm_config.eq(self.cm_config.p)
+        m.d.comb += [
+            cm.i_ip.eq(config.ip),
+            cm.i_config.eq(cm_config),
+        ]
+        connect(m, flipped(self.qp_write), cm.i_qp_write)
+        connect(m, cm.o_qp_write, roce_tx.i_qp_write)
+        connect(m, cm.o_qp_close, roce_tx.i_qp_close)
+        connect(m, cm.o_start, generator.i_start)
+        connect(m, cm.o_stop, generator.i_stop)
+        m.d.comb += [
+            generator.query_qp.eq(cm.run_qp),
+            cm.run.eq(generator.query),
+            cm.start_taken.eq(generator.start_taken),
+            roce_tx.status_qp[1].eq(cm.status_qp),
+            cm.status.eq(roce_tx.status[1]),
+        ]
 
         # RoCEv2 requester: user logic | generator → transmit engine.
         roce_config = Signal(TRANSMIT_CONFIG, init={"tos": TOS_ECT0, "tick": self._tick})
@@ -185,23 +238,22 @@ class NetworkCore(wiring.Component):
             self.payload.tready.eq(requests.i_payload[0].ready),
         ]
         connect(m, flipped(self.work_request), requests.i_request[0])
-        connect(m, flipped(self.generator), generator.i_start)
         connect(m, generator.o_request, requests.i_request[1])
         connect(m, generator.o_payload, requests.i_payload[1])
         connect(m, requests.o_request, roce_tx.i_request)
         connect(m, requests.o_payload, roce_tx.i_payload)
-        connect(m, flipped(self.qp_write), roce_tx.i_qp_write)
         connect(m, roce_tx.o_completion, flipped(self.completion))
         connect(m, ack_rx.o, roce_tx.i_ack)
         connect(m, ack_rx.o_icrc_error, roce_tx.i_icrc_error)
         m.d.comb += [
-            roce_tx.status_qp.eq(self.qp_status_select),
-            self.qp_status.eq(roce_tx.status),
+            roce_tx.status_qp[0].eq(self.qp_status_select),
+            self.qp_status.eq(roce_tx.status[0]),
         ]
 
         # Transmit: services → UDP → IPv4 (with ICMP first) → ICRC → ARP → Ethernet → MAC.
         connect(m, udp_echo.o, udp_mux.i[0])
-        connect(m, roce_tx.o, udp_mux.i[1])
+        connect(m, cm.o, udp_mux.i[1])
+        connect(m, roce_tx.o, udp_mux.i[2])
         connect(m, udp_mux.o, udp_tx.i)
         connect(m, icmp.o, ip_mux.i[0])
         connect(m, udp_tx.o, ip_mux.i[1])
@@ -228,5 +280,7 @@ class NetworkCore(wiring.Component):
             self.counters.icmp.eq(icmp.o_counters),
             self.counters.udp_echo_dropped.eq(udp_echo.o_dropped),
             self.counters.roce_ack.eq(ack_rx.o_counters),
+            self.counters.cm.eq(cm.o_counters),
+            self.counters.generator.eq(generator.o_counters),
         ]
         return m

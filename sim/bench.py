@@ -22,11 +22,13 @@ from cocotb.triggers import ClockCycles, Event, RisingEdge, with_timeout
 from cocotb.utils import get_sim_time
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSource
 from scapy.contrib.roce import BTH
+from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 
+from gateware.cm.datagram import CM_PORT
+from gateware.cm.manager import CM_CONFIG
 from gateware.config import NetworkConfig
 from gateware.core import NetworkCore
-from gateware.roce.generator import GENERATOR_RUN
 from gateware.roce.planner import TRANSMIT_CONFIG
 from gateware.roce.requests import COMPLETION, QP_STATUS, QP_WRITE, WORK_REQUEST
 
@@ -86,7 +88,10 @@ class NetworkBench:
         self.peers = dict(peers or {})
         self.arp_replies_to_lose = 0
         self.arp_requests = []            # every ARP request the core sent
-        self.received = deque()           # frames from the core, but its ARP requests
+        self.received = deque()           # frames from the core, but ARP requests and CM replies
+        self.cm_replies = deque()         # frames from the core's connection manager
+        self._cm_arrival = Event()
+        self.core_mac, self.core_ip = "02:00:00:00:00:02", "10.77.0.2"
         self._arrival = Event()
         self.cycle = 0                    # clock cycles since the bench started
         self._responders = {}             # attached responder models by their QPN
@@ -113,7 +118,7 @@ class NetworkBench:
 
     async def reset(self):
         self.dut.rst.value = 1
-        for port in ("config", "work_request", "generator", "qp_write", "roce_config"):
+        for port in ("config", "work_request", "qp_write", "roce_config", "cm_config"):
             getattr(self.dut, f"{port}__valid").value = 0
         self.dut.payload__tvalid.value = 0
         self.dut.completion__ready.value = 1
@@ -123,6 +128,7 @@ class NetworkBench:
         await ClockCycles(self.dut.clk, 2)
 
     async def configure(self, *, mac, ip, netmask, gateway=0):
+        self.core_mac, self.core_ip = mac, ip
         value = NetworkConfig.const({"mac": mac, "ip": ip, "netmask": netmask,
                                      "gateway": gateway}).as_value().value
         self.dut.config__payload.value = value
@@ -148,9 +154,35 @@ class NetworkBench:
         """Set the RoCEv2 traffic class and the clock cycles of a 4.096 us timer tick."""
         await self._put("roce_config", TRANSMIT_CONFIG, {"tos": tos, "tick": tick})
 
-    async def start_generator(self, run):
-        """Start a generator run (a dict of GENERATOR_RUN)."""
-        await self._put("generator", GENERATOR_RUN, run)
+    async def configure_cm(self, **config):
+        """Set how the connection manager sets up the QPs it opens (a dict of CM_CONFIG)."""
+        await self._put("cm_config", CM_CONFIG, config)
+
+    def cm_frame(self, datagram, *, host_ip, sport):
+        """An Ethernet frame carrying a CM datagram from the peer at ``host_ip``."""
+        return bytes(Ether(src=self.peers[host_ip], dst=self.core_mac)
+                     / IP(src=host_ip, dst=self.core_ip)
+                     / UDP(sport=sport, dport=CM_PORT) / bytes(datagram))
+
+    async def cm_request(self, datagram, *, host_ip, sport=50000, reply=True,
+                         timeout_cycles=5000):
+        """Send a CM datagram (bytes) from ``host_ip`` and return the UDP payload of the
+        reply (None when ``reply`` is False: then only wait ``timeout_cycles`` / 10)."""
+        self.cm_replies.clear()
+        await self.send(self.cm_frame(datagram, host_ip=host_ip, sport=sport))
+        if not reply:
+            await self.idle(timeout_cycles // 10)
+            return None
+
+        async def wait():
+            while not self.cm_replies:
+                self._cm_arrival.clear()
+                await self._cm_arrival.wait()
+            return self.cm_replies.popleft()
+        frame = await with_timeout(wait(), timeout_cycles * CLOCK_PERIOD_PS, "ps")
+        packet = Ether(frame)
+        assert packet[IP].dst == host_ip and packet[UDP].dport == sport, packet.summary()
+        return bytes(packet[UDP].payload)
 
     def post(self, request, payload):
         """Queue a work request (a dict of WORK_REQUEST) and its payload bytes."""
@@ -308,6 +340,10 @@ class NetworkBench:
                      ARP(op=2, hwsrc=mac, psrc=packet[ARP].pdst,
                          hwdst=packet[ARP].hwsrc, pdst=packet[ARP].psrc))
             cocotb.start_soon(self.send(bytes(reply)))
+            return
+        if UDP in packet and packet[UDP].sport == CM_PORT:
+            self.cm_replies.append(frame)
+            self._cm_arrival.set()
             return
         self.received.append(frame)
         self._arrival.set()

@@ -8,8 +8,8 @@ from scapy.layers.inet import ICMP, IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from gateware.config import parse_ipv4
-from gateware.roce.requests import FIRST_QPN, PathMtu, Verb
+from gateware.roce.requests import Verb
+from host import protocol
 from sim.bench import CORE_PARAMS, MIN_FRAME, NetworkBench
 from sim.responder import Completion, Responder
 from sim.rocev2 import Message, RetransmitRing, generator_payload, message_packets, roce_frame
@@ -64,20 +64,31 @@ async def demo(dut):
 
 
 async def roce_demo(bench):
-    """A QP towards the host, whose RDMA side is a responder model (Soft-RoCE's rules);
-    one RDMA WRITE with immediate posted by user logic, then a generator run of SENDs.
-    Every frame is checked against Scapy's, ICRC included; the host acknowledges them,
-    and the data must be in its memory and receive queue."""
-    qp = {"remote_qpn": 0x11, "next_psn": 0x100, "rkey": 0x1234,
-          "remote_ip": parse_ipv4(HOST_IP),
-          "path_mtu": PathMtu.MTU_1024, "src_port": 0xC000,
-          "timeout": 14, "retry_count": 7, "rnr_retry": 7}     # rdma-core's usual values
-    await bench.set_qp(0, qp)
+    """The host opens a QP through the connection manager; its RDMA side is a
+    responder model (Soft-RoCE's rules). One RDMA WRITE with immediate posted by user
+    logic, then a generator run of SENDs started through the CM. Every frame is
+    checked against Scapy's, ICRC included; the host acknowledges them, and the data
+    must be in its memory and receive queue."""
     write = Message("RDMA_WRITE_WITH_IMMEDIATE", bytes(index & 0xFF for index in range(2500)),
                     remote_address=0x7F00_0000_1000, immediate=0xCAFE)
+    mine = protocol.QpInfo(qpn=0x11, psn=0x100, rkey=0x1234, base_addr=write.remote_address,
+                           ip=HOST_IP)
+    request = protocol.open_qp(mine, mtu=protocol.PathMtu.MTU_1024)
+    print("Connection manager, UDP 17185:", flush=True)
+    print(f"  -> OPEN_QP  host QPN {mine.qpn:#x}, PSN {mine.psn:#x}, path MTU 1024", flush=True)
+    reply = protocol.Datagram.decode(await bench.cm_request(request.encode(), host_ip=HOST_IP))
+    ours = reply.loc
+    print(f"  <- {reply.request.name}/{reply.ack.name}  endpoint QPN {ours.qpn:#x}, "
+          f"PSN {ours.psn:#x}, path MTU {reply.txmeta.mtu.bytes}", flush=True)
+    if reply.ack != protocol.Ack.ACK or reply.rem != mine:
+        print("     MISMATCH: not the reply the protocol asks for", flush=True)
+        return 1
+    index = ours.qpn - protocol.FIRST_QPN
+    qp = {"remote_qpn": mine.qpn, "next_psn": ours.psn, "rkey": mine.rkey,
+          "src_port": 0xC000 + index}
     host = Responder(mac=HOST_MAC, ip=HOST_IP, peer_mac=CORE_MAC, peer_ip=CORE_IP,
-                     qpn=qp["remote_qpn"], peer_qpn=FIRST_QPN, expected_psn=qp["next_psn"],
-                     rkey=qp["rkey"], memory_base=write.remote_address,
+                     qpn=mine.qpn, peer_qpn=ours.qpn, expected_psn=ours.psn,
+                     rkey=mine.rkey, memory_base=write.remote_address,
                      memory_size=len(write.payload), path_mtu=1024)
     host.post_receive(4)
     bench.attach(host)
@@ -86,11 +97,11 @@ async def roce_demo(bench):
     runs = [("RDMA WRITE with immediate, 2500 bytes, path MTU 1024, from user logic", write)]
     runs += [(f"generator: SEND {k}, 100 bytes", Message("SEND", generator_payload(k, 100)))
              for k in range(3)]
-    bench.post({"verb": Verb.RDMA_WRITE_WITH_IMMEDIATE, "qp": 0, "tag": 1,
+    bench.post({"verb": Verb.RDMA_WRITE_WITH_IMMEDIATE, "qp": index, "tag": 1,
                 "remote_address": write.remote_address, "length": len(write.payload),
                 "immediate": write.immediate}, write.payload)
-    await bench.start_generator({"qp": 0, "verb": Verb.SEND, "length": 100, "count": 3,
-                                 "divider": 0, "base": 0, "ring": 0})
+    await bench.cm_request(protocol.start_run(ours.qpn, length=100, count=3, write=False
+                                              ).encode(), host_ip=HOST_IP, reply=False)
     failures, psn = 0, qp["next_psn"]
     for title, message in runs:
         print(f"{title}:", flush=True)

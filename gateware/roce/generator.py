@@ -49,6 +49,8 @@ class TrafficGenerator(wiring.Component):
     one per cycle while the sink is ready, with no idle cycle between
     messages once the next request has been offered (always, with
     ``divider`` 0 and a ready request sink).
+    ``i_stop`` ends the run early: no request is offered after the one offered
+    in that cycle (if any), whose payload is still sent.
     ``o_running`` is low again, and a new start can be taken, from the
     second cycle after the last payload beat is taken (with ``count`` 0,
     after the start); ``o_messages`` counts the requests taken in the current
@@ -65,6 +67,7 @@ class TrafficGenerator(wiring.Component):
             "i_start": In(stream.Signature(GENERATOR_RUN)),
             "o_request": Out(stream.Signature(WORK_REQUEST)),
             "o_payload": Out(packet_signature(NO_META, width=width)),
+            "i_stop": In(1),
             "o_running": Out(1),
             "o_messages": Out(32),
         })
@@ -143,6 +146,9 @@ class TrafficGenerator(wiring.Component):
                     word.eq(word + words),
                     remaining.eq(remaining - width),
                 ]
+
+        with m.If(self.i_stop & running & more):
+            m.d.sync += run.count.eq(issued + request.valid)
 
         # Run control.
         m.d.comb += self.i_start.ready.eq(~running)

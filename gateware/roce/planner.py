@@ -100,6 +100,8 @@ class PacketPlanner(wiring.Component):
     as BAD_REQUEST; one for a QP in ERROR completes as FLUSHED; a message whose
     QP fails while it is sent ends with a ``drop`` descriptor that drains the
     rest of its payload. Two cycles per message load, then a packet per cycle.
+    ``holds`` tells whether a context is in the middle of a message of QP
+    ``holds_qp``.
     """
 
     def __init__(self, *, qps, ring_beats, width=BEAT_BYTES):
@@ -128,6 +130,8 @@ class PacketPlanner(wiring.Component):
             "o_sent": Out(stream.Signature(PACKET_SENT, always_ready=True)),
             "o_packet": Out(stream.Signature(PACKET_DESCRIPTOR)),
             "o_read": Out(stream.Signature(BUFFER_READ)),
+            "holds_qp": In(QP_INDEX_BITS),
+            "holds": Out(1),
         })
 
     def elaborate(self, platform):
@@ -271,6 +275,11 @@ class PacketPlanner(wiring.Component):
                 m.d.sync += new_refusing.eq(0)
         with m.If(replaying & ~replay_has_packet):
             m.d.sync += replaying.eq(0)
+
+        # Whether a context is in the middle of a message of ``holds_qp`` (a QP may
+        # be set again only between its messages).
+        m.d.comb += self.holds.eq((new_sending & (new.qp == self.holds_qp))
+                                  | (replaying & (replay.qp == self.holds_qp)))
 
         # Load contexts: a resend when the replay context is free, else a new message.
         m.d.comb += [

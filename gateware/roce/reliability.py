@@ -28,7 +28,10 @@ from .requests import (
 )
 from .timers import rnr_delay_ticks
 
-__all__ = ["ReliabilityEngine", "RNR_RETRY_FOREVER"]
+__all__ = ["ReliabilityEngine", "RNR_RETRY_FOREVER", "STATUS_PORTS"]
+
+#: Read ports of the QP status (user logic, the connection manager).
+STATUS_PORTS = 2
 
 #: An RNR retry count of 7 retries without limit (IBTA 9.7.5.2.8).
 RNR_RETRY_FOREVER = 7
@@ -128,6 +131,7 @@ class ReliabilityEngine(wiring.Component):
         self._width = width
         super().__init__({
             "i_reset": In(stream.Signature(QP_WRITE)),
+            "i_close": In(stream.Signature(QP_INDEX_BITS)),
             "i_config": In(TRANSMIT_CONFIG),
             "i_ack": In(stream.Signature(ACK_EVENT, always_ready=True)),
             "i_icrc_error": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
@@ -140,8 +144,8 @@ class ReliabilityEngine(wiring.Component):
             "i_message_end": In(stream.Signature(MESSAGE_END, always_ready=True)),
             "o_replay": Out(stream.Signature(REPLAY)),
             "o_completion": Out(stream.Signature(COMPLETION)),
-            "status_qp": In(QP_INDEX_BITS),
-            "status": Out(QP_STATUS),
+            "status_qp": In(QP_INDEX_BITS).array(STATUS_PORTS),
+            "status": Out(QP_STATUS).array(STATUS_PORTS),
         })
 
     def elaborate(self, platform):
@@ -255,6 +259,10 @@ class ReliabilityEngine(wiring.Component):
                 expired = Cat(st.armed & (st.timer == 0) for st in states)
                 with m.If(self.i_reset.valid):
                     m.d.comb += resetting.eq(1)
+                with m.Elif(self.i_close.valid):
+                    m.d.comb += self.i_close.ready.eq(1)
+                    m.d.sync += qp.eq(self.i_close.p)
+                    m.next = "CLOSE"
                 with m.Elif(acks.r_rdy):
                     m.d.comb += acks.r_en.eq(1)
                     queued = data.View(ACK_EVENT, acks.r_data)
@@ -337,6 +345,11 @@ class ReliabilityEngine(wiring.Component):
                     with m.Else():
                         m.d.comb += [writes["retries"].eq(1), act.retries.eq(s.retries - 1)]
                         resend_from(s.una)
+
+            with m.State("CLOSE"):
+                with m.If(~s.error):
+                    fail(CompletionStatus.FLUSHED)
+                m.next = "RETIRE_READ"
 
             with m.State("RETIRE_READ"):
                 m.next = "RETIRE"
@@ -493,12 +506,13 @@ class ReliabilityEngine(wiring.Component):
                         with m.If(fsm & strobe):
                             m.d.sync += st.counters[name].eq(st.counters[name] + 1)
 
-        # A QP's state for the user.
-        shown = state[self.status_qp]
-        m.d.sync += [
-            self.status.error.eq(shown.error),
-            self.status.error_status.eq(shown.error_status),
-            self.status.outstanding.eq(shown.nxt - shown.una),
-            self.status.counters.eq(shown.counters),
-        ]
+        # A QP's state for the user and the connection manager.
+        for select, status in zip(self.status_qp, self.status, strict=True):
+            shown = state[select]
+            m.d.sync += [
+                status.error.eq(shown.error),
+                status.error_status.eq(shown.error_status),
+                status.outstanding.eq(shown.nxt - shown.una),
+                status.counters.eq(shown.counters),
+            ]
         return m

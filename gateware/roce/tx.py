@@ -16,7 +16,7 @@ from .descriptor import (
 )
 from .planner import TRANSMIT_CONFIG, PacketPlanner
 from .qp_table import QpTable
-from .reliability import ReliabilityEngine
+from .reliability import STATUS_PORTS, ReliabilityEngine
 from .requests import COMPLETION, QP_INDEX_BITS, QP_STATUS, QP_WRITE, WORK_REQUEST
 from .retransmit import RetransmitBuffer
 from .segmenter import PayloadSegmenter
@@ -32,7 +32,10 @@ class RequesterTransmitter(wiring.Component):
     ``i_request`` takes one work request per message and ``i_payload`` its
     payload as one packet; ``o_completion`` reports each message once the
     responder has acknowledged it (or its QP failed). ``i_ack`` takes the ACK
-    receiver's acknowledgements. ``i_qp_write`` sets a QP. Each QP keeps the
+    receiver's acknowledgements. ``i_qp_write`` sets a QP (once no message of
+    it is being planned); ``i_qp_close`` flushes it (see
+    :class:`ReliabilityEngine`); ``status_qp[n]`` → ``status[n]`` reads a QP's
+    state and counters a cycle later. Each QP keeps the
     payload of its unacknowledged packets in a ring of ``ring_beats`` beats
     and up to ``messages`` unacknowledged messages; when either is full, the
     QP waits (and the request and payload streams with it).
@@ -54,13 +57,14 @@ class RequesterTransmitter(wiring.Component):
             "i_request": In(stream.Signature(WORK_REQUEST)),
             "i_payload": In(packet_signature(NO_META, width=width)),
             "i_qp_write": In(stream.Signature(QP_WRITE)),
+            "i_qp_close": In(stream.Signature(QP_INDEX_BITS)),
             "i_config": In(TRANSMIT_CONFIG),
             "i_ack": In(stream.Signature(ACK_EVENT, always_ready=True)),
             "i_icrc_error": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "o": Out(packet_signature(UDP_TX_META, width=width)),
             "o_completion": Out(stream.Signature(COMPLETION)),
-            "status_qp": In(QP_INDEX_BITS),
-            "status": Out(QP_STATUS),
+            "status_qp": In(QP_INDEX_BITS).array(STATUS_PORTS),
+            "status": Out(QP_STATUS).array(STATUS_PORTS),
         })
 
     @property
@@ -89,13 +93,15 @@ class RequesterTransmitter(wiring.Component):
             "transport", TRANSPORT, ROCE_TX_META, width=width, lengths=TRANSPORT_LENGTHS)
         m.submodules.framed = framed = PacketRegister(UDP_TX_META, width=width)
 
-        # Setting a QP: its path into the table, its PSN and timers into the engine.
+        # Setting a QP (between its messages): its path into the table, its PSN and
+        # timers into the engine.
         qp_write = self.i_qp_write
         m.d.comb += [
-            reliability.i_reset.valid.eq(qp_write.valid),
+            planner.holds_qp.eq(qp_write.p.qp),
+            reliability.i_reset.valid.eq(qp_write.valid & ~planner.holds),
             reliability.i_reset.p.eq(qp_write.p),
-            qp_write.ready.eq(reliability.i_reset.ready),
-            table.i_write.valid.eq(qp_write.valid & reliability.i_reset.ready),
+            qp_write.ready.eq(reliability.i_reset.ready & ~planner.holds),
+            table.i_write.valid.eq(qp_write.valid & qp_write.ready),
             table.i_write.p.eq(qp_write.p),
             table.read_qp.eq(planner.read_qp),
             planner.read_path.eq(table.read_path),
@@ -105,10 +111,14 @@ class RequesterTransmitter(wiring.Component):
             planner.new_view.eq(reliability.new_view),
             reliability.replay_qp.eq(planner.replay_qp),
             planner.replay_view.eq(reliability.replay_view),
-            reliability.status_qp.eq(self.status_qp),
-            self.status.eq(reliability.status),
         ]
+        for index in range(STATUS_PORTS):
+            m.d.comb += [
+                reliability.status_qp[index].eq(self.status_qp[index]),
+                self.status[index].eq(reliability.status[index]),
+            ]
         connect(m, flipped(self.i_request), planner.i_request)
+        connect(m, flipped(self.i_qp_close), reliability.i_close)
         connect(m, flipped(self.i_ack), reliability.i_ack)
         connect(m, flipped(self.i_icrc_error), reliability.i_icrc_error)
         connect(m, planner.o_loaded, reliability.i_loaded)

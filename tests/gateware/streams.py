@@ -8,11 +8,17 @@ clock edge where both are high) are written once.
 import random
 from typing import Any, NamedTuple
 
+from amaranth.lib import data
 from amaranth.sim import Simulator
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
 
-__all__ = ["put_packet", "get_packet", "put_item", "get_item", "get_item_random_ready",
-           "run_testbenches", "to_beats", "idle", "wait_for", "Seen", "StreamMonitor",
-           "round_robin"]
+from gateware.headers import ETHERNET, IPV4
+from gateware.headers import UDP as UDP_LAYOUT
+
+__all__ = ["udp_delivery", "put_packet", "get_packet", "put_item", "get_item",
+           "get_item_random_ready", "run_testbenches", "to_beats", "idle", "wait_for", "Seen",
+           "StreamMonitor", "round_robin"]
 
 
 def to_beats(payload, width):
@@ -20,6 +26,19 @@ def to_beats(payload, width):
     chunks = [payload[offset:offset + width] for offset in range(0, len(payload), width)] or [b""]
     return [(int.from_bytes(chunk, "little"), (1 << len(chunk)) - 1, index == len(chunks) - 1)
             for index, chunk in enumerate(chunks)]
+
+
+def udp_delivery(frame):
+    """``(meta, payload)``: how the UDP receiver hands an Ethernet frame's datagram to
+    the service on its port (meta: frame length and the Ethernet, IPv4, UDP headers)."""
+    packet = Ether(frame)
+    ip_header = bytes(packet[IP])[:IPV4.length]
+    udp_header = bytes(packet[UDP])[:UDP_LAYOUT.length]
+    meta = {"length": len(frame), "eth": data.Const(ETHERNET, 0),
+            "ip": data.Const(IPV4, int.from_bytes(ip_header, "big")),
+            "udp": data.Const(UDP_LAYOUT, int.from_bytes(udp_header, "big"))}
+    payload = bytes(packet[UDP].payload)[:packet[UDP].len - UDP_LAYOUT.length]
+    return meta, payload
 
 
 async def idle(ctx, gaps):
@@ -39,10 +58,10 @@ async def wait_for(ctx, condition, cycles):
 
 async def put_packet(ctx, stream, payload, meta=0, *, width, gaps=None):
     """Drive one packet into ``stream``, idling at random when ``gaps`` is a Random."""
-    for data, keep, last in to_beats(payload, width):
+    for beat_data, keep, last in to_beats(payload, width):
         await idle(ctx, gaps)
         ctx.set(stream.valid, 1)
-        ctx.set(stream.payload, {"data": data, "keep": keep, "last": last, "meta": meta})
+        ctx.set(stream.payload, {"data": beat_data, "keep": keep, "last": last, "meta": meta})
         await ctx.tick().until(stream.ready)
         ctx.set(stream.valid, 0)
 

@@ -3,20 +3,17 @@ Soft-RoCE, and every kind of datagram it must drop."""
 
 import random
 
-from amaranth.lib import data
 from scapy.contrib.roce import AETH, BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from gateware.config import parse_ipv4
-from gateware.headers import ETHERNET, IPV4
-from gateware.headers import UDP as UDP_LAYOUT
 from gateware.roce.ack import AckReceiver
 from gateware.roce.requests import FIRST_QPN
 
 from ..rxe_vectors import RXE_ACKNOWLEDGE
-from .streams import run_testbenches, to_beats
+from .streams import run_testbenches, to_beats, udp_delivery
 
 WIDTH = 64
 QPS = 64
@@ -35,18 +32,6 @@ def ack_frame(*, qpn, psn, syndrome=0x1F, msn=1, src="10.77.0.1", ip_id=7, corru
     return frame
 
 
-def as_input(frame):
-    """The meta and UDP payload beats the UDP receiver hands to its service on 4791."""
-    packet = Ether(frame)
-    ip_header = bytes(packet[IP])[:IPV4.length]
-    udp_header = bytes(packet[UDP])[:UDP_LAYOUT.length]
-    meta = {"length": len(frame), "eth": data.Const(ETHERNET, 0),
-            "ip": data.Const(IPV4, int.from_bytes(ip_header, "big")),
-            "udp": data.Const(UDP_LAYOUT, int.from_bytes(udp_header, "big"))}
-    payload = bytes(packet[UDP].payload)[:packet[UDP].len - UDP_LAYOUT.length]
-    return meta, payload
-
-
 def run(cases, *, gaps):
     """Feed ``cases`` [(frame, expected event or None)]; return the events and counters."""
     dut = AckReceiver(qps=QPS, width=WIDTH)
@@ -55,7 +40,7 @@ def run(cases, *, gaps):
     async def source(ctx):
         rng = random.Random(1)
         for frame, _ in cases:
-            meta, payload = as_input(frame)
+            meta, payload = udp_delivery(frame)
             for beat_data, keep, last in to_beats(payload, WIDTH):
                 while gaps and rng.random() < 0.3:
                     await ctx.tick()

@@ -209,9 +209,9 @@ class Bench:
                 await ctx.tick()
                 assert not ctx.get(self.dut.o_completion.valid), "a completion too many"
             for index in self.qps:
-                ctx.set(self.dut.status_qp, index)
+                ctx.set(self.dut.status_qp[0], index)
                 await ctx.tick()
-                self.status[index] = ctx.get(self.dut.status)
+                self.status[index] = ctx.get(self.dut.status[0])
 
         run_testbenches(self.dut, main, self.request_source, self.payload_source,
                         self.datagram_sink, self.completion_sink, self.ack_source)

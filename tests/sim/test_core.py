@@ -28,7 +28,6 @@ TESTCASES = {
     "roce_bench": [
         "every_verb_length_and_path_mtu_matches_scapy",
         "psn_wraps_in_a_long_back_to_back_run",
-        "generator_run_follows_the_cm_rule",
         "acknowledgements_are_checked_and_counted",
     ],
     "reliability_bench": [
@@ -42,6 +41,12 @@ TESTCASES = {
         "every_fault_at_once",
         "never_answering_peer_exhausts_retries",
         "error_naks_stop_the_qp",
+    ],
+    "cm_bench": [
+        "generator_run_through_the_cm",
+        "runs_on_several_qps_and_a_reopened_qp",
+        "the_generator_pool_refuses_a_fifth_run",
+        "qp_server_through_a_udp_bridge",
     ],
 }
 

@@ -1,0 +1,1 @@
+"""The connection manager on UDP port 17185 (../shared/CM_PROTOCOL.md)."""

@@ -1,0 +1,424 @@
+"""The connection manager: pairs host QPs with the endpoint's, starts the
+generator, closes QPs and reports their status (CM_PROTOCOL.md)."""
+
+from amaranth import *
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.wiring import In, Out, connect, flipped
+
+from ..counters import counters_layout, event_counter
+from ..headers import UDP
+from ..packet.extract import HeaderExtractor
+from ..packet.fifo import PacketFIFO
+from ..packet.insert import HeaderInserter
+from ..roce.generator import GENERATOR_RUN
+from ..roce.generator_pool import RUN_STATUS
+from ..roce.requests import (
+    FIRST_QPN,
+    QP_COUNTERS,
+    QP_INDEX_BITS,
+    QP_STATE,
+    QP_STATUS,
+    QP_WRITE,
+    PathMtu,
+    Verb,
+)
+from ..stream import BEAT_BYTES, beats_for, meta_with, packet_signature
+from ..udp.rx import UDP_RX_META
+from ..udp.tx import UDP_TX_META
+from .datagram import CM_DATAGRAM, CM_PORT, CM_STATUS, CM_STATUS_DATAGRAM, Ack, Request
+
+__all__ = ["ConnectionManager", "CM_CONFIG", "CM_ENTRY"]
+
+#: How the connection manager sets up the QPs it opens.
+CM_CONFIG = data.StructLayout({
+    "path_mtu": PathMtu,        # when OPEN_QP asks for the default (0)
+    "timeout": QP_STATE.members["timeout"],
+    "retry_count": QP_STATE.members["retry_count"],
+    "rnr_retry": QP_STATE.members["rnr_retry"],
+})
+
+#: What the connection manager keeps of each QP.
+CM_ENTRY = data.StructLayout({
+    "open": 1,
+    "host_ip": 32,              # the requester (host_ip, host_qpn) that opened it
+    "host_qpn": 24,
+    "psn": 24,                  # our first PSN, announced in the OPEN_QP reply
+    "path_mtu": PathMtu,
+    "base": 64,                 # the host buffer's address: where generator runs write
+    "runs": 24,                 # generator runs started on it
+})
+
+#: A 24-bit maximal-length LFSR (taps 24, 23, 22, 17) that picks first PSNs.
+_PSN_TAPS = (23, 22, 21, 16)
+
+
+class ConnectionManager(wiring.Component):
+    """Serves CM datagrams: ``i`` takes the UDP payloads that arrive on port
+    17185, ``o`` sends the replies.
+
+    Datagrams wait whole in a queue of ``queue`` datagrams that never stalls
+    the receive path (full: dropped, counted ``overflow``), and are served one
+    at a time:
+
+    - OPEN_QP, SEND_QP_INFO, MODIFY_QP_RTS look the requester (loc_ip,
+      loc_qpn) up among the open QPs, one QP per cycle. A QP it opened is
+      answered again. Otherwise OPEN_QP takes the lowest free QP: its first
+      PSN comes from a free-running LFSR, its path MTU from txmeta bits 7:4
+      (0: ``i_config.path_mtu``; 6–15: ack NAK), and the QP is set on
+      ``o_qp_write`` (remote QPN, PSN, rkey and address from loc, timers from
+      ``i_config``, UDP source port 0xC000 + index). No QP: NO_QP.
+    - CLOSE_QP of an open QP from the host that opened it: the QP is freed,
+      its run stopped (``o_stop``) and the QP flushed (``o_qp_close``). Else NO_QP.
+    - STATUS: the QP's flags, generator run (``run_qp`` → ``run``) and
+      reliability counters (``status_qp`` → ``status``, one cycle); NO_QP
+      for a QPN out of range.
+    - A start (request NULL, txmeta valid and start) for an open QP goes to
+      the generator pool (``o_start``) with the QP's buffer address as base
+      and rem_base_addr as the ring size; no reply. The QP's run count goes
+      up when the pool takes it (``start_taken`` with the handshake).
+
+    Dropped and counted: a UDP length other than 72 (``length``); info_valid
+    clear or ack_valid set (``malformed``); an unknown request or a NULL
+    without a start (``request``); a start for a QPN out of range (``qpn``)
+    or for a QP that is not open (``start_closed``). Replies go from port
+    17185 to the source address, at reply_port or else the source port.
+
+    ``i_qp_write`` (user logic) is passed to ``o_qp_write`` while no
+    datagram is being served; QPs set that way are not known to the CM.
+    """
+
+    def __init__(self, *, qps, queue=8, width=BEAT_BYTES):
+        if not isinstance(qps, int) or not 1 <= qps <= 1 << QP_INDEX_BITS:
+            raise ValueError(f"QP count must be 1..{1 << QP_INDEX_BITS}, not {qps!r}")
+        self._qps = qps
+        self._queue = queue
+        self._width = width
+        super().__init__({
+            "i": In(packet_signature(UDP_RX_META, width=width, always_ready=True)),
+            "i_ip": In(32),
+            "i_config": In(CM_CONFIG),
+            "i_qp_write": In(stream.Signature(QP_WRITE)),
+            "o": Out(packet_signature(UDP_TX_META, width=width)),
+            "o_qp_write": Out(stream.Signature(QP_WRITE)),
+            "o_qp_close": Out(stream.Signature(QP_INDEX_BITS)),
+            "o_start": Out(stream.Signature(GENERATOR_RUN)),
+            "o_stop": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "status_qp": Out(QP_INDEX_BITS),
+            "status": In(QP_STATUS),
+            "run_qp": Out(QP_INDEX_BITS),
+            "run": In(RUN_STATUS),
+            "start_taken": In(1),
+            "o_counters": Out(self.counters_layout()),
+        })
+
+    @property
+    def qps(self):
+        return self._qps
+
+    DROP_REASONS = ("overflow", "length", "malformed", "request", "qpn", "start_closed")
+    EVENTS = ("opened", "closed", "no_qp", "starts")
+
+    @classmethod
+    def counters_layout(cls):
+        return counters_layout(*cls.DROP_REASONS, *cls.EVENTS)
+
+    def elaborate(self, platform):
+        m = Module()
+        width, qps = self._width, self._qps
+        counts = {name: Signal(name=f"count_{name}") for name in self.DROP_REASONS + self.EVENTS
+                  if name != "length"}
+
+        # Datagrams in: queue (whole datagrams), then the 64 bytes into meta.
+        beats = beats_for(CM_DATAGRAM.length + 1, width)
+        depth = 1 << (self._queue * beats - 1).bit_length()
+        m.submodules.queue = queue = PacketFIFO(UDP_RX_META, depth=depth, max_packets=self._queue,
+                                                length_field="cm_length", width=width)
+        queued_meta = queue.o.p.meta.shape()
+        m.submodules.parse = parse = HeaderExtractor("cm", CM_DATAGRAM, queued_meta, width=width)
+        connect(m, flipped(self.i), queue.i)
+        connect(m, queue.o, parse.i)
+        length_bad = Signal()               # seen by the FSM (a short one by the parser)
+        m.d.comb += counts["overflow"].eq(queue.o_overflow_drop)
+
+        # Replies out: the 64 bytes as a header in front of an empty payload.
+        reply_meta = meta_with(UDP_TX_META, cm=CM_DATAGRAM)
+        m.submodules.emit = emit = HeaderInserter("cm", CM_DATAGRAM, reply_meta, width=width)
+        connect(m, emit.o, flipped(self.o))
+
+        # What the CM knows of each QP.
+        m.submodules.entries = entries = memory.Memory(shape=CM_ENTRY, depth=qps, init=[])
+        entry_write = entries.write_port()
+        entry_read = entries.read_port()
+        entry = entry_read.data
+
+        psn = Signal(24, init=0x5EED01)
+        m.d.sync += psn.eq(Cat(Cat(psn[tap] for tap in _PSN_TAPS).xor(), psn[:23]))
+
+        # The datagram being served.
+        request = Signal(CM_DATAGRAM)
+        source_ip = Signal(32)
+        source_port = Signal(16)
+        good_length = Signal()
+        index = Signal(QP_INDEX_BITS)       # the endpoint QP it names or that was found
+        qpn = request.rem.qpn[:24]
+        named = qpn - FIRST_QPN
+        in_range = (qpn >= FIRST_QPN) & (qpn < FIRST_QPN + qps)
+        found = Signal(CM_ENTRY)
+        reply = Signal(CM_DATAGRAM)
+        status_reply = data.View(CM_STATUS_DATAGRAM, reply.as_value())
+        run = Signal(GENERATOR_RUN)
+        write = Signal(QP_WRITE)
+
+        m.d.comb += [
+            self.status_qp.eq(index),
+            self.run_qp.eq(index),
+            entry_read.addr.eq(index),
+            emit.i.p.meta.cm.eq(reply),
+            emit.i.p.meta.dst_ip.eq(source_ip),
+            emit.i.p.meta.src_port.eq(CM_PORT),
+            emit.i.p.meta.dst_port.eq(Mux(request.reply_port != 0, request.reply_port,
+                                          source_port)),
+            emit.i.p.meta.length.eq(CM_DATAGRAM.length),
+            emit.i.p.last.eq(1),
+            self.o_start.p.eq(run),
+            self.o_qp_write.p.eq(write),
+            self.o_qp_close.p.eq(index),
+            self.o_stop.p.eq(index),
+        ]
+
+        def answer(ack, described=None):
+            """Reply ``ack``; ``described``: the entry of the QP the reply describes."""
+            statements = [
+                reply.eq(0),
+                reply.flags.info_valid.eq(1),
+                reply.flags.request.eq(request.flags.request),
+                reply.flags.ack_valid.eq(1),
+                reply.flags.ack.eq(ack),
+                reply.loc.ip.eq(self.i_ip),
+                reply.rem.eq(request.loc),
+            ]
+            if described is not None:
+                statements += [
+                    reply.loc.qpn.eq(FIRST_QPN + index),
+                    reply.loc.psn.eq(described.psn),
+                    reply.txmeta.path_mtu.eq(described.path_mtu),
+                ]
+            m.d.sync += statements
+            m.next = "REPLY"
+
+        scan = Signal(range(qps + 1))       # the QP read this cycle
+        probe = Signal(range(qps + 1))      # the QP whose entry is on entry_read.data
+        matched = Signal()
+        free = Signal()                     # a free QP was seen; ``free_index`` is the lowest
+        free_index = Signal(QP_INDEX_BITS)
+        first_beat = Signal(init=1)
+        asked_mtu = request.txmeta.path_mtu
+        mtu = Mux(asked_mtu == 0, self.i_config.path_mtu.as_value(), asked_mtu[:3])
+
+        with m.FSM():
+            with m.State("IDLE"):
+                # User logic's QP writes pass while no datagram is served.
+                m.d.comb += [
+                    self.o_qp_write.valid.eq(self.i_qp_write.valid),
+                    self.o_qp_write.p.eq(self.i_qp_write.p),
+                    self.i_qp_write.ready.eq(self.o_qp_write.ready),
+                ]
+                with m.If(~self.i_qp_write.valid & parse.o.valid):
+                    m.next = "RECEIVE"
+
+            with m.State("RECEIVE"):
+                m.d.comb += parse.o.ready.eq(1)
+                with m.If(parse.o.valid):
+                    m.d.sync += first_beat.eq(parse.o.p.last)
+                    with m.If(first_beat):
+                        meta = parse.o.p.meta
+                        m.d.sync += [
+                            request.eq(meta.cm),
+                            source_ip.eq(meta.ip.src),
+                            source_port.eq(meta.udp.src_port),
+                            good_length.eq(meta.udp.length == UDP.length + CM_DATAGRAM.length),
+                        ]
+                    with m.If(parse.o.p.last):
+                        m.next = "DECODE"
+
+            with m.State("DECODE"):
+                kind = request.flags.request
+                m.d.sync += [index.eq(named), scan.eq(0), probe.eq(qps), matched.eq(0),
+                             free.eq(0)]
+                m.next = "IDLE"
+                with m.If(~good_length):
+                    m.d.comb += length_bad.eq(1)
+                with m.Elif(~request.flags.info_valid | request.flags.ack_valid):
+                    m.d.comb += counts["malformed"].eq(1)
+                with m.Elif((kind == Request.OPEN_QP) | (kind == Request.SEND_QP_INFO)
+                            | (kind == Request.MODIFY_QP_RTS)):
+                    m.next = "SCAN"
+                with m.Elif((kind == Request.CLOSE_QP) | (kind == Request.STATUS)):
+                    with m.If(in_range):
+                        m.next = "READ"
+                    with m.Else():
+                        m.d.comb += counts["no_qp"].eq(1)
+                        answer(Ack.NO_QP)
+                with m.Elif((kind == Request.NULL) & request.txmeta.valid
+                            & request.txmeta.start):
+                    with m.If(in_range):
+                        m.next = "READ"
+                    with m.Else():
+                        m.d.comb += counts["qpn"].eq(1)
+                with m.Else():
+                    m.d.comb += counts["request"].eq(1)
+
+            with m.State("SCAN"):
+                # One QP per cycle: read ``scan``, check ``probe`` (read the cycle before).
+                m.d.comb += entry_read.addr.eq(scan)
+                m.d.sync += [scan.eq(scan + 1), probe.eq(scan)]
+                with m.If(probe != qps):
+                    requester = ((entry.host_ip == request.loc.ip)
+                                 & (entry.host_qpn == request.loc.qpn[:24]))
+                    with m.If(entry.open & requester):
+                        m.d.sync += [matched.eq(1), index.eq(probe), found.eq(entry)]
+                    with m.If(~entry.open & ~free):
+                        m.d.sync += [free.eq(1), free_index.eq(probe)]
+                with m.If(matched | (probe == qps - 1)):
+                    m.next = "SCANNED"
+
+            with m.State("SCANNED"):
+                new = Signal(CM_ENTRY)
+                m.d.comb += [
+                    new.open.eq(1),
+                    new.host_ip.eq(request.loc.ip),
+                    new.host_qpn.eq(request.loc.qpn[:24]),
+                    new.psn.eq(psn),
+                    new.path_mtu.eq(mtu),
+                    new.base.eq(request.loc.base_addr),
+                ]
+                with m.If(matched):
+                    answer(Ack.ACK, found)
+                with m.Elif(request.flags.request != Request.OPEN_QP):
+                    m.d.comb += counts["no_qp"].eq(1)
+                    answer(Ack.NO_QP)
+                with m.Elif(asked_mtu > PathMtu.MTU_4096.value):
+                    m.d.comb += counts["malformed"].eq(1)
+                    answer(Ack.NAK)
+                with m.Elif(~free):
+                    m.d.comb += counts["no_qp"].eq(1)
+                    answer(Ack.NO_QP)
+                with m.Else():
+                    m.d.comb += [
+                        entry_write.addr.eq(free_index),
+                        entry_write.data.eq(new),
+                        entry_write.en.eq(1),
+                        counts["opened"].eq(1),
+                    ]
+                    m.d.sync += [
+                        index.eq(free_index),
+                        found.eq(new),
+                        write.qp.eq(free_index),
+                        write.state.remote_qpn.eq(new.host_qpn),
+                        write.state.next_psn.eq(new.psn),
+                        write.state.rkey.eq(request.loc.rkey),
+                        write.state.remote_ip.eq(new.host_ip),
+                        write.state.path_mtu.eq(new.path_mtu),
+                        write.state.src_port.eq(free_index),
+                        write.state.timeout.eq(self.i_config.timeout),
+                        write.state.retry_count.eq(self.i_config.retry_count),
+                        write.state.rnr_retry.eq(self.i_config.rnr_retry),
+                    ]
+                    m.next = "SET_QP"
+
+            with m.State("SET_QP"):
+                m.d.comb += self.o_qp_write.valid.eq(1)
+                with m.If(self.o_qp_write.ready):
+                    answer(Ack.ACK, found)
+
+            with m.State("READ"):
+                m.next = "CHECK"
+
+            with m.State("CHECK"):
+                kind = request.flags.request
+                m.d.sync += found.eq(entry)
+                with m.If(kind == Request.STATUS):
+                    status = self.status
+                    m.d.sync += [
+                        reply.eq(0),
+                        status_reply.flags.info_valid.eq(1),
+                        status_reply.flags.request.eq(Request.STATUS),
+                        status_reply.flags.ack_valid.eq(1),
+                        status_reply.flags.ack.eq(Ack.ACK),
+                        status_reply.qpn.eq(FIRST_QPN + index),
+                        status_reply.status.open.eq(entry.open),
+                        status_reply.status.running.eq(self.run.running),
+                        status_reply.status.messages.eq(self.run.messages),
+                        status_reply.status.error.eq(status.error),
+                        status_reply.status.error_status.eq(status.error_status),
+                        status_reply.status.outstanding.eq(status.outstanding),
+                        status_reply.status.runs.eq(entry.runs),
+                    ]
+                    for name, _ in CM_STATUS:
+                        if name in QP_COUNTERS.members:
+                            m.d.sync += status_reply.status[name].eq(status.counters[name])
+                    m.next = "REPLY"
+                with m.Elif(kind == Request.CLOSE_QP):
+                    with m.If(entry.open & (entry.host_ip == request.loc.ip)):
+                        m.d.comb += [
+                            entry_write.addr.eq(index),
+                            entry_write.data.eq(0),
+                            entry_write.en.eq(1),
+                            self.o_stop.valid.eq(1),
+                            counts["closed"].eq(1),
+                        ]
+                        m.next = "CLOSE"
+                    with m.Else():
+                        m.d.comb += counts["no_qp"].eq(1)
+                        answer(Ack.NO_QP)
+                with m.Else():
+                    verb = Mux(request.txmeta.write,
+                               Mux(request.txmeta.immediate, Verb.RDMA_WRITE_WITH_IMMEDIATE,
+                                   Verb.RDMA_WRITE),
+                               Mux(request.txmeta.immediate, Verb.SEND_WITH_IMMEDIATE,
+                                   Verb.SEND))
+                    m.d.sync += [
+                        run.qp.eq(index),
+                        run.verb.eq(verb),
+                        run.length.eq(request.length),
+                        run.count.eq(request.count),
+                        run.divider.eq(request.divider),
+                        run.base.eq(entry.base),
+                        run.ring.eq(request.rem.base_addr),
+                    ]
+                    with m.If(entry.open):
+                        m.next = "START"
+                    with m.Else():
+                        m.d.comb += counts["start_closed"].eq(1)
+                        m.next = "IDLE"
+
+            with m.State("CLOSE"):
+                m.d.comb += self.o_qp_close.valid.eq(1)
+                with m.If(self.o_qp_close.ready):
+                    answer(Ack.ACK, found)
+
+            with m.State("START"):
+                counted = Signal(CM_ENTRY)
+                m.d.comb += [
+                    self.o_start.valid.eq(1),
+                    counts["starts"].eq(self.o_start.ready),
+                    counted.eq(found),
+                    counted.runs.eq(found.runs + 1),
+                    entry_write.addr.eq(index),
+                    entry_write.data.eq(counted),
+                    entry_write.en.eq(self.o_start.ready & self.start_taken),
+                ]
+                with m.If(self.o_start.ready):
+                    m.next = "IDLE"
+
+            with m.State("REPLY"):
+                m.d.comb += emit.i.valid.eq(1)
+                with m.If(emit.i.ready):
+                    m.next = "IDLE"
+
+        for name, strobe in counts.items():
+            if name != "length":
+                m.d.comb += self.o_counters[name].eq(event_counter(m, strobe, name))
+        m.d.sync += self.o_counters.length.eq(self.o_counters.length + parse.o_truncated
+                                              + length_bad)
+        return m

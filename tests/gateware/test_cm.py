@@ -1,0 +1,428 @@
+"""ConnectionManager against the host codec (host/protocol.py): every reply byte, every
+QP it sets, closes, starts and stops, and every datagram it must drop."""
+
+import dataclasses
+import random
+
+import pytest
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
+from scapy.packet import Raw
+
+from gateware.cm.manager import ConnectionManager
+from gateware.config import parse_ipv4
+from gateware.roce.requests import CompletionStatus, PathMtu, Verb
+from host import protocol
+from host.protocol import Ack, Datagram, QpInfo, Request, Status
+
+from .streams import get_packet, run_testbenches, to_beats, udp_delivery, wait_for
+
+ENDPOINT_IP = "10.77.0.2"
+CONFIG = {"path_mtu": PathMtu.MTU_4096, "timeout": 14, "retry_count": 6, "rnr_retry": 7}
+COUNTERS = ConnectionManager.DROP_REASONS + ConnectionManager.EVENTS
+
+
+@dataclasses.dataclass
+class Host:
+    """A host QP that asks the CM for an endpoint QP."""
+    ip: str
+    qpn: int
+    psn: int = 0x123456
+    rkey: int = 0xABCD0001
+    base: int = 0x7F00_1234_5000
+    port: int = 40000
+
+    @property
+    def info(self):
+        return QpInfo(self.qpn, self.psn, self.rkey, self.base, self.ip)
+
+
+def fake_status(index):
+    """The engine's status of QP ``index``, as the bench drives it (values above 16 bits
+    in the error-NAK counters, to see them cut)."""
+    rng = random.Random(index)
+    counters = {name: rng.getrandbits(32) for name in (
+        "packets", "retransmitted", "acks", "naks_sequence", "naks_rnr", "naks_invalid",
+        "naks_access", "naks_operational", "rnr_waits", "timeouts", "icrc_errors",
+        "acks_dropped")}
+    counters["bytes"] = rng.getrandbits(48)
+    return {"error": index % 2, "error_status": CompletionStatus(index % 10),
+            "outstanding": rng.getrandbits(24), "counters": counters}
+
+
+def fake_run(index):
+    return {"running": index % 3 == 0, "messages": 1000 + index}
+
+
+def expected_status(index, *, open_, runs=0):
+    status, run = fake_status(index), fake_run(index)
+    counters = dict(status["counters"])
+    for name in ("naks_invalid", "naks_access", "naks_operational"):
+        counters[name] &= 0xFFFF
+    return Status(open=open_, running=run["running"], error=bool(status["error"]),
+                  error_status=status["error_status"].value, outstanding=status["outstanding"],
+                  messages=run["messages"], runs=runs, **counters)
+
+
+class Bench:
+    """The CM with a fake transmit engine and generator pool around it: sinks for its
+    QP writes, closes and starts (random ready; the pool takes every other start), a
+    record of stops, the status and run of each QP driven from ``fake_status`` and
+    ``fake_run``, and a collector of replies."""
+
+    def __init__(self, *, qps=16, width=64, seed=0):
+        self.dut = ConnectionManager(qps=qps, width=width)
+        self.qps, self.width = qps, width
+        self.rng = random.Random(seed)
+        self.replies, self.writes, self.closes, self.starts, self.stops = [], [], [], [], []
+        self.counters = {}
+        self.steps = []
+
+    async def sink(self, ctx, stream, record, convert):
+        while True:
+            ready = self.rng.random() < 0.6
+            ctx.set(stream.ready, ready)
+            if stream is self.dut.o_start:
+                taken = len(record) % 2 == 0
+                ctx.set(self.dut.start_taken, ready and taken)
+            _, _, valid, item = await ctx.tick().sample(stream.valid, stream.payload)
+            if valid and ready:
+                record.append(convert(item))
+
+    async def reply_sink(self, ctx):
+        while True:
+            payload, meta = await get_packet(ctx, self.dut.o, width=self.width, gaps=self.rng)
+            self.replies.append((payload, {name: int(getattr(meta, name)) for name in (
+                "dst_ip", "src_port", "dst_port", "length", "tos")}))
+
+    async def stop_monitor(self, ctx):
+        async for _, _, valid, qp in ctx.tick().sample(self.dut.o_stop.valid,
+                                                        self.dut.o_stop.payload):
+            if valid:
+                self.stops.append(int(qp))
+
+    async def status_driver(self, ctx):
+        async for _, _, status_qp, run_qp in ctx.tick().sample(self.dut.status_qp,
+                                                                self.dut.run_qp):
+            ctx.set(self.dut.status, fake_status(int(status_qp)))
+            ctx.set(self.dut.run, fake_run(int(run_qp)))
+
+    async def send(self, ctx, payload, *, src_ip, sport=40000, udp_length=None):
+        """Deliver one datagram as the UDP receiver would (the CM never stalls)."""
+        frame = bytes(Ether(dst="02:00:00:00:00:02") / IP(src=src_ip, dst=ENDPOINT_IP)
+                      / UDP(sport=sport, dport=protocol.CM_PORT, len=udp_length)
+                      / Raw(payload))
+        meta, body = udp_delivery(frame)
+        for data, keep, last in to_beats(body, self.width):
+            ctx.set(self.dut.i.valid, 1)
+            ctx.set(self.dut.i.payload, {"data": data, "keep": keep, "last": last,
+                                         "meta": meta})
+            await ctx.tick()
+        ctx.set(self.dut.i.valid, 0)
+
+    async def exchange(self, ctx, datagram, host, *, reply=True):
+        """Send ``datagram`` from ``host``; return its reply (bytes, meta), or check that
+        none comes."""
+        before = len(self.replies)
+        await self.send(ctx, datagram.encode(), src_ip=host.ip, sport=host.port)
+        if reply:
+            await wait_for(ctx, lambda: len(self.replies) > before, 40 * self.qps + 200)
+            assert len(self.replies) == before + 1
+            return self.replies[-1]
+        for _ in range(3 * self.qps + 100):
+            await ctx.tick()
+        assert len(self.replies) == before, "a reply to a datagram that gets none"
+        return None
+
+    def run(self, steps):
+        dut = self.dut
+
+        async def main(ctx):
+            ctx.set(dut.i_ip, parse_ipv4(ENDPOINT_IP))
+            ctx.set(dut.i_config, CONFIG)
+            await steps(self, ctx)
+            for _ in range(20):
+                await ctx.tick()
+            for name in COUNTERS:
+                self.counters[name] = ctx.get(getattr(dut.o_counters, name))
+
+        def write(item):
+            state = item.state
+            return (int(item.qp), {name: int(getattr(state, name)) if name != "path_mtu"
+                                   else state.path_mtu.value for name in (
+                "remote_qpn", "next_psn", "rkey", "remote_ip", "path_mtu", "src_port",
+                "timeout", "retry_count", "rnr_retry")})
+
+        def start(item):
+            return {"qp": int(item.qp), "verb": Verb(item.verb.value),
+                    "taken": len(self.starts) % 2 == 0, **{
+                        name: int(getattr(item, name)) for name in (
+                            "length", "count", "divider", "base", "ring")}}
+
+        def sink(stream, record, convert):
+            async def testbench(ctx):
+                await self.sink(ctx, stream, record, convert)
+            return testbench
+
+        run_testbenches(dut, main, self.reply_sink, self.stop_monitor, self.status_driver,
+                        sink(dut.o_qp_write, self.writes, write),
+                        sink(dut.o_qp_close, self.closes, int),
+                        sink(dut.o_start, self.starts, start))
+
+
+def open_reply(request, index, psn, mtu):
+    return protocol.reply(request, Ack.ACK, QpInfo(qpn=protocol.FIRST_QPN + index, psn=psn,
+                                                   ip=ENDPOINT_IP),
+                          mtu=protocol.PathMtu(mtu.value)).encode()
+
+
+def no_qp(request):
+    return protocol.reply(request, Ack.NO_QP, QpInfo(ip=ENDPOINT_IP)).encode()
+
+
+def check_open(bench, reply, request, host, index, mtu, *, port=None):
+    """An OPEN_QP (or legacy) ACK for endpoint QP ``index``; returns its PSN."""
+    payload, meta = reply
+    psn = Datagram.decode(payload).loc.psn
+    assert payload == open_reply(request, index, psn, mtu)
+    assert psn < 1 << 24
+    assert meta == {"dst_ip": parse_ipv4(host.ip), "src_port": protocol.CM_PORT,
+                    "dst_port": port or host.port, "length": 64, "tos": 0}
+    return psn
+
+
+def qp_write(host, index, psn, mtu):
+    return (index, {"remote_qpn": host.qpn, "next_psn": psn, "rkey": host.rkey,
+                    "remote_ip": parse_ipv4(host.ip), "path_mtu": mtu.value,
+                    "src_port": index, "timeout": CONFIG["timeout"],
+                    "retry_count": CONFIG["retry_count"], "rnr_retry": CONFIG["rnr_retry"]})
+
+
+@pytest.mark.parametrize("width", [64, 16])
+def test_every_request_answers_as_the_codec_predicts(width):
+    bench = Bench(width=width)
+    a = Host("10.77.0.1", 0x11)
+    b = Host("10.77.0.9", 0xFFFF42, port=40001)
+    stranger = Host("10.77.0.5", 0x11)
+    counts = dict.fromkeys(COUNTERS, 0)
+
+    async def steps(bench, ctx):
+        # OPEN_QP: the lowest free QP, the default MTU; a retry gets the same answer.
+        request = protocol.open_qp(a.info)
+        psn_a = check_open(bench, await bench.exchange(ctx, request, a), request, a, 0,
+                           PathMtu.MTU_4096)
+        assert bench.writes == [qp_write(a, 0, psn_a, PathMtu.MTU_4096)]
+        again = await bench.exchange(ctx, request, a)
+        assert again[0] == open_reply(request, 0, psn_a, PathMtu.MTU_4096)
+        # Another host asks for MTU 1024 and replies at its reply_port.
+        request = protocol.open_qp(b.info, mtu=protocol.PathMtu.MTU_1024, reply_port=5000)
+        psn_b = check_open(bench, await bench.exchange(ctx, request, b), request, b, 1,
+                           PathMtu.MTU_1024, port=5000)
+        assert bench.writes[1:] == [qp_write(b, 1, psn_b, PathMtu.MTU_1024)]
+        counts["opened"] += 2
+        # Legacy steps are acknowledged for the requester's QP; unknown requesters get NO_QP.
+        for kind in (Request.SEND_QP_INFO, Request.MODIFY_QP_RTS):
+            request = Datagram(kind, loc=a.info, rem=QpInfo(qpn=256, psn=psn_a))
+            reply = await bench.exchange(ctx, request, a)
+            assert reply[0] == open_reply(request, 0, psn_a, PathMtu.MTU_4096)
+            request = Datagram(kind, loc=stranger.info)
+            assert (await bench.exchange(ctx, request, stranger))[0] == no_qp(request)
+            counts["no_qp"] += 1
+        # A path MTU code past 4096: NAK.
+        request = dataclasses.replace(protocol.open_qp(stranger.info),
+                                      txmeta=protocol.TxMeta(mtu=6))
+        reply = await bench.exchange(ctx, request, stranger)
+        assert reply[0] == protocol.reply(request, Ack.NAK, QpInfo(ip=ENDPOINT_IP)).encode()
+        counts["malformed"] += 1
+        assert len(bench.writes) == 2
+
+        # STATUS: open, closed and out-of-range QPs.
+        for index, open_ in ((0, True), (1, True), (7, False), (15, False)):
+            reply = await bench.exchange(ctx, protocol.status(256 + index), stranger)
+            assert reply[0] == expected_status(index, open_=open_).reply(256 + index)
+            assert Status.from_reply(reply[0]) == expected_status(index, open_=open_)
+        for qpn in (255, 256 + 16, 0xFFFFFF, 0):
+            request = protocol.status(qpn)
+            assert (await bench.exchange(ctx, request, stranger))[0] == no_qp(request)
+            counts["no_qp"] += 1
+
+        # Starts: every verb, base from OPEN_QP, ring from rem_base_addr; no reply.
+        verbs = {(True, False): Verb.RDMA_WRITE, (True, True): Verb.RDMA_WRITE_WITH_IMMEDIATE,
+                 (False, False): Verb.SEND, (False, True): Verb.SEND_WITH_IMMEDIATE}
+        for (write, immediate), verb in verbs.items():
+            request = protocol.start_run(257, length=4097, count=0xFFFF_FFFF, divider=7,
+                                         write=write, immediate=immediate, ring=1 << 40)
+            await bench.exchange(ctx, request, b, reply=False)
+            assert bench.starts[-1] == {"qp": 1, "verb": verb, "length": 4097,
+                                        "count": 0xFFFF_FFFF, "divider": 7, "base": b.base,
+                                        "ring": 1 << 40, "taken": verb.value % 2 == 0}
+        counts["starts"] += 4
+        reply = await bench.exchange(ctx, protocol.status(257), stranger)
+        assert reply[0] == expected_status(1, open_=True, runs=2).reply(257)
+        await bench.exchange(ctx, protocol.start_run(258, length=1, count=1), a, reply=False)
+        counts["start_closed"] += 1
+        await bench.exchange(ctx, protocol.start_run(256 + 16, length=1, count=1), a,
+                             reply=False)
+        counts["qpn"] += 1
+        assert len(bench.starts) == 4
+
+        # CLOSE: only from the host that opened it; then NO_QP (a retried close).
+        request = protocol.close_qp(256, stranger.ip)
+        assert (await bench.exchange(ctx, request, stranger))[0] == no_qp(request)
+        request = protocol.close_qp(256, a.ip)
+        reply = await bench.exchange(ctx, request, a)
+        assert reply[0] == open_reply(request, 0, psn_a, PathMtu.MTU_4096)
+        assert bench.closes == [0] and bench.stops == [0]
+        assert (await bench.exchange(ctx, request, a))[0] == no_qp(request)
+        request = protocol.close_qp(300, a.ip)
+        assert (await bench.exchange(ctx, request, a))[0] == no_qp(request)
+        counts["closed"] += 1
+        counts["no_qp"] += 3
+        await bench.exchange(ctx, protocol.start_run(256, length=1, count=1), a, reply=False)
+        counts["start_closed"] += 1
+
+        # Reopen from the same host QP: QP 0 again, with a new PSN, set again.
+        request = protocol.open_qp(dataclasses.replace(a, psn=0x777).info)
+        psn = check_open(bench, await bench.exchange(ctx, request, a), request, a, 0,
+                         PathMtu.MTU_4096)
+        assert psn != psn_a
+        assert bench.writes[-1] == qp_write(dataclasses.replace(a, psn=0x777), 0, psn,
+                                            PathMtu.MTU_4096)
+        counts["opened"] += 1
+
+        # Malformed: dropped and counted, no reply, and the next datagram is served.
+        good = protocol.status(256).encode()
+        bad = {
+            "length": [good[:63], good + b"\0", b"", bytes(200)],
+            "malformed": [bytes([good[0] & ~1]) + good[1:],                 # info_valid clear
+                          Datagram(Request.STATUS, Ack.ACK, rem=QpInfo(qpn=256)).encode()],
+            "request": [bytes([0x0D]) + good[1:], bytes([0x0F]) + good[1:],  # codes 6 and 7
+                        Datagram().encode(),                                 # NULL, no start
+                        Datagram(txmeta=protocol.TxMeta(valid=True), rem=QpInfo(qpn=256)
+                                 ).encode()],
+        }
+        for reason, payloads in bad.items():
+            for payload in payloads:
+                await bench.send(ctx, payload, src_ip=a.ip)
+                counts[reason] += 1
+        await bench.send(ctx, good, src_ip=a.ip, udp_length=8 + 60)     # UDP length says 60
+        counts["length"] += 1
+        for _ in range(200):
+            await ctx.tick()
+        reply = await bench.exchange(ctx, protocol.status(256), a)
+        assert reply[0] == expected_status(0, open_=True).reply(256)
+
+    bench.run(steps)
+    assert bench.counters == counts
+
+
+def test_sixteen_qps_opened_used_and_closed_in_random_order():
+    """Random opens, retries, statuses and closes of 16 hosts against a model of the
+    allocation (the lowest free QP), until every QP has been opened more than once."""
+    qps = 16
+    bench = Bench(qps=qps, seed=5)
+    rng = random.Random(9)
+    hosts = [Host(f"10.77.{index}.1", 0x100 + index, psn=rng.getrandbits(24),
+                  rkey=rng.getrandbits(32), base=rng.getrandbits(64), port=41000 + index)
+             for index in range(qps + 2)]
+
+    async def steps(bench, ctx):
+        owner = [None] * qps            # host index of each endpoint QP
+        psns = [None] * qps
+        runs = [0] * qps                # starts the pool took since the QP was opened
+        opened = 0
+        for _ in range(120):
+            host_index = rng.randrange(len(hosts))
+            host = hosts[host_index]
+            mine = owner.index(host_index) if host_index in owner else None
+            action = rng.choice(["open", "open", "close", "status", "start"])
+            if action == "open":
+                request = protocol.open_qp(host.info)
+                reply = await bench.exchange(ctx, request, host)
+                if mine is not None:
+                    assert reply[0] == open_reply(request, mine, psns[mine], PathMtu.MTU_4096)
+                elif None in owner:
+                    index = owner.index(None)
+                    psns[index] = check_open(bench, reply, request, host, index,
+                                             PathMtu.MTU_4096)
+                    owner[index] = host_index
+                    runs[index] = 0
+                    assert bench.writes[-1] == qp_write(host, index, psns[index],
+                                                        PathMtu.MTU_4096)
+                    opened += 1
+                else:
+                    assert reply[0] == no_qp(request)
+            elif action == "close":
+                index = mine if mine is not None else rng.randrange(qps)
+                request = protocol.close_qp(256 + index, host.ip)
+                reply = await bench.exchange(ctx, request, host)
+                if mine is not None:
+                    assert reply[0] == open_reply(request, mine, psns[mine], PathMtu.MTU_4096)
+                    assert bench.closes[-1] == mine and bench.stops[-1] == mine
+                    owner[mine] = None
+                else:
+                    assert reply[0] == no_qp(request)
+            elif action == "status":
+                index = rng.randrange(qps)
+                reply = await bench.exchange(ctx, protocol.status(256 + index), host)
+                assert reply[0] == expected_status(index, open_=owner[index] is not None,
+                                                   runs=runs[index]).reply(256 + index)
+            else:
+                index = mine if mine is not None else rng.randrange(qps)
+                before = len(bench.starts)
+                await bench.exchange(ctx, protocol.start_run(256 + index, length=64, count=3),
+                                     host, reply=False)
+                assert len(bench.starts) == before + (owner[index] is not None)
+                if owner[index] is not None:
+                    assert bench.starts[-1]["base"] == hosts[owner[index]].base
+                    runs[index] += bench.starts[-1]["taken"]
+        assert opened > qps, "the run should reuse QPs"
+        assert len(bench.writes) == opened
+
+    bench.run(steps)
+
+
+def test_the_queue_drops_what_it_cannot_hold_and_serves_the_rest():
+    bench = Bench(qps=32, seed=2)
+    host = Host("10.77.0.1", 0x42)
+
+    async def steps(bench, ctx):
+        for index in range(30):
+            await bench.send(ctx, protocol.status(256 + index).encode(), src_ip=host.ip)
+        await wait_for(ctx, lambda: ctx.get(bench.dut.o_counters.overflow)
+                       + len(bench.replies) == 30, 5000)
+        served = [Status.from_reply(payload) for payload, _ in bench.replies]
+        qpns = [int.from_bytes(payload[1:5], "big") for payload, _ in bench.replies]
+        assert qpns == sorted(qpns) and len(set(qpns)) == len(qpns)   # in order, no repeats
+        assert all(status == expected_status(qpn - 256, open_=False)
+                   for status, qpn in zip(served, qpns, strict=True))
+        # The next datagram after the burst is answered.
+        reply = await bench.exchange(ctx, protocol.status(260), host)
+        assert reply[0] == expected_status(4, open_=False).reply(260)
+
+    bench.run(steps)
+    assert 0 < bench.counters["overflow"] < 30
+
+
+def test_256_qps_all_open_then_no_qp():
+    qps = 256
+    bench = Bench(qps=qps, seed=3)
+    hosts = [Host(f"10.78.{index // 200}.{index % 200 + 1}", index) for index in range(qps + 1)]
+
+    async def steps(bench, ctx):
+        for index, host in enumerate(hosts[:qps]):
+            request = protocol.open_qp(host.info)
+            check_open(bench, await bench.exchange(ctx, request, host), request, host, index,
+                       PathMtu.MTU_4096)
+        request = protocol.open_qp(hosts[qps].info)
+        assert (await bench.exchange(ctx, request, hosts[qps]))[0] == no_qp(request)
+        request = protocol.close_qp(256 + 200, hosts[200].ip)
+        await bench.exchange(ctx, request, hosts[200])
+        request = protocol.open_qp(hosts[qps].info)
+        check_open(bench, await bench.exchange(ctx, request, hosts[qps]), request, hosts[qps],
+                   200, PathMtu.MTU_4096)
+        reply = await bench.exchange(ctx, protocol.status(511), hosts[0])
+        assert reply[0] == expected_status(255, open_=True).reply(511)
+
+    bench.run(steps)
+    assert bench.counters["opened"] == qps + 1

@@ -1,0 +1,145 @@
+# amaranth: UnusedElaboratable=no
+"""GeneratorPool: several runs at once, merged message by message, against the CM rule's
+model; refusals, stops and what the pool tells of each QP's run."""
+
+import random
+
+from gateware.roce.generator_pool import GeneratorPool
+from gateware.roce.requests import Verb
+from host.protocol import generator_payload
+
+from .streams import get_packet, run_testbenches, wait_for
+from .test_generator import get_request, make_run, model_request
+
+WIDTH = 16
+
+
+class Bench:
+    """The pool with a request sink and a payload sink (random ready on both) that
+    pair each payload with its request."""
+
+    def __init__(self, *, qps=8, runs=3, seed=0):
+        self.dut = GeneratorPool(qps=qps, runs=runs, width=WIDTH)
+        self.rng = random.Random(seed)
+        self.requests, self.payloads = [], []
+
+    async def request_sink(self, ctx):
+        while True:
+            self.requests.append(await get_request(ctx, self.dut.o_request, self.rng))
+
+    async def payload_sink(self, ctx):
+        while True:
+            payload, _ = await get_packet(ctx, self.dut.o_payload, width=WIDTH, gaps=self.rng)
+            self.payloads.append(payload)
+
+    async def start(self, ctx, run):
+        """Offer a start for one cycle; returns whether the pool took it."""
+        ctx.set(self.dut.i_start.valid, 1)
+        ctx.set(self.dut.i_start.payload, run)
+        _, _, taken = await ctx.tick().sample(self.dut.start_taken)
+        ctx.set(self.dut.i_start.valid, 0)
+        return bool(taken)
+
+    async def stop(self, ctx, qp):
+        ctx.set(self.dut.i_stop.valid, 1)
+        ctx.set(self.dut.i_stop.payload, qp)
+        await ctx.tick()
+        ctx.set(self.dut.i_stop.valid, 0)
+
+    async def query(self, ctx, qp):
+        ctx.set(self.dut.query_qp, qp)
+        await ctx.delay(1e-10)
+        return bool(ctx.get(self.dut.query.running)), ctx.get(self.dut.query.messages)
+
+    def counters(self, ctx):
+        return {name: ctx.get(getattr(self.dut.o_counters, name))
+                for name in ("started", "refused_running", "refused_full")}
+
+    def run(self, main):
+        run_testbenches(self.dut, main, self.request_sink, self.payload_sink)
+
+    def messages_of(self, qp):
+        """``(request, payload)`` of ``qp``'s messages, in the order they came out."""
+        return [(request, payload) for request, payload
+                in zip(self.requests, self.payloads, strict=False) if request[1] == qp]
+
+
+def test_three_runs_at_once_share_the_output_and_each_follows_the_rule():
+    bench = Bench(seed=1)
+    runs = [make_run(64, 5, verb=Verb.RDMA_WRITE, qp=1, base=0x1000),
+            make_run(100, 6, verb=Verb.SEND_WITH_IMMEDIATE, qp=2),
+            make_run(1, 7, verb=Verb.RDMA_WRITE_WITH_IMMEDIATE, qp=7, base=0x40, ring=3)]
+
+    async def main(ctx):
+        for run in runs:
+            assert await bench.start(ctx, run)
+        assert (await bench.query(ctx, 2))[0]
+        total = sum(run["count"] for run in runs)
+        await wait_for(ctx, lambda: len(bench.payloads) == total, 5000)
+        for _ in range(30):
+            await ctx.tick()
+            assert not ctx.get(bench.dut.o_request.valid)
+        for run in runs:
+            assert await bench.query(ctx, run["qp"]) == (False, run["count"])
+        assert bench.counters(ctx) == {"started": 3, "refused_running": 0, "refused_full": 0}
+
+    bench.run(main)
+    for run in runs:
+        expected = [(model_request(run, k), generator_payload(k, run["length"]))
+                    for k in range(run["count"])]
+        assert bench.messages_of(run["qp"]) == expected
+    # Round robin while all three run: the first six messages take turns.
+    assert [request[1] for request in bench.requests[:6]] == [1, 2, 7, 1, 2, 7]
+
+
+def test_refusals_stops_and_what_the_query_keeps():
+    bench = Bench(runs=2, seed=2)
+    slow = make_run(8, 50, qp=3, divider=40)
+
+    async def main(ctx):
+        assert await bench.start(ctx, slow)
+        assert not await bench.start(ctx, make_run(8, 1, qp=3))           # QP 3 is running
+        assert await bench.start(ctx, make_run(8, 50, qp=4, divider=40))
+        assert not await bench.start(ctx, make_run(8, 1, qp=5))           # both generators busy
+        assert bench.counters(ctx) == {"started": 2, "refused_running": 1, "refused_full": 1}
+        assert await bench.query(ctx, 5) == (False, 0)
+
+        # Stop QP 4 in its run: the message on offer still ends, nothing follows.
+        await wait_for(ctx, lambda: len(bench.messages_of(4)) >= 3, 2000)
+        await bench.stop(ctx, 4)
+        await wait_for(ctx, lambda: not ctx.get(bench.dut.query.running), 500)
+        sent = len(bench.messages_of(4))
+        for _ in range(200):
+            await ctx.tick()
+        assert len(bench.messages_of(4)) == sent < 50
+        assert await bench.query(ctx, 4) == (False, 0), "a stop forgets the count"
+
+        # QP 5 now runs on the freed generator; QP 3's count is kept when it ends, and
+        # stays after its generator takes a run of another QP.
+        assert await bench.start(ctx, make_run(8, 2, qp=5))
+        await wait_for(ctx, lambda: len(bench.messages_of(3)) == 50, 5000)
+        await wait_for(ctx, lambda: len(bench.messages_of(5)) == 2, 500)
+        for _ in range(5):
+            await ctx.tick()
+        assert await bench.query(ctx, 3) == (False, 50)
+        assert await bench.start(ctx, make_run(8, 1, qp=6))
+        assert await bench.start(ctx, make_run(8, 1, qp=7))
+        await wait_for(ctx, lambda: len(bench.messages_of(7)) == 1, 500)
+        for _ in range(5):
+            await ctx.tick()
+        assert await bench.query(ctx, 3) == (False, 50)
+        assert await bench.query(ctx, 5) == (False, 2)
+        await bench.stop(ctx, 3)
+        assert await bench.query(ctx, 3) == (False, 0)
+
+    bench.run(main)
+    for qp, count in ((3, 50), (5, 2)):
+        run = make_run(8, count, qp=qp)
+        assert bench.messages_of(qp) == [(model_request(run, k), generator_payload(k, 8))
+                                         for k in range(count)]
+    stopped = bench.messages_of(4)
+    run = make_run(8, 50, qp=4)
+    assert stopped == [(model_request(run, k), generator_payload(k, 8))
+                       for k in range(len(stopped))]
+
+

@@ -1,0 +1,143 @@
+"""The data checker against the golden model ``protocol.generator_payload``."""
+
+import pytest
+
+from host.checker import Checker, Expected, Landed, Mismatch, Statistics, first_difference
+from host.protocol import generator_payload
+
+
+@pytest.mark.parametrize("length", [0, 1, 4, 7, 8, 9, 15, 16, 63, 64, 65, 4096, 4099])
+def test_expected_matches_the_golden_model(length):
+    expected = Expected(length)
+    for k in (0, 1, 7, 0xFFFF_FFFF, (1 << 32) + 3):
+        assert expected(k) == generator_payload(k, length)
+
+
+def test_good_messages_pass():
+    checker = Checker(100, immediate=True)
+    for k in range(50):
+        assert checker.check(k, generator_payload(k, 100), imm=k) is None
+
+
+@pytest.mark.parametrize("offset", [0, 1, 7, 8, 63, 99])
+def test_a_flipped_byte_is_reported_at_its_offset(offset):
+    checker = Checker(100, slots=4)
+    data = bytearray(generator_payload(6, 100))
+    good = data[offset]
+    data[offset] ^= 0x10
+    mismatch = checker.check(6, bytes(data), buffer_offset=checker.slot_offset(6))
+    assert mismatch == Mismatch(6, offset=offset, expected=good, got=good ^ 0x10,
+                                buffer_offset=200 + offset, length=100)
+    assert str(mismatch) == (f"message 6, byte offset {offset}: expected 0x{good:02x} got "
+                             f"0x{good ^ 0x10:02x} (buffer offset {200 + offset:#x})")
+
+
+def test_only_the_first_bad_byte_is_reported():
+    data = bytearray(generator_payload(3, 64))
+    data[10] ^= 1
+    data[40] ^= 1
+    assert Checker(64).check(3, bytes(data)).offset == 10
+
+
+def test_a_message_from_another_k_is_caught():
+    mismatch = Checker(64).check(5, generator_payload(4, 64))
+    assert mismatch.offset == 4
+    assert (mismatch.expected, mismatch.got) == (5, 4)
+
+
+def test_short_and_long_messages():
+    checker = Checker(20)
+    short = checker.check(2, generator_payload(2, 12))
+    assert (short.offset, short.expected, short.got) == (12, generator_payload(2, 20)[12], None)
+    assert "got nothing (it has only 12 bytes)" in str(short)
+    long = checker.check(2, generator_payload(2, 20) + b"\x00")
+    assert (long.offset, long.expected, long.got) == (20, None, 0)
+    assert "expected the end of the message" in str(long)
+
+
+def test_immediate_mismatch():
+    checker = Checker(16, immediate=True)
+    mismatch = checker.check(9, generator_payload(9, 16), imm=8)
+    assert (mismatch.what, mismatch.expected, mismatch.got) == ("immediate", 9, 8)
+    assert str(mismatch) == "message 9: immediate expected 0x00000009 got 0x00000008"
+    assert "got none" in str(checker.check(9, generator_payload(9, 16), imm=None))
+    assert Checker(16).check(9, generator_payload(9, 16), imm=None) is None
+
+
+def test_ring_wrap():
+    checker = Checker(64, slots=5)
+    assert [checker.slot_offset(k) for k in range(12)] == [
+        0, 64, 128, 192, 256, 0, 64, 128, 192, 256, 0, 64]
+    assert Checker(64).slot_offset(12) == 12 * 64
+    assert checker.final_messages(12) == [(0, 10), (1, 11), (2, 7), (3, 8), (4, 9)]
+    assert checker.final_messages(3) == [(0, 0), (1, 1), (2, 2)]
+    assert Checker(8).final_messages(2) == [(0, 0), (1, 1)]
+
+
+def test_ring_of_a_whole_buffer_checks_every_slot():
+    checker = Checker(24, slots=3)
+    buffer = bytearray(b"\xff" * 72)
+    for k in range(7):
+        offset = checker.slot_offset(k)
+        buffer[offset:offset + 24] = generator_payload(k, 24)
+    for slot, k in checker.final_messages(7):
+        assert checker.check(k, bytes(buffer[slot * 24:(slot + 1) * 24])) is None
+    buffer[24 + 5] ^= 0xFF
+    assert checker.check(4, bytes(buffer[24:48]), buffer_offset=24).buffer_offset == 29
+
+
+def test_marker_and_landing():
+    checker = Checker(20, slots=4)
+    assert checker.marker() == (8, 8)
+    poison = b"\xff" * 8
+    assert checker.landed(1, poison) is Landed.NOT_YET
+    assert checker.landed(1, generator_payload(1, 20)[8:16]) is Landed.YES
+    assert checker.landed(5, generator_payload(1, 20)[8:16]) is Landed.NOT_YET
+    lapped = generator_payload(9, 20)[8:16]
+    assert checker.landed(1, lapped) is Landed.LAPPED
+    assert checker.lapping(1, lapped) == 9
+    assert checker.landed(2, lapped) is Landed.NOT_YET
+    assert str(Mismatch(1, "overwritten", got=9)) == (
+        "message 1 was overwritten by message 9 before it was checked")
+
+
+def test_short_messages_land_when_equal():
+    checker = Checker(6, slots=2)
+    assert checker.marker() == (0, 6)
+    assert checker.landed(3, generator_payload(3, 6)) is Landed.YES
+    assert checker.landed(3, b"\xff" * 6) is Landed.NOT_YET
+
+
+def test_first_difference():
+    assert first_difference(b"abc", b"abc") is None
+    assert first_difference(b"abc", b"abd") == 2
+    assert first_difference(b"abc", b"ab") == 2
+    assert first_difference(b"", b"x") == 0
+
+
+def test_statistics():
+    now = [100.0]
+    stats = Statistics(total=10, clock=lambda: now[0])
+    assert stats.gbps == 0.0 and stats.elapsed == 0.0
+    stats.start()
+    stats.add(1_000_000)
+    stats.add(1_000_000, ok=False)
+    now[0] = 100.5
+    assert stats.elapsed == 0.5
+    assert stats.gbps == pytest.approx(0.004)
+    assert stats.progress_line() == "2/10 messages, 2.0 MB, 0.00 GB/s, 1 error"
+    stats.stop()
+    now[0] = 200.0
+    assert stats.summary() == {"messages": 2, "bytes": 2_000_000, "errors": 1,
+                               "elapsed_s": 0.5, "gbytes_per_s": 0.004}
+
+
+def test_a_hundred_thousand_messages_check_quickly():
+    import time
+
+    checker = Checker(256)
+    messages = [generator_payload(k, 256) for k in range(200)]
+    begin = time.perf_counter()
+    for k in range(100_000):
+        assert checker.check(k % 200, messages[k % 200]) is None
+    assert time.perf_counter() - begin < 5

@@ -1,0 +1,238 @@
+"""cocotb tests of the connection manager in the whole core; run through
+tests/sim/test_core.py.
+
+Hosts open QPs with CM datagrams built by host/protocol.py (the golden model),
+start generator runs and read STATUS; a responder model plays each host QP, so
+every frame is compared with Scapy's and every message must land (roce_bench's
+RoceRun does the checking).
+"""
+
+import io
+import json
+import threading
+
+import cocotb
+from roce_bench import OUR_IP, OUR_MAC, PEER_IP, PEER_MAC, Qp, RoceRun, start
+
+from host import cli, protocol
+from host.protocol import Ack, Datagram, QpInfo, Status
+from sim.cm_bridge import CmBridge
+from sim.host_peer import ResponderBackend
+from sim.rocev2 import Message, generator_payload
+
+VERB_NAMES = {(True, False): "RDMA_WRITE", (True, True): "RDMA_WRITE_WITH_IMMEDIATE",
+              (False, False): "SEND", (False, True): "SEND_WITH_IMMEDIATE"}
+
+
+class Host:
+    """A host QP on the peer: what it announces, and what it expects from runs."""
+
+    def __init__(self, qpn, *, psn, rkey, base, path_mtu, ring=0):
+        self.qpn, self.psn, self.rkey, self.base = qpn, psn, rkey, base
+        self.path_mtu, self.ring = path_mtu, ring
+        self.runs = 0           # messages the host expects from runs, over all runs
+
+    @property
+    def info(self):
+        return QpInfo(self.qpn, self.psn, self.rkey, self.base, PEER_IP)
+
+
+async def cm(bench, datagram, **kwargs):
+    """Send a CM datagram from the peer; its reply's bytes (None: no reply awaited)."""
+    return await bench.cm_request(datagram.encode(), host_ip=PEER_IP, **kwargs)
+
+
+async def open_qp(run, host, *, memory_size=1 << 16):
+    """OPEN_QP through the CM; checks the reply against the codec and attaches a
+    responder model as the host QP. Returns the endpoint's Qp."""
+    request = protocol.open_qp(host.info, mtu=protocol.PathMtu.from_size(host.path_mtu))
+    raw = await cm(run.bench, request)
+    reply = Datagram.decode(raw)
+    mtu = protocol.PathMtu.from_size(host.path_mtu)
+    assert raw == protocol.reply(request, Ack.ACK, QpInfo(reply.loc.qpn, reply.loc.psn,
+                                                          ip=OUR_IP), mtu=mtu).encode(), reply
+    index = reply.loc.qpn - protocol.FIRST_QPN
+    qp = Qp(index, remote_qpn=host.qpn, psn=reply.loc.psn, rkey=host.rkey,
+            path_mtu=host.path_mtu, src_port=0xC000 + index, memory_base=host.base,
+            timeout=14)
+    qp.opened_psn = reply.loc.psn
+    run.attach_peer(qp, memory_size=memory_size)
+    return qp
+
+
+async def start_run(run, qp, host, *, length, count, write, immediate, divider=0):
+    """Expect a run's messages (k from 0; the host model posts its receives), then start
+    it through the CM."""
+    verb = VERB_NAMES[write, immediate]
+    slots = host.ring // length if host.ring else None
+    for k in range(count):
+        address = host.base + (k % slots if slots else k) * length
+        run.expect(qp, Message(verb, generator_payload(k, length), address, k), tag=k)
+    await cm(run.bench, protocol.start_run(qp.qpn, length=length, count=count, divider=divider,
+                                           write=write, immediate=immediate, ring=host.ring),
+             reply=False)
+
+
+async def status(bench, qp):
+    raw = await cm(bench, protocol.status(qp.qpn))
+    assert raw[:5] == Datagram(protocol.Request.STATUS, Ack.ACK, loc=QpInfo(qp.qpn)).encode()[:5]
+    return Status.from_reply(raw)
+
+
+async def check_status(bench, qp, *, messages, open_=True):
+    """STATUS after a run without faults agrees with what the host model saw."""
+    got = await status(bench, qp)
+    model = qp.responder.stats
+    assert (got.open, got.running, got.error, got.outstanding) == (open_, False, False, 0), got
+    assert (got.messages, got.packets, got.bytes) == (messages, qp.packets, qp.bytes), got
+    assert got.acks == model["frames_sent"] and got.retransmitted == got.timeouts == 0, got
+    return got
+
+
+@cocotb.test()
+async def generator_run_through_the_cm(dut):
+    """OPEN_QP, a run of WRITEs with immediate into a ring (payload words (k << 32) | j,
+    immediate k), then STATUS: the counters agree with the host model."""
+    bench = await start(dut, tx_ready=0.8, seed=5)
+    run = RoceRun(bench)
+    host = Host(0x42, psn=0x77, rkey=0xBEEF, base=0x7F00_0000_0000, path_mtu=1024, ring=8000)
+    qp = await open_qp(run, host, memory_size=host.ring)
+    await start_run(run, qp, host, length=3000, count=5, write=True, immediate=True)
+    await run.finish()
+    await check_status(bench, qp, messages=5)
+    bench.close()
+
+
+@cocotb.test()
+async def runs_on_several_qps_and_a_reopened_qp(dut):
+    """Three host QPs (path MTU 256, 1024, 4096) run at once; one is closed and opened
+    again from the same host QP: a new PSN, a fresh state, and its run lands too.
+    Malformed datagrams in between are dropped and counted."""
+    bench = await start(dut, tx_ready=0.9, seed=11)
+    run = RoceRun(bench)
+    hosts = [Host(0x100 + index, psn=0x1000 * index + 1, rkey=0xAB00 + index,
+                  base=0x10_0000 * (index + 1), path_mtu=mtu)
+             for index, mtu in enumerate((256, 1024, 4096))]
+    qps = [await open_qp(run, host) for host in hosts]
+    assert [qp.index for qp in qps] == [0, 1, 2]
+    shapes = [(700, 6, False, False), (2100, 4, True, False), (9000, 2, True, True)]
+    for qp, host, (length, count, write, immediate) in zip(qps, hosts, shapes, strict=True):
+        await start_run(run, qp, host, length=length, count=count, write=write,
+                        immediate=immediate)
+    await run.finish(timeout_cycles=100_000)
+    for qp, (_, count, _, _) in zip(qps, shapes, strict=True):
+        await check_status(bench, qp, messages=count)
+
+    # Close QP 1: ACK, then STATUS says closed; a second close gets NO_QP.
+    close = protocol.close_qp(qps[1].qpn, PEER_IP)
+    assert await cm(bench, close) == protocol.reply(
+        close, Ack.ACK, QpInfo(qps[1].qpn, qps[1].opened_psn, ip=OUR_IP),
+        mtu=protocol.PathMtu.MTU_1024).encode()
+    assert not (await status(bench, qps[1])).open
+    assert Datagram.decode(await cm(bench, close)).ack == Ack.NO_QP
+
+    # Malformed: a short datagram and an unknown request are dropped and counted.
+    good = protocol.status(qps[0].qpn).encode()
+    await cm(bench, Datagram(), reply=False)                 # NULL without a start
+    await bench.cm_request(good[:60], host_ip=PEER_IP, reply=False)
+    cm_counters = bench.counters()["cm"]
+    assert (cm_counters["request"], cm_counters["length"]) == (1, 1), cm_counters
+
+    # Reopen from the same host QP with a new PSN: QP 1 again, a new endpoint PSN.
+    old_psn = qps[1].psn
+    hosts[1].psn = 0xFFFFF0
+    reopened = await open_qp(run, hosts[1])
+    assert reopened.index == 1 and reopened.psn != old_psn
+    fresh = await status(bench, reopened)
+    assert (fresh.open, fresh.packets, fresh.bytes, fresh.messages) == (True, 0, 0, 0), fresh
+    await start_run(run, reopened, hosts[1], length=1500, count=3, write=False, immediate=True)
+    await run.finish(timeout_cycles=100_000)
+    await check_status(bench, reopened, messages=3)
+    bench.close()
+
+
+@cocotb.test()
+async def the_generator_pool_refuses_a_fifth_run(dut):
+    """With four runs in progress a fifth start is refused and counted; STATUS shows it
+    not running; started again once the others end, it runs."""
+    bench = await start(dut, seed=13)
+    run = RoceRun(bench)
+    hosts = [Host(0x200 + index, psn=index, rkey=0xCC00 + index, base=0x20_0000 * (index + 1),
+                  path_mtu=1024) for index in range(5)]
+    qps = [await open_qp(run, host) for host in hosts]
+    for qp, host in zip(qps[:4], hosts[:4], strict=True):
+        await start_run(run, qp, host, length=256, count=3, write=True, immediate=False,
+                        divider=4000)
+    await cm(bench, protocol.start_run(qps[4].qpn, length=256, count=3), reply=False)
+    assert bench.counters()["generator"] == {"started": 4, "refused_running": 0,
+                                            "refused_full": 1}
+    refused = await status(bench, qps[4])
+    assert (refused.open, refused.running, refused.messages) == (True, False, 0), refused
+    assert (await status(bench, qps[0])).running
+    await run.finish(timeout_cycles=100_000)
+    await start_run(run, qps[4], hosts[4], length=256, count=3, write=True, immediate=False)
+    await run.finish(timeout_cycles=50_000)
+    for qp in qps:
+        await check_status(bench, qp, messages=3)
+    bench.close()
+
+
+async def qp_server(bench, *argv, backend=None, cycles=400_000):
+    """Run ``qp-server`` in a thread while the simulation goes on; returns its exit
+    code, stdout and stderr."""
+    out, err, result = io.StringIO(), io.StringIO(), {}
+    thread = threading.Thread(target=lambda: result.update(
+        code=cli.main(list(argv), backend=backend, stdout=out, stderr=err)))
+    thread.start()
+    for _ in range(cycles // 100):
+        if not thread.is_alive():
+            break
+        await bench.idle(100)
+    thread.join(timeout=60)
+    assert not thread.is_alive(), f"qp-server still runs after {cycles} cycles"
+    return result.get("code"), out.getvalue(), err.getvalue()
+
+
+@cocotb.test()
+async def qp_server_through_a_udp_bridge(dut):
+    """The host program itself against the simulated endpoint: its CM client over a
+    real UDP socket (a bridge on loopback), its run loop, receives and data checker
+    over a verbs backend of responder models. It pairs, starts, checks every byte,
+    reads STATUS and closes; `ctrl` reads STATUS too."""
+    bench = await start(dut, seed=17)
+    bridge = CmBridge(bench, host_ip=PEER_IP)
+    cocotb.start_soon(bridge.run())
+    backend = ResponderBackend(bridge, mac=PEER_MAC, ip=PEER_IP, peer_mac=OUR_MAC,
+                               peer_ip=OUR_IP, mtu=protocol.PathMtu.MTU_4096)
+    cm_options = ["--endpoint", "127.0.0.1", "--cm-port", str(bridge.port),
+                  "--bind", "127.0.0.1:0", "--timeout", "20", "--retries", "2"]
+
+    code, out, err = await qp_server(bench, "ctrl", "status", "--qpn", "256", "--json",
+                                     *cm_options)
+    assert code == 0, err
+    assert json.loads(out)["open"] is False
+
+    runs = [("--write", "--imm", "--size", "3000", "--count", "6", "--mtu", "1024",
+             "--ring", "9000"),
+            ("--send", "--imm", "--size", "5000", "--count", "3", "--qps", "2"),
+            ("--write", "--size", "700", "--count", "8", "--mtu", "256", "--ring", "2100")]
+    for options in runs:
+        code, out, err = await qp_server(bench, *options, "--json", "--stall", "600",
+                                         *cm_options, backend=backend)
+        summary = json.loads(out)
+        assert code == 0 and summary["ok"], (options, summary, err)
+        count, size = summary["count"], summary["size"]
+        assert summary["messages"] == count * summary["qps"], summary
+        for qp in summary["qp"]:
+            status = qp["status"]
+            assert qp["messages_ok"] == status["messages"] == count, qp
+            assert status["bytes"] == count * size, qp
+            assert (status["retransmitted"], status["timeouts"], status["error"]) == (0, 0, False)
+    code, out, err = await qp_server(bench, "ctrl", "status", "--qpn", "256", "--json",
+                                     *cm_options)
+    assert code == 0 and json.loads(out)["open"] is False, "qp-server closes its QPs"
+    counters = bench.counters()["cm"]
+    assert counters["opened"] == counters["closed"] == 4, counters
+    assert bridge.datagrams["to_host"] > 0
+    bridge.close()
+    bench.close()
