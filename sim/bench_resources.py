@@ -211,13 +211,21 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
     return result
 
 
+def _read_address(port: str) -> str:
+    """The address input of a distributed RAM's data output (``DOB``: ``ADDRB``, ``SPO`` and
+    ``O``: ``A``, ``DPO``: ``DPRA``)."""
+    if port.startswith("DO"):
+        return "ADDR" + port[2:]
+    return {"SPO": "A", "O": "A", "DPO": "DPRA"}[port]
+
+
 def depth(module: dict) -> tuple[int, int, str]:
     """Longest combinational path of a flat netlist: (cells, LUT levels, where the path
     with the most LUT levels starts and ends).
 
-    Sequential cells end paths; a distributed RAM or SRL only passes from its
-    read address to its data. Every other cell passes from all inputs to all
-    outputs.
+    Sequential cells end paths; each read port of a distributed RAM passes
+    from its address to its data only, an SRL from its address to its data.
+    Every other cell passes from all inputs to all outputs.
     """
     names: dict[int, str] = {}
     for name, net in sorted(module["netnames"].items(), key=lambda item: item[1]["hide_name"]):
@@ -232,6 +240,18 @@ def depth(module: dict) -> tuple[int, int, str]:
         if SEQUENTIAL.match(kind) or kind.startswith("$"):
             continue
         directions, connections = cell["port_directions"], cell["connections"]
+        if LUTRAM.match(kind):
+            # Each read port on its own: its data depends on its address alone.
+            for port, bits in connections.items():
+                if directions[port] == "output":
+                    outputs = [bit for bit in bits if isinstance(bit, int)]
+                    inputs = [bit for address, bits in connections.items()
+                              if re.fullmatch(_read_address(port) + r"\d*", address)
+                              for bit in bits if isinstance(bit, int)]
+                    for bit in outputs:
+                        driver[bit] = len(cells)
+                    cells.append((inputs, outputs, 1))
+            continue
         inputs, outputs = [], []
         for port, bits in connections.items():
             bits = [bit for bit in bits if isinstance(bit, int)]
@@ -239,11 +259,11 @@ def depth(module: dict) -> tuple[int, int, str]:
                 if SRL.match(kind) and port != "Q":
                     continue
                 outputs += bits
-            elif not (LUTRAM.match(kind) or SRL.match(kind)) or READ_ADDRESS.match(port):
+            elif not SRL.match(kind) or READ_ADDRESS.match(port):
                 inputs += bits
         if not outputs:
             continue
-        weight = int(bool(COMB_LUT.match(kind) or LUTRAM.match(kind) or SRL.match(kind)))
+        weight = int(bool(COMB_LUT.match(kind) or SRL.match(kind)))
         for bit in outputs:
             driver[bit] = len(cells)
         cells.append((inputs, outputs, weight))

@@ -21,6 +21,7 @@ from .requests import (
     COMPLETION,
     QP_COUNTERS,
     QP_INDEX_BITS,
+    QP_STATE,
     QP_STATUS,
     QP_WRITE,
     CompletionStatus,
@@ -52,40 +53,70 @@ _NAK_STATUS = {
 }
 _NAK_COUNTERS = {1: "naks_invalid", 2: "naks_access", 3: "naks_operational", 4: "naks_invalid"}
 
+#: Bits of the tick count the timers are stamped with: an ACK timeout is up to 2^31 ticks.
+_TIME_BITS = 32
+
+#: The counters each packet sent adds to, and those an ACK event or a timeout adds to
+#: (``acks_dropped`` also counts, apart, the acknowledgements the ACK queue had no room for).
+_SENT_COUNTERS = data.StructLayout({name: QP_COUNTERS.members[name]
+                                    for name in ("packets", "bytes", "retransmitted")})
+_EVENT_COUNTERS = data.StructLayout({
+    name: shape for name, shape in QP_COUNTERS.members.items()
+    if name not in (*_SENT_COUNTERS.members, "icrc_errors")})
+
+#: A QP's settings as the reliability engine keeps them.
+_PEER = data.StructLayout({name: QP_STATE.members[name]
+                           for name in ("remote_ip", "timeout", "retry_count", "rnr_retry")})
+
+#: A QP's retries left before ERROR, and why it failed.
+_RETRIES = data.StructLayout({
+    "retries": 3,
+    "rnr_retries": 3,
+    "error_status": CompletionStatus,
+    "error_reported": 1,            # the failed work request has completed
+})
+
+
+#: When the QP's timer last started (in ticks), and the RNR NAK's timer code of an RNR wait.
+_TIMER = data.StructLayout({"start": _TIME_BITS, "rnr_code": 5})
+
+
+#: The 1-bit flags of every QP, kept in registers (bit vectors over the QPs).
+_FLAGS = ("error", "resend", "rnr_wait", "from_sent", "icrc_cleared", "overflow_cleared")
+
+
+def _per_qp_layouts(slot_bits):
+    """The shape of each per-QP memory of the engine, by name."""
+    return {
+        # the planner's side: written by each new packet sent, message loaded, packet sent
+        "nxt": 24,
+        "tail": POINTER_BITS,
+        "end": slot_bits + 1,
+        "sent_time": _TIME_BITS,
+        # the engine's side: written by the FSM, the settings by a reset
+        "una": 24,
+        "positions": data.StructLayout({"head": POINTER_BITS, "first": slot_bits + 1}),
+        "retry": _RETRIES,
+        "timer": _TIMER,
+        "resend_psn": 24,
+        "peer": _PEER,
+        # counters, each memory with one writer
+        "sent_counters": _SENT_COUNTERS,
+        "event_counters": _EVENT_COUNTERS,
+        "icrc_errors": 32,
+        "overflows": 32,
+    }
+
 
 def _lowest(flags):
-    """The index of the lowest set bit of ``flags`` (0 when none is)."""
-    result = C(0, QP_INDEX_BITS)
-    for index in reversed(range(len(flags))):
-        result = Mux(flags[index], index, result)
-    return result
-
-
-def _qp_state(slot_bits):
-    return data.StructLayout({
-        "una": 24,                  # oldest unacknowledged PSN
-        "nxt": 24,                  # PSN of the next new packet
-        "head": POINTER_BITS,       # ring position of the oldest unacknowledged payload
-        "tail": POINTER_BITS,       # ring position of the next new payload
-        "first": slot_bits + 1,     # oldest outstanding message slot (one bit more than
-        "end": slot_bits + 1,       # the slots need), and the next free one
-        "armed": 1,                 # the timer runs
-        "timer": 32,                # ticks until it expires
-        "rnr_wait": 1,              # the timer is an RNR wait, not the ACK timeout
-        "resend": 1,                # a go-back-N resend from ``resend_psn`` is due
-        "resend_psn": 24,
-        "retries": 3,               # left before ERROR
-        "rnr_retries": 3,
-        "error": 1,
-        "error_status": CompletionStatus,
-        "error_reported": 1,        # the failed work request has completed
-        # as set with the QP
-        "remote_ip": 32,
-        "timeout": 5,
-        "retry_count": 3,
-        "rnr_retry": 3,
-        "counters": QP_COUNTERS,
-    })
+    """Whether any bit of ``flags`` (a power of 2 of them, 2 or more) is set, and the index
+    of the lowest one that is: a tree, log2(len(flags)) multiplexers deep."""
+    if len(flags) == 2:
+        return flags.any(), ~flags[0]
+    half = len(flags) // 2
+    low_any, low_index = _lowest(flags[:half])
+    high_any, high_index = _lowest(flags[half:])
+    return low_any | high_any, Mux(low_any, Cat(low_index, C(0, 1)), Cat(high_index, C(1, 1)))
 
 
 class ReliabilityEngine(wiring.Component):
@@ -94,8 +125,9 @@ class ReliabilityEngine(wiring.Component):
     The planner tells it of each new message (``i_loaded``: it takes the QP's
     next message slot, one of ``messages``) and each packet it sends
     (``i_sent``); it tells the planner, per QP, the next PSN, the ring room
-    and whether the QP may send (``new_view``/``replay_view``), and hands it
-    the messages to resend (``o_replay``).
+    and whether the QP may send (``new_view``/``replay_view``, combinational
+    from ``new_qp``/``replay_qp``; an event shows from the next cycle on), and
+    hands it the messages to resend (``o_replay``).
 
     Acknowledgements (``i_ack``, queued ``acks`` deep; beyond that counted as
     dropped) from the QP's peer address inside the window of outstanding PSNs
@@ -103,7 +135,8 @@ class ReliabilityEngine(wiring.Component):
     RNR NAK for p every packet before p. Others are dropped and counted. Every
     message whose last packet is acknowledged completes (``o_completion``) in
     order, with the status its payload ended with; its ring room is freed
-    packet by packet.
+    packet by packet. The engine takes 4 cycles per acknowledgement (2 for one
+    it drops), and 2 more per message it completes.
 
     - NAK sequence error: resend from p (go-back-N). ACK timeout (2^timeout
       ticks after the last packet sent or the last progress, with packets
@@ -118,11 +151,27 @@ class ReliabilityEngine(wiring.Component):
     Progress (an acknowledgement that covers a new packet) restores both retry
     counts. A QP in ERROR sends nothing; its outstanding work requests
     complete, the failed one with the error status, the others FLUSHED, and it
-    stays so until it is set again (``i_reset``, taken only when the engine is
-    idle). ``status_qp`` → ``status``: a QP's state and counters, 1 cycle later.
+    stays so until it is set again (``i_reset``). ``i_close`` puts a QP in
+    ERROR (FLUSHED) unless it is already; it is taken when the engine is idle.
+    ``status_qp[n]`` → ``status[n]``: a
+    QP's state and counters, 1 cycle later.
+
+    ``i_reset`` is taken when the engine is idle, in a cycle without
+    ``i_sent`` or ``i_loaded`` and with no resend being looked up: while it
+    waits, no new resend starts, and while it waits on an idle engine both
+    views show every QP blocked and without a free slot, so that the planner
+    pauses its new messages and the reset soon goes in.
+
+    Each QP's state lives in memories (distributed RAM where a view reads it
+    combinationally; the engine's own reads are registered, addressed a cycle
+    ahead), its 1-bit flags in registers. The timers are start times on a
+    count of ticks, checked by a sweep of one QP per cycle: a timer expires
+    up to ``qps`` cycles after its time (later while acknowledgements wait).
     """
 
     def __init__(self, *, qps, messages=128, acks=16, width=BEAT_BYTES):
+        if not isinstance(qps, int) or not 1 <= qps <= 1 << QP_INDEX_BITS:
+            raise ValueError(f"QP count must be 1..{1 << QP_INDEX_BITS}, not {qps!r}")
         if messages < 2 or messages & (messages - 1) or messages > 128:
             raise ValueError(f"Messages per QP must be a power of 2, 2..128, not {messages!r}")
         self._qps = qps
@@ -148,18 +197,90 @@ class ReliabilityEngine(wiring.Component):
             "status": Out(QP_STATUS).array(STATUS_PORTS),
         })
 
+    @staticmethod
+    def qp_state_bits(messages=128):
+        """Bits the engine keeps per QP, by memory (and ``flags``, in registers)."""
+        slot_bits = (messages - 1).bit_length()
+        bits = {name: Shape.cast(shape).width
+                for name, shape in _per_qp_layouts(slot_bits).items()}
+        return {**bits, "flags": len(_FLAGS)}
+
     def elaborate(self, platform):
         m = Module()
         qps, messages = self._qps, self._messages
         slot_bits = (messages - 1).bit_length()
         qp_bits = max((qps - 1).bit_length(), 1)
+        entries = 1 << qp_bits
         beat_bits = (self._width - 1).bit_length()
-        layout = _qp_state(slot_bits)
-        states = [Signal(layout, name=f"qp{index}") for index in range(qps)]
-        state = Array(states)
+        sent, loaded, ended = self.i_sent, self.i_loaded, self.i_message_end
+        reset = self.i_reset.p
+
+        layouts = _per_qp_layouts(slot_bits)
+
+        def per_qp(name):
+            """A memory of one entry per QP, and its write port."""
+            m.submodules[name] = store = memory.Memory(shape=layouts[name], depth=entries,
+                                                       init=[])
+            return store, store.write_port()
 
         def slot_address(qp, slot):
             return Cat(slot[:slot_bits], qp[:qp_bits])
+
+        # 1-bit flags, in registers: every reader sees every QP's at once.
+        def flags(name):
+            return Signal(entries, name=name)
+
+        error, resend, rnr_wait, from_sent, icrc_cleared, overflow_cleared = map(flags, _FLAGS)
+        # resend: a go-back-N resend is due; rnr_wait: the timer is an RNR wait, not the
+        # ACK timeout; from_sent: the ACK timer runs from the last packet sent;
+        # icrc_cleared (overflow_cleared): set again since its count of ICRC errors (of
+        # ACK queue overflows) was last written, so the count reads as 0.
+        # What the engine's FSM writes to the flags of its QP.
+        fsm_flags = {flag.name: (Signal(name=f"fsm_{flag.name}_write"),
+                                 Signal(name=f"fsm_{flag.name}"))
+                     for flag in (error, resend, rnr_wait, from_sent)}
+
+        def fsm_flag(flag, value):
+            write, bit = fsm_flags[flag.name]
+            m.d.comb += [write.eq(1), bit.eq(value)]
+
+        def flag_of(flag, qp):
+            return flag.bit_select(qp[:qp_bits], 1)
+
+        # Setting a QP: taken when no other writer of its state is busy (see ``quiet``).
+        resetting = Signal()
+        reset_write = Signal()
+        m.d.comb += reset_write.eq(resetting & (reset.qp < qps))
+
+        # The timer tick, and the count of ticks the timers are stamped with.
+        tick = Signal()
+        tick_count = Signal(16)
+        now = Signal(_TIME_BITS)
+        m.d.comb += tick.eq(tick_count + 1 >= self.i_config.tick)
+        m.d.sync += tick_count.eq(Mux(tick, 0, tick_count + 1))
+        with m.If(tick):
+            m.d.sync += now.eq(now + 1)
+
+        # The planner's side: next PSN and ring tail (written by each new packet sent),
+        # the next free message slot (by each message loaded), and the time of the last
+        # packet sent (by every one).
+        nxt, nxt_write = per_qp("nxt")
+        tail, tail_write = per_qp("tail")
+        end, end_write = per_qp("end")
+        sent_time, sent_time_write = per_qp("sent_time")
+        # The engine's side: oldest unacknowledged PSN, ring head and oldest message slot,
+        # retries, timer, resend PSN (written by the FSM), the QP's settings (by a reset).
+        una, una_write = per_qp("una")
+        positions, positions_write = per_qp("positions")
+        retry, retry_write = per_qp("retry")
+        timer, timer_write = per_qp("timer")
+        resend_psn, resend_psn_write = per_qp("resend_psn")
+        peer, peer_write = per_qp("peer")
+        # Counters, each memory with one writer.
+        sent_counters, sent_counters_write = per_qp("sent_counters")
+        event_counters, event_counters_write = per_qp("event_counters")
+        icrc_errors, icrc_errors_write = per_qp("icrc_errors")
+        overflows, overflows_write = per_qp("overflows")
 
         # Outstanding messages, and the status each one's payload ended with.
         depth = messages << qp_bits
@@ -172,76 +293,190 @@ class ReliabilityEngine(wiring.Component):
         walk_read = ring.read_port(transparent_for=(ring_write,))
         status_write = statuses.write_port()
         status_read = statuses.read_port(transparent_for=(status_write,))
-        loaded = self.i_loaded
+
+        def current(store, write, qp_next):
+            """A read port of ``store`` whose data, a cycle after ``qp_next``, is the entry of
+            that QP as a combinational read would give it (writes seen from the next cycle)."""
+            port = store.read_port(transparent_for=(write,))
+            m.d.comb += port.addr.eq(qp_next)
+            return port.data
+
+        # Messages loaded and packets sent.
+        end_loaded = end.read_port(domain="comb")
+        counted_sent = sent_counters.read_port(domain="comb")
         m.d.comb += [
-            ring_write.addr.eq(slot_address(loaded.p.qp, state[loaded.p.qp].end)),
+            end_loaded.addr.eq(loaded.p.qp),
+            ring_write.addr.eq(slot_address(loaded.p.qp, end_loaded.data)),
             ring_write.data.eq(loaded.p.message),
             ring_write.en.eq(loaded.valid),
-            status_write.addr.eq(slot_address(self.i_message_end.p.completion.qp,
-                                              self.i_message_end.p.slot)),
-            status_write.data.eq(self.i_message_end.p.completion.status),
-            status_write.en.eq(self.i_message_end.valid & self.i_message_end.p.tracked),
+            status_write.addr.eq(slot_address(ended.p.completion.qp, ended.p.slot)),
+            status_write.data.eq(ended.p.completion.status),
+            status_write.en.eq(ended.valid & ended.p.tracked),
+            counted_sent.addr.eq(sent.p.qp),
+            sent_time_write.addr.eq(sent.p.qp),
+            sent_time_write.data.eq(now),
+            sent_time_write.en.eq(sent.valid),
         ]
-
-        # The planner's views.
-        walking = Signal()
-        walk_qp = Signal(QP_INDEX_BITS)
-        for qp, view in ((self.new_qp, self.new_view), (self.replay_qp, self.replay_view)):
-            s = state[qp]
+        with m.If(reset_write):
             m.d.comb += [
-                view.next_psn.eq(s.nxt),
-                view.head.eq(s.head),
-                view.tail.eq(s.tail),
-                view.slot.eq(s.end[:slot_bits]),
-                view.slot_free.eq((s.end - s.first)[:slot_bits + 1] != messages),
-                view.error.eq(s.error),
-                view.blocked.eq(s.resend | s.rnr_wait | (walking & (walk_qp == qp))),
+                nxt_write.addr.eq(reset.qp),
+                nxt_write.data.eq(reset.state.next_psn),
+                nxt_write.en.eq(1),
+                tail_write.addr.eq(reset.qp),
+                tail_write.en.eq(1),
+                end_write.addr.eq(reset.qp),
+                end_write.en.eq(1),
+                sent_counters_write.addr.eq(reset.qp),
+                sent_counters_write.en.eq(1),
             ]
+        with m.Else():
+            m.d.comb += [
+                nxt_write.addr.eq(sent.p.qp),
+                nxt_write.data.eq(sent.p.next_psn),
+                nxt_write.en.eq(sent.valid & ~sent.p.replay),
+                tail_write.addr.eq(sent.p.qp),
+                tail_write.data.eq(sent.p.next_tail),
+                tail_write.en.eq(sent.valid & ~sent.p.replay),
+                end_write.addr.eq(loaded.p.qp),
+                end_write.data.eq(end_loaded.data + 1),
+                end_write.en.eq(loaded.valid),
+                sent_counters_write.addr.eq(sent.p.qp),
+                sent_counters_write.data.eq(counted_sent.data),
+                sent_counters_write.en.eq(sent.valid),
+            ]
+            with m.If(sent.p.replay):
+                m.d.comb += sent_counters_write.data.retransmitted.eq(
+                    counted_sent.data.retransmitted + 1)
+            with m.Else():
+                m.d.comb += [
+                    sent_counters_write.data.packets.eq(counted_sent.data.packets + 1),
+                    sent_counters_write.data.bytes.eq(counted_sent.data.bytes + sent.p.bytes),
+                ]
 
-        # The timer tick.
-        tick = Signal()
-        tick_count = Signal(16)
-        m.d.comb += tick.eq(tick_count + 1 >= self.i_config.tick)
-        m.d.sync += tick_count.eq(Mux(tick, 0, tick_count + 1))
-
-        # Acknowledgements wait in a queue for the engine.
+        # Acknowledgements wait in a queue for the engine. Those it has no room for, and
+        # those dropped for their ICRC, are counted at once: a QP's count reads as 0 while
+        # the QP was set again after its last write.
         m.submodules.acks = acks = fifo.SyncFIFOBuffered(width=ACK_EVENT.size, depth=self._acks)
         m.d.comb += [
             acks.w_data.eq(self.i_ack.p),
             acks.w_en.eq(self.i_ack.valid),
         ]
+        icrc_error = self.i_icrc_error
         overflow = self.i_ack.valid & ~acks.w_rdy
+        for count, write, cleared, counted, qp in (
+                (icrc_errors, icrc_errors_write, icrc_cleared, icrc_error.valid, icrc_error.p),
+                (overflows, overflows_write, overflow_cleared, overflow, self.i_ack.p.qp)):
+            before = count.read_port(domain="comb")
+            m.d.comb += [
+                before.addr.eq(qp),
+                write.addr.eq(qp),
+                write.data.eq(Mux(flag_of(cleared, qp), 0, before.data) + 1),
+                write.en.eq(counted),
+            ]
 
-        # What the engine's FSM does to the QP ``qp`` this cycle.
+        # The planner's views.
+        walking = Signal()
+        walk_qp = Signal(QP_INDEX_BITS)
+        engine_idle = Signal()
+        reset_waiting = Signal()
+        m.d.comb += reset_waiting.eq(self.i_reset.valid & engine_idle)
+        for qp, view in ((self.new_qp, self.new_view), (self.replay_qp, self.replay_view)):
+            shown = {}
+            for name, store in (("nxt", nxt), ("tail", tail), ("end", end),
+                                ("positions", positions)):
+                port = store.read_port(domain="comb")
+                m.d.comb += port.addr.eq(qp)
+                shown[name] = port.data
+            m.d.comb += [
+                view.next_psn.eq(shown["nxt"]),
+                view.head.eq(shown["positions"].head),
+                view.tail.eq(shown["tail"]),
+                view.slot.eq(shown["end"][:slot_bits]),
+                view.slot_free.eq(((shown["end"] - shown["positions"].first)[:slot_bits + 1]
+                                   != messages) & ~reset_waiting),
+                view.error.eq(flag_of(error, qp)),
+                view.blocked.eq(flag_of(resend, qp) | flag_of(rnr_wait, qp)
+                                | (walking & (walk_qp == qp)) | reset_waiting),
+            ]
+
+        # The engine's FSM works on one QP, ``qp``, at a time; it reads that QP's state
+        # through ports addressed a cycle ahead (``qp_next``).
         qp = Signal(QP_INDEX_BITS)
-        s = state[qp]
-        act = Signal(layout)            # the new values of the fields it writes
-        writes = {name: Signal(name=f"write_{name}") for name in (
-            "una", "head", "first", "timer", "rnr_wait", "resend", "retries", "rnr_retries",
-            "error", "error_reported")}
-        counts = {name: Signal(name=f"count_{name}") for name in QP_COUNTERS.members
-                  if name not in ("packets", "bytes", "retransmitted", "icrc_errors")}
-        resetting = Signal()
+        qp_next = Signal(QP_INDEX_BITS)
+        m.d.comb += qp_next.eq(qp)
+        m.d.sync += qp.eq(qp_next)
+        s_una = current(una, una_write, qp_next)
+        s_nxt = current(nxt, nxt_write, qp_next)
+        s_end = current(end, end_write, qp_next)
+        s_positions = current(positions, positions_write, qp_next)
+        s_retry = current(retry, retry_write, qp_next)
+        s_peer = current(peer, peer_write, qp_next)
+        s_counters = current(event_counters, event_counters_write, qp_next)
+        s_error = flag_of(error, qp)
+        s_rnr_wait = flag_of(rnr_wait, qp)
+        # What the FSM writes; fields it leaves alone keep their value.
+        for write, kept in ((una_write, None), (positions_write, s_positions),
+                            (retry_write, s_retry), (timer_write, None),
+                            (resend_psn_write, None)):
+            m.d.comb += write.addr.eq(qp)
+            if kept is not None:
+                m.d.comb += write.data.eq(kept)
+        counts = {name: Signal(name=f"count_{name}") for name in _EVENT_COUNTERS.members}
+
+        # The sweep of the timers: one QP per cycle, held while its timer has expired
+        # and the FSM has yet to take it.
+        sweep = Signal(qp_bits)
+        sweep_next = Signal(qp_bits)
+        sweep_taken = Signal()
+        sweep_expired = Signal()
+        m.d.comb += sweep_next.eq(Mux(sweep_expired & ~sweep_taken, sweep,
+                                      Mux(sweep == qps - 1, 0, sweep + 1)))
+        m.d.sync += sweep.eq(sweep_next)
+        w_una = current(una, una_write, sweep_next)
+        w_nxt = current(nxt, nxt_write, sweep_next)
+        w_timer = current(timer, timer_write, sweep_next)
+        w_sent_time = current(sent_time, sent_time_write, sweep_next)
+        w_peer = current(peer, peer_write, sweep_next)
+        w_rnr_wait = flag_of(rnr_wait, sweep)
+        started = Mux(flag_of(from_sent, sweep) & ~w_rnr_wait, w_sent_time, w_timer.start)
+        elapsed = (now - started)[:_TIME_BITS]
+        rnr_delays = Array(C(rnr_delay_ticks(code), _TIME_BITS) for code in range(32))
+        m.d.comb += sweep_expired.eq(~flag_of(error, sweep) & Mux(
+            w_rnr_wait,
+            elapsed >= rnr_delays[w_timer.rnr_code],
+            (w_una != w_nxt) & (w_peer.timeout != 0)
+            & (elapsed >= (C(1, _TIME_BITS) << w_peer.timeout)[:_TIME_BITS])))
 
         event = Signal(ACK_EVENT)
         record = Signal(MESSAGE)
         m.d.comb += [
-            retire_read.addr.eq(slot_address(qp, s.first)),
-            status_read.addr.eq(slot_address(qp, s.first)),
+            retire_read.addr.eq(slot_address(qp, s_positions.first)),
+            status_read.addr.eq(slot_address(qp, s_positions.first)),
             record.eq(retire_read.data),
         ]
 
         def fail(status):
+            fsm_flag(error, 1)
+            fsm_flag(resend, 0)
+            fsm_flag(rnr_wait, 0)
             m.d.comb += [
-                writes["error"].eq(1), act.error.eq(1), act.error_status.eq(status),
-                writes["error_reported"].eq(1), act.error_reported.eq(0),
-                writes["resend"].eq(1), act.resend.eq(0),
-                writes["timer"].eq(1), act.armed.eq(0),
-                writes["rnr_wait"].eq(1), act.rnr_wait.eq(0),
+                retry_write.en.eq(1),
+                retry_write.data.error_status.eq(status),
+                retry_write.data.error_reported.eq(0),
             ]
 
         def resend_from(psn):
-            m.d.comb += [writes["resend"].eq(1), act.resend.eq(1), act.resend_psn.eq(psn)]
+            fsm_flag(resend, 1)
+            m.d.comb += [resend_psn_write.en.eq(1), resend_psn_write.data.eq(psn)]
+
+        def restart_timer(rnr_code=0):
+            """The QP's timer runs from now (an RNR wait, with ``rnr_code``)."""
+            fsm_flag(from_sent, 0)
+            m.d.comb += [
+                timer_write.en.eq(1),
+                timer_write.data.start.eq(now),
+                timer_write.data.rnr_code.eq(rnr_code),
+            ]
 
         def ring_room_after(covered):
             """The ring position after the first ``covered`` packets of ``record``."""
@@ -253,36 +488,42 @@ class ReliabilityEngine(wiring.Component):
                             record.start + (covered << ((mtu.bytes >> beat_bits).bit_length() - 1)))
             return position
 
-        with m.FSM():
+        # Nothing else writes what a reset writes (``i_sent``, ``i_loaded``), or works on
+        # a QP's state (the resend walker).
+        walker_idle = Signal()
+        quiet = ~sent.valid & ~loaded.valid & walker_idle
+
+        with m.FSM() as engine:
             with m.State("IDLE"):
-                m.d.comb += self.i_reset.ready.eq(1)
-                expired = Cat(st.armed & (st.timer == 0) for st in states)
-                with m.If(self.i_reset.valid):
+                m.d.comb += self.i_reset.ready.eq(quiet)
+                with m.If(self.i_reset.valid & quiet):
                     m.d.comb += resetting.eq(1)
                 with m.Elif(self.i_close.valid):
-                    m.d.comb += self.i_close.ready.eq(1)
-                    m.d.sync += qp.eq(self.i_close.p)
-                    m.next = "CLOSE"
+                    m.d.comb += [self.i_close.ready.eq(1), qp_next.eq(self.i_close.p)]
+                    with m.If(self.i_close.p < qps):
+                        m.next = "CLOSE"
                 with m.Elif(acks.r_rdy):
                     m.d.comb += acks.r_en.eq(1)
                     queued = data.View(ACK_EVENT, acks.r_data)
-                    m.d.sync += [event.eq(queued), qp.eq(queued.qp)]
+                    m.d.comb += qp_next.eq(queued.qp)
+                    m.d.sync += event.eq(queued)
                     m.next = "ACK"
-                with m.Elif(expired.any()):
-                    m.d.sync += qp.eq(_lowest(expired))
+                # A packet sent in this cycle restarts the timer.
+                with m.Elif(sweep_expired & ~(sent.valid & (sent.p.qp == sweep))):
+                    m.d.comb += [qp_next.eq(sweep), sweep_taken.eq(1)]
                     m.next = "EXPIRE"
 
             with m.State("ACK"):
                 kind = event.syndrome[5:7]
                 code = event.syndrome[:5]
-                ahead = (event.psn - s.una)[:24]
-                window = (s.nxt - s.una)[:24]
+                ahead = (event.psn - s_una)[:24]
+                window = (s_nxt - s_una)[:24]
                 new_una = Mux(kind == _ACK, event.psn + 1, event.psn)[:24]
-                taken = ((event.src_ip == s.remote_ip) & (ahead < window) & ~s.error
+                taken = ((event.src_ip == s_peer.remote_ip) & (ahead < window) & ~s_error
                          & (kind != 2))
-                progress = new_una != s.una
-                retries = Mux(progress, s.retry_count, s.retries)
-                rnr_retries = Mux(progress, s.rnr_retry, s.rnr_retries)
+                progress = new_una != s_una
+                retries = Mux(progress, s_peer.retry_count, s_retry.retries)
+                rnr_retries = Mux(progress, s_peer.rnr_retry, s_retry.rnr_retries)
                 m.next = "RETIRE_READ"
                 with m.If(~taken):
                     m.d.comb += counts["acks_dropped"].eq(1)
@@ -290,31 +531,27 @@ class ReliabilityEngine(wiring.Component):
                 with m.Else():
                     m.d.comb += [
                         counts["acks"].eq(1),
-                        writes["una"].eq(1), act.una.eq(new_una),
-                        writes["retries"].eq(1), act.retries.eq(retries),
-                        writes["rnr_retries"].eq(1), act.rnr_retries.eq(rnr_retries),
+                        una_write.en.eq(1), una_write.data.eq(new_una),
+                        retry_write.en.eq(1),
+                        retry_write.data.retries.eq(retries),
+                        retry_write.data.rnr_retries.eq(rnr_retries),
                     ]
                     with m.If(progress):
-                        m.d.comb += [
-                            writes["timer"].eq(1),
-                            act.armed.eq((new_una != s.nxt) & (s.timeout != 0)),
-                            act.timer.eq(C(1, 32) << s.timeout),
-                        ]
+                        restart_timer()
                     with m.Switch(kind):
                         with m.Case(_RNR_NAK):
                             m.d.comb += counts["naks_rnr"].eq(1)
-                            with m.If((rnr_retries == 0) & (s.rnr_retry != RNR_RETRY_FOREVER)):
+                            forever = s_peer.rnr_retry == RNR_RETRY_FOREVER
+                            with m.If((rnr_retries == 0) & ~forever):
                                 fail(CompletionStatus.RNR_RETRY_EXCEEDED)
                             with m.Else():
-                                delays = Array(C(rnr_delay_ticks(code), 32) for code in range(32))
                                 m.d.comb += [
                                     counts["rnr_waits"].eq(1),
-                                    act.rnr_retries.eq(Mux(s.rnr_retry == RNR_RETRY_FOREVER,
-                                                           rnr_retries, rnr_retries - 1)),
-                                    writes["timer"].eq(1), act.armed.eq(1),
-                                    act.timer.eq(delays[code]),
-                                    writes["rnr_wait"].eq(1), act.rnr_wait.eq(1),
+                                    retry_write.data.rnr_retries.eq(
+                                        Mux(forever, rnr_retries, rnr_retries - 1)),
                                 ]
+                                restart_timer(rnr_code=code)
+                                fsm_flag(rnr_wait, 1)
                                 resend_from(event.psn)
                         with m.Case(_NAK):
                             with m.If(code == _NAK_SEQUENCE):
@@ -322,7 +559,7 @@ class ReliabilityEngine(wiring.Component):
                                 with m.If(retries == 0):
                                     fail(CompletionStatus.RETRY_EXCEEDED)
                                 with m.Else():
-                                    m.d.comb += act.retries.eq(retries - 1)
+                                    m.d.comb += retry_write.data.retries.eq(retries - 1)
                                     resend_from(event.psn)
                             for nak_code, status in _NAK_STATUS.items():
                                 with m.Elif(code == nak_code):
@@ -333,21 +570,24 @@ class ReliabilityEngine(wiring.Component):
                                 fail(CompletionStatus.REMOTE_OPERATIONAL_ERROR)
 
             with m.State("EXPIRE"):
-                m.d.comb += [writes["timer"].eq(1), act.armed.eq(0)]
                 m.next = "IDLE"
-                with m.If(s.rnr_wait):
-                    m.d.comb += [writes["rnr_wait"].eq(1), act.rnr_wait.eq(0)]
+                restart_timer()
+                with m.If(s_rnr_wait):
+                    fsm_flag(rnr_wait, 0)
                 with m.Else():
                     m.d.comb += counts["timeouts"].eq(1)
-                    with m.If(s.retries == 0):
+                    with m.If(s_retry.retries == 0):
                         fail(CompletionStatus.RETRY_EXCEEDED)
                         m.next = "RETIRE_READ"
                     with m.Else():
-                        m.d.comb += [writes["retries"].eq(1), act.retries.eq(s.retries - 1)]
-                        resend_from(s.una)
+                        m.d.comb += [
+                            retry_write.en.eq(1),
+                            retry_write.data.retries.eq(s_retry.retries - 1),
+                        ]
+                        resend_from(s_una)
 
             with m.State("CLOSE"):
-                with m.If(~s.error):
+                with m.If(~s_error):
                     fail(CompletionStatus.FLUSHED)
                 m.next = "RETIRE_READ"
 
@@ -355,7 +595,7 @@ class ReliabilityEngine(wiring.Component):
                 m.next = "RETIRE"
 
             with m.State("RETIRE"):
-                covered = (s.una - record.first_psn)[:24]
+                covered = (s_una - record.first_psn)[:24]
                 done = (covered >= record.packets) & (covered < _PSN_HALF)
                 completion = self.o_completion.p
                 m.d.comb += [
@@ -364,60 +604,103 @@ class ReliabilityEngine(wiring.Component):
                     completion.first_psn.eq(record.first_psn),
                     completion.packets.eq(record.packets),
                     completion.status.eq(Mux(done, status_read.data,
-                                             Mux(s.error_reported, CompletionStatus.FLUSHED,
-                                                 s.error_status))),
+                                             Mux(s_retry.error_reported, CompletionStatus.FLUSHED,
+                                                 s_retry.error_status))),
                 ]
                 beats = (record.request.length + self._width - 1) >> beat_bits
-                with m.If(s.first == s.end):
+                with m.If(s_positions.first == s_end):
                     m.next = "IDLE"
-                with m.Elif(done | s.error):
+                with m.Elif(done | s_error):
                     m.d.comb += self.o_completion.valid.eq(1)
                     with m.If(self.o_completion.ready):
                         m.d.comb += [
-                            writes["first"].eq(1), act.first.eq(s.first + 1),
-                            writes["head"].eq(1), act.head.eq(record.start + beats),
-                            writes["error_reported"].eq(1), act.error_reported.eq(s.error),
+                            positions_write.en.eq(1),
+                            positions_write.data.first.eq(s_positions.first + 1),
+                            positions_write.data.head.eq(record.start + beats),
+                            retry_write.en.eq(1),
+                            retry_write.data.error_reported.eq(s_error),
                         ]
                         m.next = "RETIRE_READ"
                 with m.Else():
                     m.d.comb += [
-                        writes["head"].eq(1),
-                        act.head.eq(ring_room_after(Mux(covered < _PSN_HALF, covered, 0))),
+                        positions_write.en.eq(1),
+                        positions_write.data.head.eq(
+                            ring_room_after(Mux(covered < _PSN_HALF, covered, 0))),
                     ]
                     m.next = "IDLE"
 
+        m.d.comb += engine_idle.eq(engine.ongoing("IDLE"))
+
+        # The FSM's counts, and a reset of what it owns.
+        m.d.comb += [
+            event_counters_write.addr.eq(qp),
+            event_counters_write.en.eq(Cat(counts.values()).any()),
+        ]
+        for name, strobe in counts.items():
+            m.d.comb += event_counters_write.data[name].eq(s_counters[name] + strobe)
+        with m.If(reset_write):
+            m.d.comb += [
+                una_write.addr.eq(reset.qp),
+                una_write.data.eq(reset.state.next_psn),
+                una_write.en.eq(1),
+                positions_write.addr.eq(reset.qp),
+                positions_write.data.eq(0),
+                positions_write.en.eq(1),
+                retry_write.addr.eq(reset.qp),
+                retry_write.data.eq(0),
+                retry_write.data.retries.eq(reset.state.retry_count),
+                retry_write.data.rnr_retries.eq(reset.state.rnr_retry),
+                retry_write.en.eq(1),
+                peer_write.addr.eq(reset.qp),
+                peer_write.en.eq(1),
+                event_counters_write.addr.eq(reset.qp),
+                event_counters_write.data.eq(0),
+                event_counters_write.en.eq(1),
+            ]
+            for name in _PEER.members:
+                m.d.comb += peer_write.data[name].eq(reset.state[name])
+
         # The resend walker: finds the message of a QP's resend PSN, and hands the planner
-        # that message from that packet on, then every later outstanding message.
+        # that message from that packet on, then every later outstanding message. It
+        # reads the QP's state through ports addressed a cycle ahead (``walk_next``).
         walk = Signal(REPLAY)
         walk_psn = Signal(24)
         walk_slot = Signal(slot_bits + 1)
         walk_clear = Signal()
-        ws = state[walk_qp]
+        walk_next = Signal(QP_INDEX_BITS)
+        m.d.comb += walk_next.eq(walk_qp)
+        m.d.sync += walk_qp.eq(walk_next)
+        k_resend_psn = current(resend_psn, resend_psn_write, walk_next)
+        k_positions = current(positions, positions_write, walk_next)
+        k_end = current(end, end_write, walk_next)
+        k_error = flag_of(error, walk_qp)
         walk_record = Signal(MESSAGE)
         m.d.comb += [
             walk_read.addr.eq(slot_address(walk_qp, walk_slot)),
             walk_record.eq(walk_read.data),
             self.o_replay.p.eq(walk),
         ]
-        with m.FSM():
+        with m.FSM() as walker:
             with m.State("IDLE"):
-                due = Cat(st.resend & ~st.rnr_wait & ~st.error for st in states)
-                with m.If(due.any()):
-                    m.d.sync += walk_qp.eq(_lowest(due))
+                due = Signal(entries)
+                m.d.comb += due.eq(resend & ~rnr_wait & ~error)
+                any_due, first_due = _lowest(due)
+                with m.If(any_due & ~self.i_reset.valid):
+                    m.d.comb += walk_next.eq(first_due)
                     m.next = "START"
             with m.State("START"):
                 m.d.comb += walk_clear.eq(1)
                 m.d.sync += [
                     walking.eq(1),
-                    walk_psn.eq(ws.resend_psn),
-                    walk_slot.eq(ws.first),
+                    walk_psn.eq(k_resend_psn),
+                    walk_slot.eq(k_positions.first),
                 ]
                 m.next = "READ"
             with m.State("READ"):
                 m.next = "FIND"
             with m.State("FIND"):
                 into = (walk_psn - walk_record.first_psn)[:24]
-                with m.If((walk_slot == ws.end) | ws.error):
+                with m.If((walk_slot == k_end) | k_error):
                     m.d.sync += walking.eq(0)
                     m.next = "IDLE"
                 with m.Elif(into < walk_record.packets):
@@ -438,81 +721,58 @@ class ReliabilityEngine(wiring.Component):
                         walk_slot.eq(walk_slot + 1),
                         walk_psn.eq(walk.message.first_psn + walk.message.packets),
                     ]
-                    with m.If(ws.resend | ws.error):
+                    with m.If(flag_of(resend, walk_qp) | k_error):
                         m.d.sync += walking.eq(0)
                         m.next = "IDLE"
                     with m.Else():
                         m.next = "READ"
+        m.d.comb += walker_idle.eq(walker.ongoing("IDLE"))
 
-        # Every QP's state: the writes of the planner, the timers, the FSM and the walker.
-        sent = self.i_sent
-        reset = self.i_reset.p
-        for index, st in enumerate(states):
-            fsm = qp == index
-            with m.If(resetting & (reset.qp == index)):
-                m.d.sync += [
-                    st.eq(0),
-                    st.una.eq(reset.state.next_psn),
-                    st.nxt.eq(reset.state.next_psn),
-                    st.retries.eq(reset.state.retry_count),
-                    st.rnr_retries.eq(reset.state.rnr_retry),
-                    st.remote_ip.eq(reset.state.remote_ip),
-                    st.timeout.eq(reset.state.timeout),
-                    st.retry_count.eq(reset.state.retry_count),
-                    st.rnr_retry.eq(reset.state.rnr_retry),
-                ]
-            with m.Else():
-                with m.If(sent.valid & (sent.p.qp == index)):
-                    with m.If(sent.p.replay):
-                        m.d.sync += st.counters.retransmitted.eq(st.counters.retransmitted + 1)
-                    with m.Else():
-                        m.d.sync += [
-                            st.nxt.eq(sent.p.next_psn),
-                            st.tail.eq(sent.p.next_tail),
-                            st.counters.packets.eq(st.counters.packets + 1),
-                            st.counters.bytes.eq(st.counters.bytes + sent.p.bytes),
-                        ]
-                with m.If(loaded.valid & (loaded.p.qp == index)):
-                    m.d.sync += st.end.eq(st.end + 1)
-                with m.If(self.i_icrc_error.valid & (self.i_icrc_error.p == index)):
-                    m.d.sync += st.counters.icrc_errors.eq(st.counters.icrc_errors + 1)
+        # The flags: each writer sets or clears one QP's bit; a later one wins.
+        for flag, *writes in (
+                (error, (*fsm_flags["error"], qp), (reset_write, 0, reset.qp)),
+                (resend, (walk_clear, 0, walk_qp), (*fsm_flags["resend"], qp),
+                 (reset_write, 0, reset.qp)),
+                (rnr_wait, (*fsm_flags["rnr_wait"], qp), (reset_write, 0, reset.qp)),
+                (from_sent, (sent.valid, 1, sent.p.qp), (*fsm_flags["from_sent"], qp),
+                 (reset_write, 0, reset.qp)),
+                (icrc_cleared, (icrc_error.valid, 0, icrc_error.p), (reset_write, 1, reset.qp)),
+                (overflow_cleared, (overflow, 0, self.i_ack.p.qp), (reset_write, 1, reset.qp))):
+            value = flag
+            for enable, bit, index in writes:
+                mask = Mux(enable, (C(1, entries) << index[:qp_bits])[:entries], 0)
+                value = (value & ~mask) | Mux(bit, mask, 0)
+            m.d.sync += flag.eq(value)
 
-                # The ACK timer counts down in ticks while packets are outstanding, from
-                # the last packet sent (as rxe does; a long resend does not time out).
-                with m.If(st.armed):
-                    with m.If(tick & (st.timer != 0)):
-                        m.d.sync += st.timer.eq(st.timer - 1)
-                    with m.If(~st.rnr_wait & (st.una == st.nxt)):
-                        m.d.sync += st.armed.eq(0)
-                with m.Elif((st.una != st.nxt) & (st.timeout != 0) & ~st.error):
-                    m.d.sync += [st.armed.eq(1), st.timer.eq(C(1, 32) << st.timeout)]
-                with m.If(sent.valid & (sent.p.qp == index) & ~st.rnr_wait & (st.timeout != 0)
-                          & ~st.error):
-                    m.d.sync += [st.armed.eq(1), st.timer.eq(C(1, 32) << st.timeout)]
-
-                with m.If(walk_clear & (walk_qp == index)):
-                    m.d.sync += st.resend.eq(0)
-
-                for name, strobe in writes.items():
-                    fields = {"timer": ("timer", "armed"), "resend": ("resend", "resend_psn"),
-                              "error": ("error", "error_status")}.get(name, (name,))
-                    with m.If(fsm & strobe):
-                        m.d.sync += [st[field].eq(act[field]) for field in fields]
-                dropped = (counts["acks_dropped"] & fsm).as_unsigned() + \
-                    (overflow & (self.i_ack.p.qp == index)).as_unsigned()
-                m.d.sync += st.counters.acks_dropped.eq(st.counters.acks_dropped + dropped)
-                for name, strobe in counts.items():
-                    if name != "acks_dropped":
-                        with m.If(fsm & strobe):
-                            m.d.sync += st.counters[name].eq(st.counters[name] + 1)
-
-        # A QP's state for the user and the connection manager.
+        # A QP's state for the user and the connection manager: the memories as they were
+        # in the cycle of the request.
         for select, status in zip(self.status_qp, self.status, strict=True):
-            shown = state[select]
+            shown = {}
+            for name, store in (("una", una), ("nxt", nxt), ("retry", retry),
+                                ("sent", sent_counters), ("events", event_counters),
+                                ("icrc_errors", icrc_errors), ("overflows", overflows)):
+                port = store.read_port()
+                m.d.comb += port.addr.eq(select)
+                shown[name] = port.data
+            shown_error = Signal()
+            icrc_zero = Signal()
+            overflow_zero = Signal()
             m.d.sync += [
-                status.error.eq(shown.error),
-                status.error_status.eq(shown.error_status),
-                status.outstanding.eq(shown.nxt - shown.una),
-                status.counters.eq(shown.counters),
+                shown_error.eq(flag_of(error, select)),
+                icrc_zero.eq(flag_of(icrc_cleared, select)),
+                overflow_zero.eq(flag_of(overflow_cleared, select)),
             ]
+            counters = status.counters
+            m.d.comb += [
+                status.error.eq(shown_error),
+                status.error_status.eq(shown["retry"].error_status),
+                status.outstanding.eq(shown["nxt"] - shown["una"]),
+                counters.icrc_errors.eq(Mux(icrc_zero, 0, shown["icrc_errors"])),
+            ]
+            for name in _SENT_COUNTERS.members:
+                m.d.comb += counters[name].eq(shown["sent"][name])
+            for name in _EVENT_COUNTERS.members:
+                m.d.comb += counters[name].eq(shown["events"][name])
+            m.d.comb += counters.acks_dropped.eq(
+                shown["events"].acks_dropped + Mux(overflow_zero, 0, shown["overflows"]))
         return m

@@ -33,7 +33,8 @@ class RequesterTransmitter(wiring.Component):
     payload as one packet; ``o_completion`` reports each message once the
     responder has acknowledged it (or its QP failed). ``i_ack`` takes the ACK
     receiver's acknowledgements. ``i_qp_write`` sets a QP (once no message of
-    it is being planned); ``i_qp_close`` flushes it (see
+    it is being planned, in a cycle the reliability engine is free: new
+    messages pause while it waits); ``i_qp_close`` flushes it (see
     :class:`ReliabilityEngine`); ``status_qp[n]`` → ``status[n]`` reads a QP's
     state and counters a cycle later. Each QP keeps the
     payload of its unacknowledged packets in a ring of ``ring_beats`` beats

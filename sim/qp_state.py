@@ -1,0 +1,70 @@
+"""The state the endpoint keeps per QP, in bits, from the design's own layouts:
+``python -m sim.qp_state`` prints the README's table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from amaranth import Shape
+
+from gateware.cm.manager import CM_ENTRY
+from gateware.roce.descriptor import MESSAGE
+from gateware.roce.qp_table import QP_PATH
+from gateware.roce.reliability import ReliabilityEngine
+from gateware.roce.requests import CompletionStatus
+from gateware.stream import BEAT_BYTES
+
+#: The generator pool keeps the message count of each QP's last run.
+GENERATOR_BITS = 32
+COUNTERS = ("sent_counters", "event_counters", "icrc_errors", "overflows")
+
+
+Row = tuple[str, str, int]
+
+
+def rows(messages: int, ring_beats: int) -> tuple[list[Row], list[Row]]:
+    """The QP context, and the QP's queues: (where, what, bits) each."""
+    engine = ReliabilityEngine.qp_state_bits(messages)
+    context = [
+        ("QP table (`roce/qp_table.py`)",
+         "path: remote QPN, rkey, remote IPv4, path MTU, UDP source port", QP_PATH.size),
+        ("reliability engine (`roce/reliability.py`)",
+         "PSNs, ring and slot positions, timer, retries, error, settings, flags",
+         sum(bits for name, bits in engine.items() if name not in COUNTERS)),
+        ("reliability engine", "13 counters (STATUS bytes 13-60)",
+         sum(engine[name] for name in COUNTERS)),
+        ("connection manager (`cm/manager.py`)",
+         "open, the host's IPv4 and QPN, first PSN, path MTU, buffer address, runs",
+         CM_ENTRY.size),
+        ("generator pool", "messages of the last run", GENERATOR_BITS),
+    ]
+    slot = MESSAGE.size + Shape.cast(CompletionStatus).width
+    queues = [
+        ("message slots (send queue)", f"{messages} outstanding messages × {slot} bits",
+         messages * slot),
+        ("retransmit ring", f"{ring_beats} beats × {BEAT_BYTES} bytes",
+         ring_beats * BEAT_BYTES * 8),
+    ]
+    return context, queues
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=128)
+    parser.add_argument("--ring-beats", type=int, default=2048)
+    args = parser.parse_args(argv)
+    context, queues = rows(args.messages, args.ring_beats)
+    print("| kept in | what | bits |")
+    print("|---|---|---:|")
+    for where, what, bits in context:
+        print(f"| {where} | {what} | {bits} |")
+    total = sum(bits for _, _, bits in context)
+    print(f"| **QP context** | | **{total} bits = {total / 8:.0f} bytes** |")
+    for where, what, bits in queues:
+        print(f"| {where} | {what} | {bits} ({bits // 8:,} bytes) |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

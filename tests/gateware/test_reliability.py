@@ -1,0 +1,141 @@
+"""ReliabilityEngine on its own: events of every source in the same cycle, each
+counted; a QP set again while packets are sent; an ACK timeout."""
+
+import random
+
+from gateware.roce.reliability import ReliabilityEngine
+from gateware.roce.requests import QP_STATE
+
+from .streams import get_item, put_item, run_testbenches
+
+QPS = 4
+PEER_IP = 0x0A4D0003
+
+
+def qp_state(*, next_psn=0, timeout=0):
+    return QP_STATE.const({"next_psn": next_psn, "remote_ip": PEER_IP, "path_mtu": 1,
+                           "timeout": timeout, "retry_count": 3, "rnr_retry": 3})
+
+
+async def status_of(ctx, dut, qp):
+    ctx.set(dut.status_qp[1], qp)
+    await ctx.tick()
+    return ctx.get(dut.status[1])
+
+
+def test_every_event_is_counted():
+    """Packets sent, ICRC errors and ACKs (from a stranger: dropped by the engine or, the
+    queue full, at once) every cycle, for any QPs, the same one back to back."""
+    dut = ReliabilityEngine(qps=QPS, messages=4, acks=4)
+    rng = random.Random(1)
+    expected = {qp: {"packets": 0, "bytes": 0, "retransmitted": 0, "icrc_errors": 0,
+                     "acks_dropped": 0} for qp in range(QPS)}
+
+    async def main(ctx):
+        ctx.set(dut.i_config, {"tos": 0, "tick": 100})
+        for qp in range(QPS):
+            await put_item(ctx, dut.i_reset, {"qp": qp, "state": qp_state()})
+        for _ in range(200):
+            qp, replay, size = rng.choice([0, 0, 1, 3]), rng.random() < 0.3, rng.randrange(4097)
+            ctx.set(dut.i_sent.valid, 1)
+            ctx.set(dut.i_sent.p, {"qp": qp, "replay": replay, "bytes": size, "next_psn": 1})
+            expected[qp]["retransmitted" if replay else "packets"] += 1
+            expected[qp]["bytes"] += 0 if replay else size
+            icrc = rng.random() < 0.7
+            ctx.set(dut.i_icrc_error.valid, icrc)
+            ctx.set(dut.i_icrc_error.p, qp if rng.random() < 0.5 else rng.randrange(QPS))
+            if icrc:
+                expected[ctx.get(dut.i_icrc_error.p)]["icrc_errors"] += 1
+            ack_qp = rng.randrange(QPS)
+            ctx.set(dut.i_ack.valid, 1)
+            ctx.set(dut.i_ack.p, {"qp": ack_qp, "src_ip": PEER_IP + 1, "psn": 0,
+                                  "syndrome": 0x1F})
+            expected[ack_qp]["acks_dropped"] += 1
+            await ctx.tick()
+        for stream in (dut.i_sent, dut.i_icrc_error, dut.i_ack):
+            ctx.set(stream.valid, 0)
+        for _ in range(20):
+            await ctx.tick()
+        for qp in range(QPS):
+            counters = (await status_of(ctx, dut, qp)).counters
+            assert {name: getattr(counters, name) for name in expected[qp]} == expected[qp], qp
+
+        # Set again, a QP counts from 0; the others keep their counts.
+        await put_item(ctx, dut.i_reset, {"qp": 1, "state": qp_state()})
+        counters = (await status_of(ctx, dut, 1)).counters
+        assert all(getattr(counters, name) == 0 for name in expected[1])
+        await put_item(ctx, dut.i_icrc_error, 1)
+        counters = (await status_of(ctx, dut, 1)).counters
+        assert counters.icrc_errors == 1
+        counters = (await status_of(ctx, dut, 3)).counters
+        assert counters.icrc_errors == expected[3]["icrc_errors"] > 0
+
+    run_testbenches(dut, main)
+
+
+def test_a_qp_is_set_again_once_no_packet_is_sent():
+    """While a reset waits on packets sent, the views block every QP; it goes in at the
+    first cycle without one."""
+    dut = ReliabilityEngine(qps=QPS, messages=4)
+
+    async def main(ctx):
+        ctx.set(dut.i_config, {"tos": 0, "tick": 100})
+        await put_item(ctx, dut.i_reset, {"qp": 2, "state": qp_state(next_psn=50)})
+        ctx.set(dut.new_qp, 2)
+        ctx.set(dut.i_sent.valid, 1)
+        ctx.set(dut.i_sent.p, {"qp": 0, "next_psn": 9})
+        ctx.set(dut.i_reset.valid, 1)
+        ctx.set(dut.i_reset.p, {"qp": 2, "state": qp_state(next_psn=700)})
+        for _ in range(10):
+            assert not ctx.get(dut.i_reset.ready)
+            assert ctx.get(dut.new_view.blocked) and not ctx.get(dut.new_view.slot_free)
+            assert ctx.get(dut.new_view.next_psn) == 50
+            await ctx.tick()
+        ctx.set(dut.i_sent.valid, 0)
+        assert ctx.get(dut.i_reset.ready)
+        await ctx.tick()
+        ctx.set(dut.i_reset.valid, 0)
+        assert not ctx.get(dut.new_view.blocked) and ctx.get(dut.new_view.slot_free)
+        assert ctx.get(dut.new_view.next_psn) == 700
+
+    run_testbenches(dut, main)
+
+
+def test_an_unacknowledged_packet_times_out_and_is_resent():
+    """ACK timeout 2^3 ticks: the message is handed back for a resend from its packet,
+    and completes once acknowledged."""
+    dut = ReliabilityEngine(qps=QPS, messages=4)
+    message = {"request": {"qp": 3, "tag": 77, "length": 100}, "first_psn": 20, "packets": 1,
+               "path_mtu": 1}
+
+    async def main(ctx):
+        ctx.set(dut.i_config, {"tos": 0, "tick": 2})
+        await put_item(ctx, dut.i_reset, {"qp": 3, "state": qp_state(next_psn=20, timeout=3)})
+        ctx.set(dut.i_loaded.valid, 1)
+        ctx.set(dut.i_loaded.p, {"qp": 3, "message": message})
+        await ctx.tick()
+        ctx.set(dut.i_loaded.valid, 0)
+        ctx.set(dut.i_sent.valid, 1)
+        ctx.set(dut.i_sent.p, {"qp": 3, "bytes": 100, "next_psn": 21, "next_tail": 2})
+        await ctx.tick()
+        ctx.set(dut.i_sent.valid, 0)
+        cycles = 0
+        while not ctx.get(dut.o_replay.valid):
+            await ctx.tick()
+            cycles += 1
+            assert cycles < 100, "no resend"
+        assert 2 * 8 <= cycles <= 2 * 8 + QPS + 8, cycles
+        replay = await get_item(ctx, dut.o_replay)
+        assert (replay.qp, replay.slot, replay.packet, replay.message.first_psn) == (3, 0, 0, 20)
+        status = await status_of(ctx, dut, 3)
+        assert status.counters.timeouts == 1 and status.outstanding == 1
+        ctx.set(dut.i_ack.valid, 1)
+        ctx.set(dut.i_ack.p, {"qp": 3, "src_ip": PEER_IP, "psn": 20, "syndrome": 0x1F})
+        await ctx.tick()
+        ctx.set(dut.i_ack.valid, 0)
+        completion = await get_item(ctx, dut.o_completion)
+        assert (completion.qp, completion.tag, completion.packets) == (3, 77, 1)
+        status = await status_of(ctx, dut, 3)
+        assert status.outstanding == 0 and status.counters.acks == 1
+
+    run_testbenches(dut, main)
