@@ -2,7 +2,7 @@
 generator) into the one work-request and payload pair the transmit engine takes."""
 
 from amaranth import *
-from amaranth.lib import stream, wiring
+from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..stream import BEAT_BYTES, NO_META, packet_signature
@@ -15,29 +15,34 @@ class RequestArbiter(wiring.Component):
     """Merges several (work request, payload) sources, a whole message at a time.
 
     Each source ``n`` offers a work request on ``i_request[n]`` and then that
-    message's payload packet on ``i_payload[n]``. While no message is in
-    flight the arbiter grants the first source offering a request, in
-    round-robin order starting after the source served last. The grant holds
-    until both the request and the payload beat marked ``last`` have passed;
-    the next request is offered the cycle after. So every payload on
-    ``o_payload`` follows its own request on ``o_request``, in the same order.
+    message's payload packet on ``i_payload[n]``. Requests are granted in
+    round-robin order, starting after the source served last; a request
+    offered stays granted until it is taken, so ``o_request`` never changes
+    while valid and not ready. Each request taken leaves its source in an
+    order queue of ``depth`` entries, and ``o_payload`` carries the payload
+    of the source at the head of the queue until its beat marked ``last``. So
+    every payload follows its own request, in the same order, and requests
+    may run up to ``depth`` messages ahead of their payloads: the consumer
+    plans the next message while the current one's payload still flows, and
+    a stream of one-beat messages from one source costs a beat each.
 
-    The granted source's payload is routed from the cycle its request is
-    offered, so a consumer may take the request and the first payload beat in
-    the same cycle; a message then costs exactly its payload beats, with no
-    idle cycle between messages. Once anything is offered the grant is fixed,
-    so neither output changes while valid and not ready. Payload beats from a
-    source whose request is not offered are held. Latency 0, one beat per
-    cycle.
+    A payload is offered from the cycle after its request is taken (its
+    first beat when the consumer is ready and the queue was empty); beats
+    leave one per cycle, with no idle cycle between messages while requests
+    keep ahead. Payload beats of a source not at the head are held. Latency
+    0 on requests.
     """
 
-    def __init__(self, *, inputs, width=BEAT_BYTES):
+    def __init__(self, *, inputs, width=BEAT_BYTES, depth=4):
         if not isinstance(inputs, int) or inputs < 1:
             raise ValueError(f"An arbiter needs at least one input, not {inputs!r}")
         if not isinstance(width, int) or width < 1:
             raise ValueError(f"Beat width must be a positive number of bytes, not {width!r}")
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"The order queue needs at least one entry, not {depth!r}")
         self._inputs = inputs
         self._width = width
+        self._depth = depth
         super().__init__({
             "i_request": In(stream.Signature(WORK_REQUEST)).array(inputs),
             "i_payload": In(packet_signature(NO_META, width=width)).array(inputs),
@@ -57,13 +62,14 @@ class RequestArbiter(wiring.Component):
         m = Module()
         count = self._inputs
 
-        locked = Signal()                   # a message is in flight from `grant`
-        grant = Signal(range(count))
-        served = Signal(range(count))       # source of the last message, for round-robin
-        request_done = Signal()             # the locked message's request has passed
-        payload_done = Signal()             # the locked message's last payload beat has passed
+        # The sources of the requests taken, whose payloads are still to pass.
+        m.submodules.order = order = fifo.SyncFIFO(width=max(1, (count - 1).bit_length()),
+                                                   depth=self._depth)
 
-        # Candidates in order of preference: served+1, served+2, ..., served.
+        # Requests: round-robin after the source served last; held while offered.
+        locked = Signal()                   # a request is offered and not yet taken
+        grant = Signal(range(count))
+        served = Signal(range(count))
         valids = Array(port.valid for port in self.i_request)
         choice = Signal(range(count))
         for offset in reversed(range(count)):
@@ -72,38 +78,33 @@ class RequestArbiter(wiring.Component):
                                      served + 1 + offset - count, served + 1 + offset))
             with m.If(valids[index]):
                 m.d.comb += choice.eq(index)
-
         current = Mux(locked, grant, choice)
-        for index in range(count):
-            request, payload = self.i_request[index], self.i_payload[index]
+        for index, request in enumerate(self.i_request):
             with m.If(current == index):
                 m.d.comb += [
-                    self.o_request.valid.eq(request.valid & ~request_done),
+                    self.o_request.valid.eq(request.valid & order.w_rdy),
                     self.o_request.p.eq(request.p),
-                    request.ready.eq(self.o_request.ready & ~request_done),
-                    self.o_payload.valid.eq(payload.valid & ~payload_done &
-                                            (request.valid | request_done)),
-                    self.o_payload.p.eq(payload.p),
-                    payload.ready.eq(self.o_payload.ready & ~payload_done &
-                                     (request.valid | request_done)),
+                    request.ready.eq(self.o_request.ready & order.w_rdy),
                 ]
+        taken = self.o_request.valid & self.o_request.ready
+        m.d.comb += [
+            order.w_data.eq(current),
+            order.w_en.eq(taken),
+        ]
+        with m.If(taken):
+            m.d.sync += [locked.eq(0), served.eq(current)]
+        with m.Elif(self.o_request.valid):
+            m.d.sync += [locked.eq(1), grant.eq(current)]
 
-        request_passed = request_done | (self.o_request.valid & self.o_request.ready)
-        payload_passed = payload_done | (self.o_payload.valid & self.o_payload.ready &
-                                         self.o_payload.p.last)
-        with m.If(request_passed & payload_passed):
-            m.d.sync += [
-                locked.eq(0),
-                request_done.eq(0),
-                payload_done.eq(0),
-                served.eq(current),
-            ]
-        with m.Elif(locked | self.o_request.valid):
-            m.d.sync += [
-                locked.eq(1),
-                grant.eq(current),
-                request_done.eq(request_passed),
-                payload_done.eq(payload_passed),
-            ]
+        # Payloads: from the source at the head of the order queue.
+        for index, payload in enumerate(self.i_payload):
+            with m.If(order.r_data == index):
+                m.d.comb += [
+                    self.o_payload.valid.eq(payload.valid & order.r_rdy),
+                    self.o_payload.p.eq(payload.p),
+                    payload.ready.eq(self.o_payload.ready & order.r_rdy),
+                ]
+        m.d.comb += order.r_en.eq(self.o_payload.valid & self.o_payload.ready
+                                  & self.o_payload.p.last)
 
         return m
