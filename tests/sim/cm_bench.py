@@ -9,6 +9,7 @@ RoceRun does the checking).
 
 import io
 import json
+import random
 import threading
 
 import cocotb
@@ -174,6 +175,56 @@ async def the_generator_pool_refuses_a_fifth_run(dut):
     await run.finish(timeout_cycles=50_000)
     for qp in qps:
         await check_status(bench, qp, messages=3)
+    bench.close()
+
+
+@cocotb.test()
+async def sixteen_qps_opened_used_and_closed_in_random_order(dut):
+    """All 16 QPs opened in a random order (a 17th host gets NO_QP), each used by a
+    generator run, closed in a random order, and half of them opened again from the
+    same host QPs with new PSNs and used again."""
+    bench = await start(dut, tx_ready=0.9, seed=19)
+    run = RoceRun(bench)
+    rng = random.Random(23)
+    hosts = [Host(0x400 + index, psn=rng.getrandbits(24), rkey=rng.getrandbits(32),
+                  base=0x100_0000 * (index + 1), path_mtu=rng.choice((256, 1024, 4096)))
+             for index in range(16)]
+    qps = {}
+    for host in rng.sample(hosts, len(hosts)):
+        qps[host.qpn] = await open_qp(run, host)
+    assert sorted(qp.index for qp in qps.values()) == list(range(16))
+    extra = Host(0x999, psn=1, rkey=2, base=0, path_mtu=1024)
+    request = protocol.open_qp(extra.info, mtu=protocol.PathMtu.MTU_1024)
+    assert await cm(bench, request) == protocol.reply(request, Ack.NO_QP,
+                                                      QpInfo(ip=OUR_IP)).encode()
+
+    async def use(chosen, messages):
+        for first in range(0, len(chosen), 4):              # the pool runs four at once
+            for host in chosen[first:first + 4]:
+                write, immediate = rng.choice(list(VERB_NAMES))
+                await start_run(run, qps[host.qpn], host, length=rng.choice((1, 64, 1500)),
+                                count=messages, write=write, immediate=immediate)
+            await run.finish(timeout_cycles=100_000)
+
+    await use(rng.sample(hosts, len(hosts)), 2)
+    for host in rng.sample(hosts, len(hosts)):
+        qp = qps[host.qpn]
+        await check_status(bench, qp, messages=2)
+        close = protocol.close_qp(qp.qpn, PEER_IP)
+        assert await cm(bench, close) == protocol.reply(
+            close, Ack.ACK, QpInfo(qp.qpn, qp.opened_psn, ip=OUR_IP),
+            mtu=protocol.PathMtu.from_size(host.path_mtu)).encode()
+    reopened = rng.sample(hosts, 8)
+    for index, host in enumerate(reopened):
+        old = qps[host.qpn]
+        host.psn = rng.getrandbits(24)
+        qps[host.qpn] = await open_qp(run, host)
+        assert qps[host.qpn].index == index, "the lowest free QP first"
+        assert qps[host.qpn].opened_psn != old.opened_psn
+    await use(reopened, 1)
+    for host in reopened:
+        await check_status(bench, qps[host.qpn], messages=1)
+    assert bench.counters()["cm"]["opened"] == 24
     bench.close()
 
 

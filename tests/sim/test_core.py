@@ -46,6 +46,7 @@ TESTCASES = {
         "generator_run_through_the_cm",
         "runs_on_several_qps_and_a_reopened_qp",
         "the_generator_pool_refuses_a_fifth_run",
+        "sixteen_qps_opened_used_and_closed_in_random_order",
         "qp_server_through_a_udp_bridge",
     ],
 }
