@@ -79,10 +79,14 @@ class NetworkBench:
     tx_ready : probability that the MAC side accepts a beat in a cycle.
     peers : ``{ip: mac}`` of the Scapy hosts on the link; the bench answers
         the core's ARP requests for them.
+    forward : when given, a function that takes every frame the core sends
+        (after the pcap), and the bench neither answers ARP nor keeps frames.
     """
 
-    def __init__(self, dut, *, pcap, tx_ready=1.0, peers=None, seed=0, payload_gaps=0.0):
+    def __init__(self, dut, *, pcap, tx_ready=1.0, peers=None, seed=0, payload_gaps=0.0,
+                 forward=None):
         self.dut = dut
+        self.forward = forward            # takes every frame from the core, instead of the peers
         self.rng = random.Random(seed)
         self.tx_ready = tx_ready
         self.peers = dict(peers or {})
@@ -327,6 +331,9 @@ class NetworkBench:
 
     def _deliver(self, frame):
         self.pcap.write(frame, self._now_ns())
+        if self.forward is not None:
+            self.forward(frame)
+            return
         packet = Ether(frame)
         if ARP in packet and packet[ARP].op == 1:
             self.arp_requests.append(packet)

@@ -76,7 +76,8 @@ def build(name: str, component, toplevel: str = "top") -> Build:
     if not source.exists() or source.read_text() != text:
         source.write_text(text)
     runner = get_runner(sim)
-    args = ["-Wno-fatal", "-Wno-WIDTH", "-Wno-ASCRANGE"] if sim == "verilator" else ["-g2005"]
+    args = (["-Wno-fatal", "-Wno-WIDTH", "-Wno-ASCRANGE", "-Wno-CASEINCOMPLETE"]
+            if sim == "verilator" else ["-g2005"])
     runner.build(sources=[source], hdl_toplevel=toplevel, build_dir=build_dir,
                  build_args=args, timescale=("1ps", "1ps"), always=False)
     return Build(runner, toplevel, build_dir)

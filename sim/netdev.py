@@ -1,0 +1,145 @@
+"""The simulated endpoint as a network device: ``python -m sim.netdev``.
+
+Runs the whole core (cocotb on Verilator, or Icarus with ``SIM=icarus``) and
+exchanges its MAC-side frames with a UDP peer, one Ethernet frame (without FCS)
+per datagram — the format of QEMU's ``-netdev dgram`` and ``-netdev socket,udp=``.
+So a VM (or any program that speaks that format) sees the endpoint as a host on
+its Ethernet: ARP, ping, UDP echo, the connection manager on UDP 17185 and
+RoCEv2. It runs until stopped (SIGTERM or Ctrl-C, or ``--seconds``), writes a
+pcap of every frame, and prints and saves its counters on exit.
+
+Example, with a QEMU guest started with ``-netdev dgram,id=n0,local.type=inet,
+local.host=127.0.0.1,local.port=47001,remote.type=inet,remote.host=127.0.0.1,
+remote.port=47002``::
+
+    python -m sim.netdev --local 127.0.0.1:47002 --remote 127.0.0.1:47001 \\
+        --ip 10.77.0.2 --mac 02:00:00:00:00:02 --faults drop=0.02
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from gateware.core import NetworkCore
+from gateware.roce.requests import PathMtu
+
+from .bench import CORE_PARAMS
+from .link_faults import parse_faults
+from .runner import BUILD, build, run, simulator
+
+__all__ = ["main", "build_parser"]
+
+#: Cycles of the IB timers' 4.096 us tick in the simulation. A simulated cycle
+#: takes about 0.2 ms of wall time, so with ACK timeout 12 (4096 ticks) a lost
+#: packet is resent after 64k cycles, some ten seconds, which a guest under
+#: software emulation answers well within.
+DEFAULT_TICK = 16
+DEFAULT_TIMEOUT = 12
+
+
+def _address(text: str) -> str:
+    host, _, port = text.rpartition(":")
+    try:
+        ipaddress.IPv4Address(host)
+        if not 0 < int(port) < 65536:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an IPv4 address and port: {text!r}") from None
+    return text
+
+
+def _faults(text: str) -> dict[str, float]:
+    try:
+        faults = parse_faults(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return {name: getattr(faults, name) for name in ("drop", "duplicate", "reorder", "corrupt")}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m sim.netdev",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--local", type=_address, default="127.0.0.1:47002",
+                        help="UDP address this device listens on (default %(default)s)")
+    parser.add_argument("--remote", type=_address, default="127.0.0.1:47001",
+                        help="UDP address of the peer, e.g. QEMU (default %(default)s)")
+    parser.add_argument("--ip", default="10.77.0.2", help="the endpoint's IPv4 address")
+    parser.add_argument("--netmask", default="255.255.255.0")
+    parser.add_argument("--mac", default="02:00:00:00:00:02", help="the endpoint's MAC")
+    parser.add_argument("--pcap", type=Path, default=BUILD / "pcap" / "netdev.pcap",
+                        help="pcap of every frame in both directions (default %(default)s)")
+    parser.add_argument("--summary", type=Path, default=BUILD / "netdev-summary.json",
+                        help="JSON file of the counters, written on exit")
+    parser.add_argument("--faults", type=_faults, default=None, metavar="RATES",
+                        help="faults in both directions: drop=P,duplicate=P,reorder=P,corrupt=P")
+    parser.add_argument("--faults-to-core", type=_faults, default=None, metavar="RATES",
+                        help="faults on frames towards the endpoint only")
+    parser.add_argument("--faults-to-host", type=_faults, default=None, metavar="RATES",
+                        help="faults on frames from the endpoint only")
+    parser.add_argument("--seconds", type=float, default=0,
+                        help="stop after this many seconds (default: run until stopped)")
+    parser.add_argument("--tick", type=int, default=DEFAULT_TICK,
+                        help="cycles of the 4.096 us timer tick (default %(default)s)")
+    parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT, choices=range(1, 32),
+                        metavar="T", help="ACK timeout of the QPs the CM opens: 2^T ticks "
+                        "(default %(default)s)")
+    parser.add_argument("--path-mtu", type=int, default=4096,
+                        choices=[mtu.bytes for mtu in PathMtu],
+                        help="path MTU when OPEN_QP leaves it to the endpoint")
+    parser.add_argument("--tos", type=lambda text: int(text, 0), default=0x02,
+                        help="DSCP/ECN byte of RoCEv2 packets (default ECT(0))")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.pcap.parent.mkdir(parents=True, exist_ok=True)
+    args.summary.parent.mkdir(parents=True, exist_ok=True)
+    args.summary.unlink(missing_ok=True)
+    stop_file = Path(tempfile.gettempdir()) / f"netdev-stop-{os.getpid()}"
+    stop_file.unlink(missing_ok=True)
+
+    def stop(signum, frame):
+        stop_file.touch()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    print(f"netdev: building the endpoint with {simulator()} (cached after the first run)",
+          flush=True)
+    design = build("core", NetworkCore(**CORE_PARAMS))
+    os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    both = args.faults or {}
+    params = {
+        "local": args.local, "remote": args.remote, "ip": args.ip, "mac": args.mac,
+        "netmask": args.netmask, "pcap": str(args.pcap), "summary": str(args.summary),
+        "stop_file": str(stop_file), "seconds": args.seconds, "tick": args.tick,
+        "timeout": args.timeout, "path_mtu": PathMtu.from_bytes(args.path_mtu).value,
+        "tos": args.tos,
+        "faults_to_core": args.faults_to_core or both,
+        "faults_to_host": args.faults_to_host or both,
+    }
+    try:
+        run(design, module="netdev_bench", test_dir=Path(__file__).parent, params=params)
+    except AssertionError as error:
+        print(f"netdev: the simulation failed: {error}", file=sys.stderr)
+        return 1
+    finally:
+        stop_file.unlink(missing_ok=True)
+    if not args.summary.exists():
+        print("netdev: the simulation ended without a summary", file=sys.stderr)
+        return 1
+    summary = json.loads(args.summary.read_text())
+    print(f"netdev: pcap {summary['pcap']}, summary {args.summary}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
