@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"netdev: building the endpoint with {simulator()} (cached after the first run)",
           flush=True)
-    design = build("core", NetworkCore(**CORE_PARAMS))
+    design = build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
     os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     both = args.faults or {}

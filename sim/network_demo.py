@@ -15,7 +15,7 @@ def main() -> int:
     pcap = BUILD / "pcap" / "network-demo.pcap"
     print(f"Building the endpoint's Verilog and compiling it with {simulator()} "
           "(cached after the first run)...", flush=True)
-    design = build("core", NetworkCore(**CORE_PARAMS))
+    design = build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
     os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     try:

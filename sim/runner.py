@@ -13,6 +13,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import amaranth
 from amaranth.back import verilog
 
 __all__ = ["ROOT", "BUILD", "Build", "simulator", "build", "run"]
@@ -62,13 +63,47 @@ def simulation_verilog(component, toplevel: str) -> str:
     return _CONSTANT_ALWAYS.sub(r"initial\n\1\2", text)
 
 
-def build(name: str, component, toplevel: str = "top") -> Build:
-    """Writes ``component`` as Verilog and compiles it for the selected simulator."""
+def _gateware_digest() -> str:
+    """A digest of every source file of the gateware package, this file (the Verilog's
+    post-processing) and the Amaranth version."""
+    digest = hashlib.sha256(amaranth.__version__.encode() + Path(__file__).read_bytes())
+    gateware = ROOT / "gateware"
+    for path in sorted(gateware.rglob("*.py")):
+        digest.update(str(path.relative_to(gateware)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def cached_verilog(make_component, toplevel: str, key: str) -> str:
+    """The simulation Verilog of ``make_component()``, converted once for each state
+    of the gateware sources and ``key`` (the component's parameters): conversion of
+    the whole core takes a minute or two, and every simulation process needs it."""
+    digest = hashlib.sha256(f"{_gateware_digest()}\0{toplevel}\0{key}".encode()).hexdigest()
+    path = BUILD / "verilog" / f"{toplevel}-{digest[:24]}.v"
+    if path.exists():
+        return path.read_text()
+    text = simulation_verilog(make_component(), toplevel)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(text)
+    partial.replace(path)
+    return text
+
+
+def build(name: str, component, toplevel: str = "top", *, key: str | None = None) -> Build:
+    """Writes ``component`` as Verilog and compiles it for the selected simulator.
+
+    ``component`` is a component, or with ``key`` (a text naming its parameters) a
+    function that makes it: the Verilog is then converted only when the gateware or
+    the key changed.
+    """
     from cocotb_tools.runner import get_runner
 
     sim = simulator()
     _prepare_environment(sim)
-    text = simulation_verilog(component, toplevel)
+    if key is None:
+        text = simulation_verilog(component, toplevel)
+    else:
+        text = cached_verilog(component, toplevel, key)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     build_dir = BUILD / f"{name}-{sim}-{digest}"
     source = build_dir / f"{toplevel}.v"

@@ -9,4 +9,4 @@ from sim.runner import build
 
 @pytest.fixture(scope="session")
 def core_design():
-    return build("core", NetworkCore(**CORE_PARAMS))
+    return build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
