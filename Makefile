@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 SIM    ?= verilator
 export SIM
 
-.PHONY: sim test lint bench resources clean
+.PHONY: sim sim-scapy test lint bench resources clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { \
@@ -17,7 +17,13 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# The simulated endpoint against Linux Soft-RoCE in a QEMU guest (sim/softroce/demo.py).
+# FAULTS="drop=0.02,corrupt=0.005" injects link faults and then requires retransmissions.
 sim: $(STAMP)
+	@$(VENV)/bin/python -m sim.softroce.demo $(if $(FAULTS),--faults $(FAULTS))
+
+# The earlier demo: a Scapy peer plays the host (no QEMU needed).
+sim-scapy: $(STAMP)
 	$(VENV)/bin/python -m sim.network_demo
 
 test: $(STAMP)

@@ -84,7 +84,8 @@ class Backend(Protocol):
 
     Call order: :meth:`open`, then per QP :meth:`qp_info` and :meth:`connect`, then
     :meth:`post_receive` / :meth:`poll` / :meth:`read` while data lands, :meth:`close`
-    at the end (also after a failure; it must be safe to call twice).
+    at the end (also after a failure; it must be safe to call twice). :meth:`reset`
+    between runs over the same QPs, followed by :meth:`qp_info` and :meth:`connect`.
     """
 
     def open(self, qps: int, buffer_bytes: int, receives: int) -> PortInfo:
@@ -99,6 +100,12 @@ class Backend(Protocol):
 
     def connect(self, qp: int, endpoint: QpInfo, mtu: PathMtu) -> None:
         """Move host QP ``qp`` to RTR and RTS towards ``endpoint`` with path MTU ``mtu``."""
+        ...
+
+    def reset(self, qp: int) -> None:
+        """Move host QP ``qp`` to RESET and back to INIT with a new first PSN (see
+        :meth:`qp_info`), ready for another :meth:`connect`; its posted receives are
+        gone."""
         ...
 
     def post_receive(self, qp: int, wr_id: int, offset: int, length: int) -> None:

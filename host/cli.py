@@ -31,7 +31,7 @@ from .cm import DEFAULT_ENDPOINT, CmClient, error_status_name
 from .errors import HostError
 from .numa import pin_to_node
 from .protocol import PathMtu
-from .run import RunConfig, Runner, RunResult, rate_divider
+from .run import RunConfig, Runner, rate_divider
 
 __all__ = ["DEFAULT_CLOCK_HZ", "build_parser", "main", "parse_bytes", "parse_bind"]
 
@@ -204,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help="only pair the QPs and check what user logic sends")
     behaviour.add_argument("--stall", type=_seconds, default=2.0, metavar="SECONDS",
                            help="ask STATUS after this long without progress (default 2)")
+    behaviour.add_argument("--repeat", type=_count(1, 1 << 16), default=1, metavar="N",
+                           help="run N passes over the same host QPs: after each, close the "
+                                "endpoint QPs, reset the host QPs and pair them again "
+                                "(default 1)")
     behaviour.add_argument("--json", action="store_true",
                            help="print the summary as one JSON object")
 
@@ -319,7 +323,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace,
         write=args.write, immediate=args.imm, size=args.size, count=args.count,
         divider=_divider(parser, args), ring=_ring(parser, args), qps=args.qps,
         receives=args.receives, mtu=PathMtu.from_size(args.mtu) if args.mtu else None,
-        start=not args.no_start, stall=args.stall,
+        start=not args.no_start, stall=args.stall, repeat=args.repeat,
         idle_sleep=0.0 if args.poll == "busy" else 1e-3)
     live = err.isatty()
     clear = _CLEAR_LINE if live else ""
@@ -344,11 +348,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace,
         try:
             result = runner.run()
         except KeyboardInterrupt:
-            result = RunResult(config, runner.port, runner.qps, runner.stats, interrupted=True)
+            result = runner.result(interrupted=True)
         except HostError as error:
             if args.json:
-                failed = RunResult(config, runner.port, runner.qps, runner.stats,
-                                   error=str(error))
+                failed = runner.result(error=str(error))
                 print(json.dumps(failed.to_json()), file=out)
             raise
         finally:

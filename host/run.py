@@ -15,6 +15,11 @@ confirmed by STATUS, runs the generator. Then:
   checks the message when it has landed, and at the end waits for STATUS (not
   running, nothing outstanding) and checks every slot's final message again.
 
+With ``repeat`` > 1 the same host QPs run the check again: after a pass every
+endpoint QP is closed through the CM, each host QP goes to RESET and back to INIT
+(with a new first PSN) and is paired again; the endpoint must announce a new first
+PSN. Each pass is checked on its own, and a failed pass ends the run.
+
 A QP that makes no progress for ``stall`` seconds is asked for STATUS: an endpoint
 QP in ERROR ends the run with the reason; a finished run with messages still
 missing ends that QP's check. Endpoint QPs are closed in every case (``finally``),
@@ -91,10 +96,12 @@ class RunConfig:
     start: bool = True
     stall: float = 2.0
     idle_sleep: float = 0.0
+    repeat: int = 1
 
     def __post_init__(self) -> None:
-        if self.size < 0 or self.count < 1 or self.qps < 1 or self.receives < 1:
-            raise ValueError("size must be >= 0 and count, qps and receives >= 1")
+        if (self.size < 0 or self.count < 1 or self.qps < 1 or self.receives < 1
+                or self.repeat < 1):
+            raise ValueError("size must be >= 0 and count, qps, receives and repeat >= 1")
         if self.write and self.size and self.ring and self.ring < self.size:
             raise ValueError(f"ring ({self.ring} bytes) must hold at least one message of "
                              f"{self.size} bytes")
@@ -164,6 +171,8 @@ class QpRun:
         return {
             "index": self.index, "host_qpn": self.host.qpn,
             "endpoint_qpn": self.endpoint.qpn if self.endpoint else None,
+            "host_psn": self.host.psn,
+            "endpoint_psn": self.endpoint.psn if self.endpoint else None,
             "path_mtu": self.mtu.bytes if self.mtu else None, "messages_ok": self.ok,
             "errors": self.errors, "unchecked": self.unchecked, "missing": self.missing,
             "first_error": self.first_error,
@@ -174,32 +183,62 @@ class QpRun:
 @dataclasses.dataclass
 class RunResult:
     """What a run checked, per QP and in total; ``error`` is the failure that ended
-    it early, if any."""
+    it early, if any. With ``--repeat`` this is the last pass (``number`` counts
+    from 1) and ``earlier`` holds the passes before it."""
     config: RunConfig
     port: PortInfo | None
     qps: list[QpRun]
     stats: Statistics
     interrupted: bool = False
     error: str | None = None
+    number: int = 1
+    earlier: list[RunResult] = dataclasses.field(default_factory=list)
 
     @property
-    def ok(self) -> bool:
-        """Every message of every QP arrived byte-exact."""
+    def pass_ok(self) -> bool:
+        """Every message of every QP of this pass arrived byte-exact."""
         return (not self.interrupted and self.error is None
                 and len(self.qps) == self.config.qps
                 and all(qp.ok == self.config.count and not qp.errors for qp in self.qps))
 
     @property
+    def ok(self) -> bool:
+        """Every pass ran, and every message of every QP arrived byte-exact."""
+        return (self.pass_ok and self.number == self.config.repeat
+                and all(earlier.pass_ok for earlier in self.earlier))
+
+    @property
+    def passes(self) -> list[RunResult]:
+        return [*self.earlier, self]
+
+    @property
     def first_error(self) -> str | None:
-        for qp in self.qps:
-            if qp.first_error:
-                return f"{qp.name}: {qp.first_error}"
+        for result in self.passes:
+            where = f"pass {result.number}: " if self.config.repeat > 1 else ""
+            for qp in result.qps:
+                if qp.first_error:
+                    return f"{where}{qp.name}: {qp.first_error}"
+            if result.error:
+                return f"{where}{result.error}"
+        if not self.interrupted and self.number < self.config.repeat:
+            return f"only {self.number} of {self.config.repeat} passes ran"
         return None
 
     def to_json(self) -> dict[str, object]:
+        """One JSON object; with ``--repeat`` above 1 the last pass's fields, ``ok``
+        for all passes, and ``passes`` with each pass's own object."""
+        fields = self._pass_json()
+        if self.config.repeat > 1:
+            fields["ok"] = self.ok
+            fields["repeat"] = self.config.repeat
+            fields["passes"] = [result._pass_json() for result in self.passes]
+        return fields
+
+    def _pass_json(self) -> dict[str, object]:
         config = self.config
         return {
-            "ok": self.ok, "operation": "write" if config.write else "send",
+            "ok": self.pass_ok, "pass": self.number,
+            "operation": "write" if config.write else "send",
             "immediate": config.immediate, "size": config.size, "count": config.count,
             "divider": config.divider, "ring": config.ring_bytes, "qps": len(self.qps),
             "receives": config.posted_receives, "started": config.start,
@@ -214,9 +253,18 @@ class RunResult:
         }
 
     def summary_text(self) -> str:
+        if self.config.repeat == 1:
+            return self._pass_text()
+        lines = [f"pass {result.number} of {self.config.repeat}: {result._pass_text()}"
+                 for result in self.passes]
+        if not self.ok:
+            lines.append(f"FAILED: {self.first_error or 'not every pass ran'}")
+        return "\n".join(lines)
+
+    def _pass_text(self) -> str:
         config, stats = self.config, self.stats
         operation = ("WRITE" if config.write else "SEND") + (" with immediate" * config.immediate)
-        lines = [f"{'OK' if self.ok else 'FAILED'}: {operation}, {stats.messages} of "
+        lines = [f"{'OK' if self.pass_ok else 'FAILED'}: {operation}, {stats.messages} of "
                  f"{config.count * len(self.qps)} messages checked ({config.size} bytes each), "
                  f"{stats.bytes} bytes in {stats.elapsed:.3f} s, {stats.gbps:.3f} GB/s, "
                  f"{stats.errors} error{'' if stats.errors == 1 else 's'}"]
@@ -253,30 +301,63 @@ class Runner:
         self.port: PortInfo | None = None
         self.stats = Statistics(config.count * config.qps, clock=clock)
         self.checker = Checker(config.size, slots=config.slots, immediate=config.immediate)
+        self.number = 1
+        self.earlier: list[RunResult] = []
         self._pending: list[QpRun] = []
         self._last_progress_line = 0.0
+        self._previous_psns: dict[int, int] = {}
 
     def run(self) -> RunResult:
-        """Pair, start, check and close; raises :class:`HostError` on a failure that
-        ends the run (the QPs are closed first), KeyboardInterrupt likewise."""
+        """Pair, start, check and close, ``repeat`` times over the same host QPs;
+        raises :class:`HostError` on a failure that ends the run (the QPs are closed
+        first), KeyboardInterrupt likewise. A pass that fails ends the run."""
         try:
-            self._pair()
-            self._start_all()
-            self._check()
+            while True:
+                self._pair()
+                self._start_all()
+                self._check()
+                result = self.result()
+                if not result.pass_ok or self.number == self.config.repeat:
+                    return result
+                self.earlier.append(result)
+                self._reopen()
         finally:
             self.stats.stop()
             self._close()
-        return RunResult(self.config, self.port, self.qps, self.stats)
+
+    def result(self, **fields: object) -> RunResult:
+        """The result of the current pass (stopping its clock), with the earlier ones."""
+        self.stats.stop()
+        return RunResult(self.config, self.port, self.qps, self.stats, number=self.number,
+                         earlier=list(self.earlier), **fields)  # type: ignore[arg-type]
 
     # Pairing and starting
 
+    def _reopen(self) -> None:
+        """Close every endpoint QP through the CM, move every host QP to RESET and back
+        to INIT, and begin the next pass."""
+        for qp in self.qps:
+            endpoint = qp.endpoint
+            assert endpoint is not None
+            self.cm.close_qp(endpoint.qpn, qp.host.ip)
+            self._previous_psns[qp.index] = endpoint.psn
+            self._notice(f"closed endpoint QPN {endpoint.qpn} after pass {self.number}")
+        for qp in self.qps:
+            self.backend.reset(qp.index)
+        self.number += 1
+        self.qps = []
+        self._pending = []
+        self.stats = Statistics(self.config.count * self.config.qps, clock=self._clock)
+
     def _pair(self) -> None:
         config = self.config
-        port = self.port = self.backend.open(config.qps, config.buffer_bytes,
-                                             config.posted_receives)
-        numa = "" if port.numa_node is None else f", NUMA node {port.numa_node}"
-        self._notice(f"using {port.device} port {port.port}, GID index {port.gid_index} "
-                     f"({port.ip}), active MTU {port.active_mtu.bytes}{numa}")
+        if self.port is None:
+            port = self.port = self.backend.open(config.qps, config.buffer_bytes,
+                                                 config.posted_receives)
+            numa = "" if port.numa_node is None else f", NUMA node {port.numa_node}"
+            self._notice(f"using {port.device} port {port.port}, GID index {port.gid_index} "
+                         f"({port.ip}), active MTU {port.active_mtu.bytes}{numa}")
+        port = self.port
         mtu = config.mtu or port.active_mtu
         if mtu.bytes > port.active_mtu.bytes:
             raise HostError(f"--mtu {mtu.bytes} is above the active MTU {port.active_mtu.bytes} "
@@ -289,6 +370,10 @@ class Runner:
             if config.write and not config.immediate:
                 self.backend.fill(index, _FILL)
             qp.endpoint, qp.mtu = self.cm.open_qp(qp.host, mtu)
+            if self._previous_psns.get(index) == qp.endpoint.psn:
+                raise HostError(f"endpoint QP {qp.endpoint.qpn} announced first PSN "
+                                f"{qp.endpoint.psn:#08x} again after the close of pass "
+                                f"{self.number - 1}: a stale PSN survived CLOSE_QP")
             if qp.mtu.bytes > port.active_mtu.bytes:
                 raise HostError(f"endpoint QP {qp.endpoint.qpn} uses path MTU {qp.mtu.bytes}, "
                                 f"above the active MTU {port.active_mtu.bytes} of "
@@ -299,7 +384,9 @@ class Runner:
             for wr_id in range(config.posted_receives):
                 self._post(qp, wr_id)
             self._notice(f"paired host QPN {qp.host.qpn} ({qp.host.ip}) with endpoint QPN "
-                         f"{qp.endpoint.qpn} ({qp.endpoint.ip}), path MTU {qp.mtu.bytes}")
+                         f"{qp.endpoint.qpn} ({qp.endpoint.ip}), path MTU {qp.mtu.bytes}, "
+                         f"first PSNs {qp.host.psn:#08x} (host) and {qp.endpoint.psn:#08x} "
+                         "(endpoint)")
 
     def _post(self, qp: QpRun, wr_id: int) -> None:
         if self.config.write:

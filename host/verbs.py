@@ -15,7 +15,9 @@ with ``--system-site-packages``.
   ``memset``) and registered for local and remote write; allocated after
   ``--numa-node`` pinning, so first touch puts it on that node;
 * ``connect`` moves the QP INIT → RTR → RTS with the endpoint's QPN and first PSN,
-  the path MTU the endpoint announced and the remote GID ``::ffff:a.b.c.d``.
+  the path MTU the endpoint announced and the remote GID ``::ffff:a.b.c.d``;
+* ``reset`` moves it to RESET and back to INIT with a new random first PSN
+  (``--repeat``).
 """
 
 from __future__ import annotations
@@ -259,6 +261,25 @@ class PyverbsBackend:
                 f"{endpoint.qpn} at {endpoint.ip} (path MTU {mtu.bytes}): {error}; check that "
                 f"{endpoint.ip} answers ARP on {self._port.device}'s interface (`ip neigh`) and "
                 "--gid-index") from None
+
+    def reset(self, qp: int) -> None:
+        from pyverbs.pyverbs_error import PyverbsError
+        from pyverbs.qp import QPAttr
+
+        e = self._e
+        verbs_qp = self._qps[qp]
+        try:
+            attr = QPAttr()
+            attr.qp_state = e.IBV_QPS_RESET
+            verbs_qp.modify(attr, e.IBV_QP_STATE)
+            attr = QPAttr(port_num=self.options.ib_port)
+            attr.pkey_index = 0
+            attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+            verbs_qp.to_init(attr)
+        except PyverbsError as error:
+            raise HostError(f"cannot move host QP {verbs_qp.qp_num} to RESET and back to INIT: "
+                            f"{error}") from None
+        self._psns[qp] = (self._psns[qp] + 1 + random.getrandbits(23)) & 0xFFFFFF
 
     def post_receive(self, qp: int, wr_id: int, offset: int, length: int) -> None:
         from pyverbs.pyverbs_error import PyverbsError

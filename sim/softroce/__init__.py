@@ -4,7 +4,9 @@
 * :mod:`.image`: the guest recipe and its cached ext4 image, kernel and initramfs;
 * :mod:`.vm`: boots the guest under TCG with eth0 on ``-netdev dgram`` (one UDP
   datagram per Ethernet frame on 127.0.0.1) and runs a shell script in it;
-* :mod:`.guest`: the command line, ``python -m sim.softroce.guest build|run``.
+* :mod:`.guest`: the command line, ``python -m sim.softroce.guest build|run``;
+* :mod:`.demo`: ``make sim``, qp-server in the guest against the simulated
+  endpoint (``python -m sim.netdev``), every byte and every STATUS checked.
 
 ``init.sh`` is the guest's init (part of the recipe: editing it rebuilds the image).
 """

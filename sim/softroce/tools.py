@@ -78,22 +78,29 @@ def _install(missing: list[str]) -> None:
                              f"(exit {result.returncode}):\n{tail}")
 
 
-def _missing() -> list[str]:
-    return [name for name in PACKAGES if find_tool(name) is None]
+def _missing(needed: tuple[str, ...]) -> list[str]:
+    return [name for name in needed if find_tool(name) is None]
 
 
-def ensure_host_tools(*, install: bool = True) -> HostTools:
+def ensure_host_tools(*, install: bool = True,
+                      needed: tuple[str, ...] = tuple(PACKAGES)) -> HostTools:
     """Find QEMU, mmdebstrap and mkfs.ext4, installing the missing ones if possible.
+
+    ``needed`` limits the tools that must be there (booting a cached image needs
+    only ``qemu-system-x86_64``); the paths of the others may then be bare names.
 
     Installs (``apt-get install --no-install-recommends``, noninteractive, output
     shown only on failure) when ``install`` is true, this process is root and
     ``apt-get`` exists. Raises :class:`HostToolsError` naming the packages and
     why they are needed when the tools are missing and cannot be installed.
     """
-    missing = _missing()
+    unknown = set(needed) - set(PACKAGES)
+    if unknown:
+        raise ValueError(f"needed names tools the harness does not know: {sorted(unknown)}")
+    missing = _missing(needed)
     if missing and install and _can_install():
         _install(missing)
-        missing = _missing()
+        missing = _missing(needed)
     if missing:
         why = ("" if _can_install() or not install else
                "not root" if find_tool("apt-get") is not None else "no apt-get on this machine")

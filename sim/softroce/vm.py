@@ -57,6 +57,7 @@ _MARKER = re.compile(r"^=== softroce: (\w+):? ?(.*) ===$")
 _KERNEL_ARGS = ("root=/dev/vda", "rw", "rootfstype=ext4", "console=ttyS0", "net.ifnames=0",
                 "quiet", "panic=-1")
 _PR_SET_PDEATHSIG = 1
+QEMU = "qemu-system-x86_64"
 _TAIL_LINES = 30
 _WORKDIR_PREFIX = "softroce-run-"
 
@@ -201,7 +202,8 @@ class Guest:
                   f"remote.port={config.remote_port}")
         kernel_args = " ".join((*_KERNEL_ARGS, f"init={image.init}", *config.extra_kernel_args))
         return [
-            str(ensure_host_tools().qemu), "-nodefaults", "-no-user-config", "-no-reboot",
+            str(ensure_host_tools(needed=(QEMU,)).qemu), "-nodefaults", "-no-user-config",
+            "-no-reboot",
             "-accel", "tcg", "-machine", "pc", "-m", str(config.memory_mib),
             "-smp", str(config.cpus), "-display", "none", "-serial", "stdio",
             "-kernel", str(image.kernel), "-initrd", str(image.initrd), "-append", kernel_args,

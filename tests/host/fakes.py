@@ -37,6 +37,7 @@ class FakeBackend:
         self.connected: dict[int, tuple[QpInfo, PathMtu]] = {}
         self.completions: queue.Queue[Completion] = queue.Queue()
         self.closed = 0
+        self.resets: list[int] = []
         self.lock = threading.Lock()
 
     def __call__(self, options: VerbsOptions) -> FakeBackend:
@@ -51,7 +52,8 @@ class FakeBackend:
                         ip=HOST_IP, active_mtu=self.active_mtu)
 
     def qp_info(self, qp: int) -> QpInfo:
-        return QpInfo(qpn=FIRST_HOST_QPN + qp, psn=0x1000 + qp, rkey=0x500 + qp,
+        psn = 0x1000 + qp + 0x100 * self.resets.count(qp)
+        return QpInfo(qpn=FIRST_HOST_QPN + qp, psn=psn, rkey=0x500 + qp,
                       base_addr=self.base(qp), ip=HOST_IP)
 
     @staticmethod
@@ -60,6 +62,12 @@ class FakeBackend:
 
     def connect(self, qp: int, endpoint: QpInfo, mtu: PathMtu) -> None:
         self.connected[qp] = (endpoint, mtu)
+
+    def reset(self, qp: int) -> None:
+        with self.lock:
+            assert not self.receives[qp], "receives left posted at a reset"
+            self.resets.append(qp)
+            self.connected.pop(qp, None)
 
     def post_receive(self, qp: int, wr_id: int, offset: int, length: int) -> None:
         with self.lock:
@@ -119,6 +127,7 @@ class EndpointQp:
     mtu: PathMtu = PathMtu.MTU_4096
     status: Status = Status()
     starts: list[Datagram] = dataclasses.field(default_factory=list)
+    opens: int = 0
 
 
 class FakeEndpoint:
@@ -131,6 +140,7 @@ class FakeEndpoint:
     message. ``stray``: send junk and a wrong-QPN reply before every reply.
     ``drop_first``: requests to ignore before answering. ``user_run``: a start
     datagram that "user logic" runs on every newly opened QP, without a start.
+    ``stale_psn``: announce the same first PSN when a closed QP is opened again.
     """
 
     def __init__(self, backend: FakeBackend | None = None, *, qps: int = 4, capacity: int = 4,
@@ -138,7 +148,7 @@ class FakeEndpoint:
                  corrupt: dict[tuple[int, int], int] | None = None,
                  stop_after: int | None = None, fail_with: int | None = None,
                  message_delay: float = 0.0, stray: bool = False, drop_first: int = 0,
-                 user_run: Datagram | None = None):
+                 user_run: Datagram | None = None, stale_psn: bool = False):
         self.backend = backend
         self.qps = [EndpointQp(protocol.FIRST_QPN + i) for i in range(qps)]
         self.capacity = capacity
@@ -151,6 +161,7 @@ class FakeEndpoint:
         self.stray = stray
         self.drop_first = drop_first
         self.user_run = user_run
+        self.stale_psn = stale_psn
         self.requests: list[Datagram] = []
         self.opened: dict[tuple[str, int], int] = {}
         self.lock = threading.Lock()
@@ -241,6 +252,7 @@ class FakeEndpoint:
             qp.mtu = request.txmeta.mtu or PathMtu.MTU_4096
             qp.status = Status(open=True)
             qp.starts = []
+            qp.opens += 1
             self.opened[key] = qp.qpn
             if self.user_run is not None:
                 thread = threading.Timer(0.05, self._generate, args=(qp, self.user_run))
@@ -248,8 +260,12 @@ class FakeEndpoint:
                 thread.start()
         qp = self.qp(self.opened[key])
         return protocol.reply(request, Ack.ACK,
-                              QpInfo(qpn=qp.qpn, psn=0x2000 + qp.qpn, ip="127.0.0.1"),
+                              QpInfo(qpn=qp.qpn, psn=self.first_psn(qp), ip="127.0.0.1"),
                               mtu=qp.mtu).encode()
+
+    def first_psn(self, qp: EndpointQp) -> int:
+        """The first PSN of ``qp``; ``stale_psn`` keeps it across closes."""
+        return 0x2000 + qp.qpn + (0 if self.stale_psn else 0x10000 * (qp.opens - 1))
 
     def _start(self, request: Datagram) -> None:
         qp = self.qp(request.rem.qpn)

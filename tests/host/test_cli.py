@@ -12,7 +12,7 @@ from host import cli
 from host.backend import Completion, CompletionKind, VerbsOptions
 from host.cm import CmClient
 from host.errors import HostError, StartNotTaken
-from host.protocol import Ack, ErrorStatus, PathMtu, QpInfo, Status
+from host.protocol import Ack, ErrorStatus, PathMtu, QpInfo, Request, Status
 from host.run import DEFAULT_RING_LIMIT, RunConfig, default_ring, rate_divider
 
 from .fakes import HOST_IP, FakeBackend, FakeEndpoint
@@ -461,3 +461,57 @@ def test_human_summary_and_live_progress():
     assert "QP 0 (host QPN 17, endpoint QPN 256): 20/20 ok" in out.getvalue()
     assert "\r\033[K" in err.getvalue() and "/20 messages, " in err.getvalue()
     assert " GB/s, 0 errors" in err.getvalue()
+
+
+@pytest.mark.parametrize("argv", [
+    ["--write", "--size", "100", "--count", "6"],
+    ["--write", "--imm", "--size", "64", "--count", "5", "--qps", "2"],
+    ["--send", "--imm", "--size", "33", "--count", "4", "--receives", "2"],
+])
+def test_repeat_closes_resets_and_pairs_again(argv):
+    backend = FakeBackend()
+    with FakeEndpoint(backend) as endpoint:
+        code, summary, err = run_json(endpoint, backend, "--repeat", "3", *argv)
+        assert code == 0, err
+        qps = int(argv[argv.index("--qps") + 1]) if "--qps" in argv else 1
+        size = int(argv[argv.index("--size") + 1])
+        count = int(argv[argv.index("--count") + 1])
+        assert summary["ok"] is True and summary["repeat"] == 3
+        assert [one["pass"] for one in summary["passes"]] == [1, 2, 3]
+        for one in summary["passes"]:
+            assert one["ok"] is True
+            assert (one["messages"], one["bytes"]) == (count * qps, count * size * qps)
+            for qp in one["qp"]:
+                assert qp["status"]["messages"] == count
+                assert qp["status"]["bytes"] == count * size
+        assert backend.resets == [qp for _ in range(2) for qp in range(qps)]
+        assert backend.closed == 1, "the device stays open across passes"
+        opens = [request for request in endpoint.requests if request.request == Request.OPEN_QP]
+        assert len(opens) == 3 * qps
+        host_psns = [request.loc.psn for request in opens if request.loc.qpn == 17]
+        assert len(set(host_psns)) == 3, "the host QP takes a new first PSN each pass"
+        assert err.count("closed endpoint QPN 256 after pass") == 2
+        endpoint_psns = {one["qp"][0]["endpoint_psn"] for one in summary["passes"]}
+        assert len(endpoint_psns) == 3
+        assert not any(qp.status.open for qp in endpoint.qps)
+
+
+def test_repeat_fails_on_a_stale_endpoint_psn():
+    backend = FakeBackend()
+    with FakeEndpoint(backend, stale_psn=True) as endpoint:
+        code, summary, err = run_json(endpoint, backend, "--repeat", "2", "--size", "64",
+                                      "--count", "3")
+    assert code == 1
+    assert "announced first PSN 0x002100 again after the close of pass 1" in err
+    assert summary["ok"] is False and summary["passes"][0]["ok"] is True
+    assert not endpoint.qps[0].status.open
+
+
+def test_repeat_stops_at_the_first_failed_pass():
+    backend = FakeBackend()
+    with FakeEndpoint(backend, corrupt={(0, 2): 5}) as endpoint:
+        code, summary, err = run_json(endpoint, backend, "--repeat", "3", "--size", "64",
+                                      "--count", "4")
+    assert code == 1
+    assert len(summary["passes"]) == 1 and summary["ok"] is False
+    assert "pass 1: QP 0" in err and backend.resets == []

@@ -7,18 +7,13 @@ every frame is compared with Scapy's and every message must land (roce_bench's
 RoceRun does the checking).
 """
 
-import io
-import json
 import random
-import threading
 
 import cocotb
-from roce_bench import OUR_IP, OUR_MAC, PEER_IP, PEER_MAC, Qp, RoceRun, start
+from roce_bench import OUR_IP, PEER_IP, Qp, RoceRun, start
 
-from host import cli, protocol
+from host import protocol
 from host.protocol import Ack, Datagram, QpInfo, Status
-from sim.cm_bridge import CmBridge
-from sim.host_peer import ResponderBackend
 from sim.rocev2 import Message, generator_payload
 
 VERB_NAMES = {(True, False): "RDMA_WRITE", (True, True): "RDMA_WRITE_WITH_IMMEDIATE",
@@ -227,63 +222,3 @@ async def sixteen_qps_opened_used_and_closed_in_random_order(dut):
     assert bench.counters()["cm"]["opened"] == 24
     bench.close()
 
-
-async def qp_server(bench, *argv, backend=None, cycles=400_000):
-    """Run ``qp-server`` in a thread while the simulation goes on; returns its exit
-    code, stdout and stderr."""
-    out, err, result = io.StringIO(), io.StringIO(), {}
-    thread = threading.Thread(target=lambda: result.update(
-        code=cli.main(list(argv), backend=backend, stdout=out, stderr=err)))
-    thread.start()
-    for _ in range(cycles // 100):
-        if not thread.is_alive():
-            break
-        await bench.idle(100)
-    thread.join(timeout=60)
-    assert not thread.is_alive(), f"qp-server still runs after {cycles} cycles"
-    return result.get("code"), out.getvalue(), err.getvalue()
-
-
-@cocotb.test()
-async def qp_server_through_a_udp_bridge(dut):
-    """The host program itself against the simulated endpoint: its CM client over a
-    real UDP socket (a bridge on loopback), its run loop, receives and data checker
-    over a verbs backend of responder models. It pairs, starts, checks every byte,
-    reads STATUS and closes; `ctrl` reads STATUS too."""
-    bench = await start(dut, seed=17)
-    bridge = CmBridge(bench, host_ip=PEER_IP)
-    cocotb.start_soon(bridge.run())
-    backend = ResponderBackend(bridge, mac=PEER_MAC, ip=PEER_IP, peer_mac=OUR_MAC,
-                               peer_ip=OUR_IP, mtu=protocol.PathMtu.MTU_4096)
-    cm_options = ["--endpoint", "127.0.0.1", "--cm-port", str(bridge.port),
-                  "--bind", "127.0.0.1:0", "--timeout", "20", "--retries", "2"]
-
-    code, out, err = await qp_server(bench, "ctrl", "status", "--qpn", "256", "--json",
-                                     *cm_options)
-    assert code == 0, err
-    assert json.loads(out)["open"] is False
-
-    runs = [("--write", "--imm", "--size", "3000", "--count", "6", "--mtu", "1024",
-             "--ring", "9000"),
-            ("--send", "--imm", "--size", "5000", "--count", "3", "--qps", "2"),
-            ("--write", "--size", "700", "--count", "8", "--mtu", "256", "--ring", "2100")]
-    for options in runs:
-        code, out, err = await qp_server(bench, *options, "--json", "--stall", "600",
-                                         *cm_options, backend=backend)
-        summary = json.loads(out)
-        assert code == 0 and summary["ok"], (options, summary, err)
-        count, size = summary["count"], summary["size"]
-        assert summary["messages"] == count * summary["qps"], summary
-        for qp in summary["qp"]:
-            status = qp["status"]
-            assert qp["messages_ok"] == status["messages"] == count, qp
-            assert status["bytes"] == count * size, qp
-            assert (status["retransmitted"], status["timeouts"], status["error"]) == (0, 0, False)
-    code, out, err = await qp_server(bench, "ctrl", "status", "--qpn", "256", "--json",
-                                     *cm_options)
-    assert code == 0 and json.loads(out)["open"] is False, "qp-server closes its QPs"
-    counters = bench.counters()["cm"]
-    assert counters["opened"] == counters["closed"] == 4, counters
-    assert bridge.datagrams["to_host"] > 0
-    bridge.close()
-    bench.close()

@@ -47,7 +47,6 @@ TESTCASES = {
         "runs_on_several_qps_and_a_reopened_qp",
         "the_generator_pool_refuses_a_fifth_run",
         "sixteen_qps_opened_used_and_closed_in_random_order",
-        "qp_server_through_a_udp_bridge",
     ],
 }
 

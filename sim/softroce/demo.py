@@ -1,0 +1,487 @@
+"""``python -m sim.softroce.demo``: the simulated endpoint against Linux Soft-RoCE.
+
+Starts ``python -m sim.netdev`` (the whole core under Verilator, as a network
+device on a UDP socket) and boots the Soft-RoCE guest (:mod:`sim.softroce.vm`)
+with its eth0 on the other end of that socket. In the guest, ``qp-server``
+(rdma_rxe through pyverbs) runs the endpoint's generator once per run of
+:data:`DEFAULT_RUNS` — RDMA WRITE, WRITE with immediate, SEND and SEND with
+immediate, single- and multi-packet messages at path MTU 1024 and 4096, two
+QPs at once, and a close and reopen of the same host QP (``--repeat``) — and
+checks every byte. Then netdev is stopped (SIGTERM) and its counters printed.
+
+The demo checks that every run (every pass of a repeated run) is ``ok`` and
+that each endpoint QP's final STATUS agrees with what ``qp-server`` saw
+(messages == count, bytes == count × size). With ``--faults`` (passed to
+netdev: drops, duplicates, reordering, corruption on the link) it also
+requires that the endpoint retransmitted. It exits 0 when all holds, 1 with the
+reasons otherwise, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .image import CACHE, ImageError, build_image, cached_image
+from .tools import HostToolsError, ensure_host_tools
+from .vm import (
+    DEFAULT_LOCAL_PORT,
+    DEFAULT_REMOTE_PORT,
+    QEMU,
+    GuestConfig,
+    GuestError,
+    run_script,
+)
+
+__all__ = ["DEFAULT_RUNS", "DemoRun", "RunCheck", "DemoResult", "build_parser", "check_run",
+           "guest_script", "main", "run_demo"]
+
+_PROG = "python -m sim.softroce.demo"
+ENDPOINT_IP, ENDPOINT_MAC = "10.77.0.2", "02:00:00:00:00:02"
+#: qp-server's CM reply timeout and stall limit: the simulation runs some 6,000
+#: cycles per second, so a CM round trip takes tenths of a second and a run
+#: with retransmissions many seconds.
+QP_SERVER_OPTIONS = ("--timeout", "5", "--stall", "120")
+#: Each qp-server run is stopped (SIGTERM: it closes its QPs) after this long.
+RUN_LIMIT_S = 240
+_UP = "is up"
+_BEGIN, _RESULT, _LOG = "demo-begin", "demo-result", "demo-log"
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoRun:
+    """One ``qp-server`` run in the guest."""
+    write: bool
+    immediate: bool
+    size: int
+    count: int
+    mtu: int | None = None
+    qps: int = 1
+    repeat: int = 1
+
+    def __post_init__(self) -> None:
+        if self.size < 0 or self.count < 1 or self.qps < 1 or self.repeat < 1:
+            raise ValueError(f"size must be >= 0 and count, qps, repeat >= 1: {self}")
+        if self.mtu not in (None, 256, 512, 1024, 2048, 4096):
+            raise ValueError(f"mtu must be a path MTU (256..4096) or None, not {self.mtu!r}")
+
+    @property
+    def operation(self) -> str:
+        return ("WRITE" if self.write else "SEND") + ("+IMM" if self.immediate else "")
+
+    def arguments(self) -> list[str]:
+        """qp-server's arguments for this run (``--json``, endpoint and timeouts added)."""
+        argv = ["--write" if self.write else "--send"]
+        argv += ["--imm"] * self.immediate
+        argv += ["--size", str(self.size), "--count", str(self.count)]
+        if self.mtu is not None:
+            argv += ["--mtu", str(self.mtu)]
+        if self.qps > 1:
+            argv += ["--qps", str(self.qps)]
+        if self.repeat > 1:
+            argv += ["--repeat", str(self.repeat)]
+        return argv
+
+    def label(self) -> str:
+        return " ".join(self.arguments())
+
+
+#: The demo's runs: every operation, one- and multi-packet messages at path MTU
+#: 1024 and 4096 (the guest's eth0 has MTU 9000, so its active MTU is 4096), two
+#: QPs at once, and a close and reopen of the same host QP.
+DEFAULT_RUNS = (
+    DemoRun(write=True, immediate=False, size=64, count=8),
+    DemoRun(write=True, immediate=True, size=3000, count=4, mtu=1024),
+    DemoRun(write=False, immediate=False, size=10000, count=3, mtu=4096),
+    DemoRun(write=False, immediate=True, size=64, count=6, qps=2),
+    DemoRun(write=True, immediate=False, size=10000, count=2, mtu=4096, qps=2),
+    DemoRun(write=False, immediate=False, size=3000, count=3, mtu=1024),
+    DemoRun(write=True, immediate=True, size=512, count=4, repeat=2),
+)
+
+
+def guest_script(runs: Sequence[DemoRun], *, run_limit: int = RUN_LIMIT_S) -> str:
+    """The shell script the guest runs: qp-server once per run, its JSON summary on
+    one ``demo-result <n> <exit code> <json>`` line and its messages on
+    ``demo-log <n>: ...`` lines."""
+    lines = ["cd /mnt/repo 2>/dev/null || true"]
+    for number, run in enumerate(runs):
+        command = shlex.join(["timeout", "-s", "TERM", str(run_limit), "python3", "-m",
+                              "host.cli", "--endpoint", ENDPOINT_IP, *QP_SERVER_OPTIONS,
+                              *run.arguments(), "--json"])
+        lines += [
+            f"echo {_BEGIN} {number}",
+            f"{command} > /tmp/run-{number}.json 2> /tmp/run-{number}.err",
+            f"code=$?; sed 's/^/{_LOG} {number}: /' /tmp/run-{number}.err",
+            f'echo "{_RESULT} {number} $code $(tr -d \'\\n\' < /tmp/run-{number}.json)"',
+        ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclasses.dataclass
+class RunCheck:
+    """What one run (one pass of it) showed, and what was wrong with it."""
+    run: DemoRun
+    number: int
+    exit_code: int | None = None
+    summary: dict | None = None
+    log: list[str] = dataclasses.field(default_factory=list)
+    problems: list[str] = dataclasses.field(default_factory=list)
+    lines: list[str] = dataclasses.field(default_factory=list)
+    retransmitted: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _passes(summary: dict) -> list[dict]:
+    return summary.get("passes") or [summary]
+
+
+def check_run(check: RunCheck) -> None:
+    """Fill ``check.problems`` and ``check.lines`` from its exit code and summary."""
+    run = check.run
+    name = f"run {check.number} ({run.label()})"
+    if check.summary is None:
+        check.problems.append(f"{name}: qp-server printed no JSON summary (exit "
+                              f"{check.exit_code}); its messages: "
+                              + (" | ".join(check.log[-3:]) or "none"))
+        return
+    if check.exit_code != 0:
+        check.problems.append(f"{name}: qp-server exited {check.exit_code}: "
+                              f"{check.summary.get('first_error') or check.summary.get('error')}")
+    if check.summary.get("ok") is not True:
+        check.problems.append(f"{name}: not ok: {check.summary.get('first_error')}")
+    passes = _passes(check.summary)
+    if len(passes) != run.repeat:
+        check.problems.append(f"{name}: {len(passes)} of {run.repeat} passes ran")
+    endpoint_psns: dict[int, set[int]] = {}
+    for one in passes:
+        where = f"{name}, pass {one.get('pass', 1)}" if run.repeat > 1 else name
+        qps = one.get("qp", [])
+        if len(qps) != run.qps:
+            check.problems.append(f"{where}: {len(qps)} of {run.qps} QPs paired")
+        packets = nbytes = retransmitted = 0
+        mtus = set()
+        for qp in qps:
+            status = qp.get("status") or {}
+            label = f"{where}, endpoint QP {qp.get('endpoint_qpn')}"
+            if qp.get("messages_ok") != run.count:
+                check.problems.append(f"{label}: {qp.get('messages_ok')} of {run.count} "
+                                      f"messages checked: {qp.get('first_error')}")
+            if status.get("messages") != run.count:
+                check.problems.append(f"{label}: STATUS says {status.get('messages')} "
+                                      f"messages, qp-server checked {run.count}")
+            if status.get("bytes") != run.count * run.size:
+                check.problems.append(f"{label}: STATUS says {status.get('bytes')} bytes, "
+                                      f"expected {run.count} x {run.size} = "
+                                      f"{run.count * run.size}")
+            if run.mtu is not None and qp.get("path_mtu") != run.mtu:
+                check.problems.append(f"{label}: path MTU {qp.get('path_mtu')}, asked for "
+                                      f"{run.mtu}")
+            endpoint_psns.setdefault(qp.get("index", 0), set()).add(qp.get("endpoint_psn"))
+            mtus.add(qp.get("path_mtu"))
+            packets += status.get("packets", 0)
+            nbytes += status.get("bytes", 0)
+            retransmitted += status.get("retransmitted", 0)
+        check.retransmitted += retransmitted
+        mtu = "/".join(str(value) for value in sorted(mtus, key=str))
+        repeat = f" pass {one.get('pass', 1)}/{run.repeat}" if run.repeat > 1 else ""
+        verdict = "ok" if one.get("ok") else "FAILED"
+        check.lines.append(
+            f"{run.operation:<10} {run.size:>6} B  MTU {mtu:>4}  QPs {len(qps)}{repeat:<12}"
+            f" {verdict:<6} {one.get('messages', 0):>3}/{run.count * run.qps} messages "
+            f"{one.get('gbytes_per_s', 0.0):.6f} GB/s   STATUS packets {packets}, bytes "
+            f"{nbytes}, retransmitted {retransmitted}")
+    if run.repeat > 1:
+        for index, psns in endpoint_psns.items():
+            if len(psns) != len(passes):
+                check.problems.append(f"{name}: QP {index}'s endpoint first PSNs over "
+                                      f"{len(passes)} passes are {sorted(psns, key=str)}: "
+                                      "the endpoint did not hand out a new PSN")
+
+
+@dataclasses.dataclass
+class DemoResult:
+    checks: list[RunCheck]
+    netdev: dict | None
+    problems: list[str]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class Netdev:
+    """``python -m sim.netdev`` as a subprocess; its output goes to ``log_path``, its
+    ``netdev:`` lines up to "is up" also to ``show``."""
+
+    def __init__(self, arguments: Sequence[str], log_path: Path, *,
+                 show: Callable[[str], None]) -> None:
+        self._arguments = list(arguments)
+        self._log_path = log_path
+        self._show = show
+        self._process: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
+        self._up = threading.Event()
+        self._lines: list[str] = []
+
+    def start(self, timeout: float) -> None:
+        """Start netdev and wait until the endpoint is up (the first start converts and
+        compiles the design: minutes)."""
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "sim.netdev", *self._arguments], stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+            start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True, name="netdev-output")
+        self._reader.start()
+        deadline = time.monotonic() + timeout
+        while not self._up.wait(0.5):
+            if self._process.poll() is not None:
+                self._reader.join(5)
+                raise RuntimeError(f"netdev exited (code {self._process.returncode}) before "
+                                   f"the endpoint was up; its log {self._log_path}:\n"
+                                   + "\n".join(self._lines[-15:]))
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"netdev did not bring the endpoint up within {timeout:g} s;"
+                                   f" its log {self._log_path}")
+
+    def stop(self, timeout: float = 120.0) -> int | None:
+        """SIGTERM (netdev writes its summary and exits); SIGKILL after ``timeout``."""
+        process = self._process
+        if process is None:
+            return None
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._reader is not None:
+            self._reader.join(10)
+        return process.returncode
+
+    def _read(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        with self._log_path.open("w", encoding="utf-8") as log:
+            for line in self._process.stdout:
+                line = line.rstrip("\n")
+                log.write(line + "\n")
+                log.flush()
+                self._lines = [*self._lines[-99:], line]
+                if line.startswith("netdev:") and not self._up.is_set():
+                    self._show(line)        # after "is up", the report has the counters
+                    if _UP in line:
+                        self._up.set()
+
+
+def _free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def run_demo(runs: Sequence[DemoRun], *, faults: Sequence[str] = (),
+             local_port: int = DEFAULT_LOCAL_PORT, remote_port: int = DEFAULT_REMOTE_PORT,
+             guest_timeout: float = 900.0, netdev_timeout: float = 900.0,
+             require_retransmissions: bool = False, out: Callable[[str], None] = print,
+             verbose: bool = False, name: str = "demo") -> DemoResult:
+    """Run ``runs`` in the guest against netdev; see the module's description.
+
+    ``faults`` are netdev's fault options (``--faults RATES`` etc.). Raises
+    :class:`HostToolsError`, :class:`ImageError` or :class:`GuestError` when the
+    guest cannot run at all, RuntimeError when netdev cannot.
+    """
+    started = time.monotonic()
+    image = cached_image()
+    if image is None:
+        image = build_image(log=lambda line: out(f"  image: {line}"))  # root, all tools
+    ensure_host_tools(needed=(QEMU,))
+    for port in (local_port, remote_port):
+        if not _free(port):
+            raise RuntimeError(f"UDP 127.0.0.1:{port} is taken (another demo or guest?): "
+                               "pick free ports with --local-port/--remote-port")
+    summary_path = CACHE / f"{name}-netdev-summary.json"
+    pcap_path = CACHE / f"{name}-netdev.pcap"
+    netdev = Netdev(["--local", f"127.0.0.1:{remote_port}", "--remote",
+                     f"127.0.0.1:{local_port}", "--ip", ENDPOINT_IP, "--mac", ENDPOINT_MAC,
+                     "--summary", str(summary_path), "--pcap", str(pcap_path), *faults],
+                    CACHE / f"{name}-netdev.log", show=out)
+    checks = [RunCheck(run, number) for number, run in enumerate(runs)]
+    guest_failure: str | None = None
+    exit_code: int | None = None
+    try:
+        out(f"{_PROG}: starting netdev (the endpoint {ENDPOINT_IP} under Verilator)"
+            + (f" with {' '.join(faults)}" if faults else ""))
+        netdev.start(netdev_timeout)
+
+        def on_line(line: str, script_line: bool) -> None:
+            if not script_line:
+                return
+            tag, _, rest = line.partition(" ")
+            if tag == _BEGIN:
+                check = checks[int(rest)]
+                out(f"run {check.number}: qp-server {check.run.label()}")
+            elif tag == _LOG:
+                number, _, text = rest.partition(": ")
+                checks[int(number)].log.append(text)
+                if verbose:
+                    out(f"  {text}")
+            elif tag == _RESULT:
+                number, code, text = (rest.split(" ", 2) + [""])[:3]
+                check = checks[int(number)]
+                check.exit_code = int(code)
+                try:
+                    check.summary = json.loads(text) if text.strip() else None
+                except json.JSONDecodeError:
+                    check.log.append(f"unreadable JSON: {text[:200]}")
+            elif verbose:
+                out(f"  guest: {line}")
+
+        config = GuestConfig(local_port=local_port, remote_port=remote_port,
+                             neighbour=(ENDPOINT_IP, ENDPOINT_MAC), timeout=guest_timeout)
+        out(f"{_PROG}: booting the Soft-RoCE guest (10.77.0.1, rxe0) under QEMU TCG")
+        try:
+            result = run_script(guest_script(runs), config, image=image,
+                                log_path=CACHE / f"{name}-console.log", on_line=on_line)
+            out(f"{_PROG}: guest {result.timing_text()}; console log {result.log_path}")
+            if result.exit_code != 0:
+                guest_failure = f"the guest script exited {result.exit_code}"
+        except GuestError as error:
+            guest_failure = f"the guest failed: {error}"
+    finally:
+        exit_code = netdev.stop()
+    problems: list[str] = []
+    if guest_failure:
+        problems.append(guest_failure)
+    for check in checks:
+        check_run(check)
+        problems += check.problems
+    netdev_summary = None
+    if exit_code != 0:
+        problems.append(f"netdev exited {exit_code}; its log {CACHE / f'{name}-netdev.log'}")
+    try:
+        netdev_summary = json.loads(summary_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        problems.append(f"netdev wrote no summary ({summary_path})")
+    retransmitted = sum(check.retransmitted for check in checks)
+    if require_retransmissions and retransmitted == 0:
+        problems.append("faults were injected but no endpoint QP retransmitted anything "
+                        "(sum of STATUS retransmitted is 0)")
+    return DemoResult(checks, netdev_summary, problems, time.monotonic() - started)
+
+
+def report(result: DemoResult, out: Callable[[str], None] = print) -> None:
+    """Print one line per run (pass), netdev's counters, and the verdict."""
+    out("")
+    out("runs (operation, size, path MTU, QPs, verdict, messages, GB/s, the endpoint's "
+        "STATUS summed over QPs):")
+    for check in result.checks:
+        for line in check.lines or [f"{check.run.operation:<10} {check.run.size:>6} B  "
+                                    f"no result ({check.run.label()})"]:
+            out(f"  {line}")
+    summary = result.netdev
+    if summary is not None:
+        out(f"netdev: {summary.get('cycles')} cycles in {summary.get('seconds')} s; frames "
+            f"{summary.get('frames')}")
+        out(f"netdev: faults to the core {summary.get('faults_to_core')}, to the host "
+            f"{summary.get('faults_to_host')}")
+        out("netdev: counters that moved: " + ", ".join(
+            f"{name} {value}" for name, value in sorted(summary.get("counters", {}).items())))
+        out(f"netdev: pcap {summary.get('pcap')}")
+    retransmitted = sum(check.retransmitted for check in result.checks)
+    out(f"retransmitted packets (STATUS, all runs): {retransmitted}; demo "
+        f"{result.seconds:.0f} s")
+    if result.ok:
+        out(f"OK: {len(result.checks)} runs, every message byte-exact and every STATUS "
+            "agrees with qp-server")
+    else:
+        out(f"FAILED ({len(result.problems)} problem{'s' * (len(result.problems) != 1)}):")
+        for problem in result.problems:
+            out(f"  {problem}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=_PROG, description="The simulated endpoint (netdev, Verilator) against Linux "
+                                "Soft-RoCE in a QEMU guest: qp-server runs every operation "
+                                "and checks every byte.")
+    parser.add_argument("--faults", default=None, metavar="RATES",
+                        help="netdev's link faults both ways, e.g. drop=0.02,corrupt=0.005; "
+                             "then retransmissions are required too")
+    parser.add_argument("--faults-to-core", default=None, metavar="RATES",
+                        help="faults on frames towards the endpoint only")
+    parser.add_argument("--faults-to-host", default=None, metavar="RATES",
+                        help="faults on frames from the endpoint only")
+    parser.add_argument("--local-port", type=int, default=DEFAULT_LOCAL_PORT,
+                        help=f"QEMU's UDP port (default {DEFAULT_LOCAL_PORT})")
+    parser.add_argument("--remote-port", type=int, default=DEFAULT_REMOTE_PORT,
+                        help=f"netdev's UDP port (default {DEFAULT_REMOTE_PORT})")
+    parser.add_argument("--quick", action="store_true",
+                        help="three runs instead of the full list")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show qp-server's messages and the guest's other output")
+    return parser
+
+
+#: ``--quick``: one WRITE with immediate over the close and reopen, one multi-packet
+#: SEND at MTU 1024, one plain WRITE on two QPs.
+QUICK_RUNS = (
+    DemoRun(write=True, immediate=True, size=256, count=3, repeat=2),
+    DemoRun(write=False, immediate=False, size=3000, count=2, mtu=1024),
+    DemoRun(write=True, immediate=False, size=64, count=4, qps=2),
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    faults = []
+    for option in ("faults", "faults_to_core", "faults_to_host"):
+        value = getattr(args, option)
+        if value is not None:
+            faults += [f"--{option.replace('_', '-')}", value]
+    signal.signal(signal.SIGTERM, _interrupt)
+
+    def out(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        result = run_demo(QUICK_RUNS if args.quick else DEFAULT_RUNS, faults=faults,
+                          local_port=args.local_port, remote_port=args.remote_port,
+                          require_retransmissions=bool(faults), out=out, verbose=args.verbose)
+    except (HostToolsError, ImageError) as error:
+        print(f"{_PROG}: cannot run here: {error}", file=sys.stderr)
+        return 1
+    except (GuestError, RuntimeError) as error:
+        print(f"{_PROG}: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{_PROG}: interrupted; netdev and QEMU stopped", file=sys.stderr)
+        return 130
+    report(result, out)
+    return 0 if result.ok else 1
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())
