@@ -8,7 +8,6 @@ specification says a requester must, independently of the gateware, and sets
 AckReq by the core's rule (:class:`RetransmitRing`).
 """
 
-import struct
 from dataclasses import dataclass
 
 from scapy.contrib.roce import BTH
@@ -16,6 +15,8 @@ from scapy.fields import IntField, XIntField, XLongField
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw
+
+from host.protocol import generator_payload
 
 __all__ = ["RETH", "ImmDt", "Message", "PacketFields", "RetransmitRing", "message_packets",
            "roce_frame", "generator_payload", "ROCEV2_PORT", "PKEY", "RING_BEAT_BYTES"]
@@ -140,10 +141,3 @@ def roce_frame(fields: PacketFields, *, src_mac: str, dst_mac: str, src_ip: str,
              / UDP(sport=src_port, dport=ROCEV2_PORT, chksum=0)
              / transport)
     return bytes(frame)
-
-
-def generator_payload(k: int, length: int) -> bytes:
-    """Message ``k`` of a generator run (CM_PROTOCOL "Generator payload"): little-endian
-    64-bit words, word ``j`` = ``(k << 32) | j``, cut to ``length`` bytes."""
-    words = -(-length // 8)
-    return b"".join(struct.pack("<Q", (k << 32) | j) for j in range(words))[:length]
