@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 SIM    ?= verilator
 export SIM
 
-.PHONY: sim sim-scapy test lint bench resources clean
+.PHONY: sim sim-scapy test lint bench resources bitstream program clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { \
@@ -40,6 +40,22 @@ bench: $(STAMP)
 # pyproject.toml lists it. Pick targets with TARGETS="PacketRegister NetworkCore".
 resources: $(STAMP)
 	$(VENV)/bin/python -m sim.bench_resources $(TARGETS)
+
+# The Vivado build for a board: writes build/$(BOARD)-qsfp$(QSFP)/ (Verilog, XDC, Tcl with
+# the CMAC IP recipe) and runs Vivado if it is on PATH. Optional core build parameters:
+# MAC IP NETMASK GATEWAY QPS RETRANSMIT_BEATS MESSAGES GENERATOR_RUNS PATH_MTU RSFEC=0|1.
+BOARD ?= vcu118
+QSFP  ?= 1
+BOARD_ARGS = --board $(BOARD) --qsfp $(QSFP) $(if $(BUILD_DIR),--build-dir $(BUILD_DIR))
+CORE_ARGS = $(foreach v,MAC IP NETMASK GATEWAY QPS RETRANSMIT_BEATS MESSAGES GENERATOR_RUNS \
+              PATH_MTU RSFEC,$(if $($(v)),--$(subst _,-,$(shell echo $(v) | tr A-Z a-z)) $($(v))))
+
+bitstream: $(STAMP)
+	@$(VENV)/bin/python -m boards.build bitstream $(BOARD_ARGS) $(CORE_ARGS)
+
+# Loads build/$(BOARD)-qsfp$(QSFP)/top.bit over JTAG (HW_SERVER=host:port for a remote one).
+program: $(STAMP)
+	@$(VENV)/bin/python -m boards.build program $(BOARD_ARGS) $(if $(HW_SERVER),--hw-server $(HW_SERVER))
 
 clean:
 	rm -rf build $(VENV)

@@ -85,6 +85,9 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "TrafficGenerator": lambda: _load("gateware.roce.generator.TrafficGenerator")(width=WIDTH),
     "RequestArbiter (2 inputs)": lambda: _load("gateware.roce.request_arbiter.RequestArbiter")(
         inputs=2, width=WIDTH),
+    "PacketStoreForward (512 beats)": lambda: _load(
+        "gateware.packet.store_forward.PacketStoreForward")(depth=512, width=WIDTH),
+    "CmacLink": lambda: _load("boards.cmac_link.CmacLink")(width=WIDTH),
 }
 
 def _with_ports(component):

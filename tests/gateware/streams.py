@@ -18,7 +18,7 @@ from gateware.headers import UDP as UDP_LAYOUT
 
 __all__ = ["udp_delivery", "put_packet", "get_packet", "put_item", "get_item",
            "get_item_random_ready", "run_testbenches", "to_beats", "idle", "wait_for", "Seen",
-           "StreamMonitor", "round_robin"]
+           "StreamMonitor", "round_robin", "held_while_stalled", "check_tagged_packets"]
 
 
 def to_beats(payload, width):
@@ -88,6 +88,48 @@ async def get_packet(ctx, stream, *, width, gaps=None):
         payload += int(beat.data).to_bytes(width, "little")[:count]
         if beat.last:
             return payload, meta
+
+
+def held_while_stalled(stream):
+    """A testbench failing when a beat offered and not taken changes or goes away."""
+    async def testbench(ctx):
+        stalled = None
+        async for _, _, valid, ready, beat in ctx.tick().sample(stream.valid, stream.ready,
+                                                               stream.payload):
+            if stalled is not None:
+                assert valid, "valid fell before the beat was taken"
+                assert beat == stalled, "payload changed before it was taken"
+            stalled = beat if valid and not ready else None
+    return testbench
+
+
+def check_tagged_packets(dut, payloads, *, width, source_gaps, sink_gaps, cycles,
+                         extra=()):
+    """Send ``payloads`` through ``dut.i`` → ``dut.o`` (meta field ``tag``: the index),
+    with random gaps on the source and/or the sink; every packet must come out whole,
+    unchanged and in order with its tag, no beat after the last, every beat held until
+    taken. ``extra``: more testbenches to run alongside."""
+    received = []
+
+    async def source(ctx):
+        gaps = random.Random(1) if source_gaps else None
+        for tag, payload in enumerate(payloads):
+            await put_packet(ctx, dut.i, payload, {"tag": tag}, width=width, gaps=gaps)
+
+    async def sink(ctx):
+        gaps = random.Random(2) if sink_gaps else None
+        for _ in payloads:
+            payload, meta = await get_packet(ctx, dut.o, width=width, gaps=gaps)
+            received.append((meta.tag, payload))
+
+    async def check(ctx):
+        await wait_for(ctx, lambda: len(received) == len(payloads), cycles)
+        for _ in range(10):
+            await ctx.tick()
+            assert not ctx.get(dut.o.valid), "more beats than were sent"
+        assert received == list(enumerate(payloads))
+
+    run_testbenches(dut, check, source, sink, held_while_stalled(dut.o), *extra)
 
 
 def run_testbenches(dut, *testbenches, vcd=None, deadline=None):

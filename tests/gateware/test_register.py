@@ -9,7 +9,7 @@ import pytest
 from gateware.packet.register import PacketRegister
 from gateware.stream import NO_META, beats_for, meta_with
 
-from .streams import get_packet, put_packet, run_testbenches, wait_for
+from .streams import check_tagged_packets, put_packet, run_testbenches, wait_for
 
 META = meta_with(NO_META, tag=16)
 
@@ -18,19 +18,6 @@ def lengths_for(width):
     """Packet lengths across the boundaries of the first three beats, and empty."""
     return sorted({0, 1} | {n for k in range(1, 4) for n in (k * width - 1, k * width,
                                                           k * width + 1)})
-
-
-def held_while_stalled(stream):
-    """A testbench failing when a beat offered and not taken changes or goes away."""
-    async def testbench(ctx):
-        stalled = None
-        async for _, _, valid, ready, beat in ctx.tick().sample(stream.valid, stream.ready,
-                                                               stream.payload):
-            if stalled is not None:
-                assert valid, "valid fell before the beat was taken"
-                assert beat == stalled, "payload changed before it was taken"
-            stalled = beat if valid and not ready else None
-    return testbench
 
 
 @pytest.mark.parametrize("width", [8, 64])
@@ -42,27 +29,8 @@ def test_random(width, source_gaps, sink_gaps):
     rng = random.Random(f"register{width}")
     payloads = [rng.randbytes(length) for length in lengths_for(width) for _ in range(3)]
     rng.shuffle(payloads)
-    received = []
-
-    async def source(ctx):
-        gaps = random.Random(1) if source_gaps else None
-        for tag, payload in enumerate(payloads):
-            await put_packet(ctx, dut.i, payload, {"tag": tag}, width=width, gaps=gaps)
-
-    async def sink(ctx):
-        gaps = random.Random(2) if sink_gaps else None
-        for _ in payloads:
-            payload, meta = await get_packet(ctx, dut.o, width=width, gaps=gaps)
-            received.append((meta.tag, payload))
-
-    async def check(ctx):
-        await wait_for(ctx, lambda: len(received) == len(payloads), 20_000)
-        for _ in range(10):
-            await ctx.tick()
-            assert not ctx.get(dut.o.valid), "more beats than were sent"
-        assert received == list(enumerate(payloads))
-
-    run_testbenches(dut, check, source, sink, held_while_stalled(dut.o))
+    check_tagged_packets(dut, payloads, width=width, source_gaps=source_gaps,
+                         sink_gaps=sink_gaps, cycles=20_000)
 
 
 @pytest.mark.parametrize("width", [8, 64])

@@ -1,0 +1,164 @@
+"""``make bitstream`` and ``make program``: the Vivado build of a board, and loading it.
+
+``python -m boards.build bitstream`` writes the complete Vivado build tree
+(``top.v``, ``top.xdc``, ``top.tcl`` with the CMAC IP recipe, ``build_top.sh``
+and ``program.tcl``) and runs it when ``vivado`` is on ``PATH``. Without
+Vivado it stops there with one line saying so and how to finish on a
+machine that has it. ``python -m boards.build program`` loads the bitstream
+through Vivado's hardware manager (a board on this machine's JTAG, or on a
+``hw_server`` named with ``--hw-server``).
+"""
+
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from gateware.roce.requests import PathMtu
+
+from .cmac_ip import CMAC_IP_NAME, cmac_ip_tcl
+from .vcu118 import VCU118Platform
+from .vcu118_top import VCU118Top
+
+__all__ = ["write_tree", "main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+BOARDS = {"vcu118": (VCU118Platform, VCU118Top)}
+NAME = "top"
+
+
+def _program_tcl(bitstream: str, device: str, hw_server: str) -> str:
+    return "\n".join([
+        "# Loads the bitstream through Vivado's hardware manager (boards/build.py).",
+        "open_hw_manager",
+        f"connect_hw_server -url {hw_server}",
+        "open_hw_target",
+        f"set device [lindex [get_hw_devices {device}*] 0]",
+        "current_hw_device $device",
+        f"set_property PROGRAM.FILE {{{bitstream}}} $device",
+        "program_hw_devices $device",
+        "refresh_hw_device $device",
+        "close_hw_manager",
+    ])
+
+
+def _clock_constraints(platform) -> str:
+    """Timing constraints beyond the platform's ``create_clock`` of each clock pin: the
+    board clock and the CMAC's clocks are asynchronous; status pins are not timed."""
+    cmac = f"[get_cells -hierarchical -filter {{REF_NAME == {CMAC_IP_NAME}}}]"
+    return "\n".join([
+        "# The board's 125 MHz clock and the CMAC's GT clocks (which the IP's own",
+        "# constraints create) are asynchronous; every crossing goes through a synchronizer.",
+        "set_clock_groups -asynchronous"
+        " -group [get_clocks -include_generated_clocks -of_objects [get_ports clk125_0__p]]"
+        f" -group [get_clocks -include_generated_clocks -of_objects [get_pins -of_objects {cmac}"
+        " -filter {REF_PIN_NAME == gt_txusrclk2}]]",
+        "# LEDs and QSFP28 low-speed pins: static or slow, not timed.",
+        "set_false_path -to [get_ports {led_*}]",
+        "set_false_path -to [get_ports {qsfp_*__modsel__io qsfp_*__reset__io qsfp_*__lpmode__io}]",
+        "set_false_path -from [get_ports {cpu_reset_0__io qsfp_*__present__io}]",
+        platform.bitstream_constraints(),
+    ])
+
+
+def write_tree(build_dir: Path, *, board: str = "vcu118", qsfp: int = 1, rsfec: bool = True,
+               hw_server: str = "localhost:3121", **core) -> Path:
+    """Elaborate the top and write the complete Vivado build tree; returns the script to run."""
+    platform_class, top_class = BOARDS[board]
+    platform = platform_class(toolchain="Vivado")
+    top = top_class(qsfp=qsfp, rsfec=rsfec, **core)
+    plan = platform.build(
+        top, name=NAME, build_dir=str(build_dir), do_build=False,
+        add_constraints=_clock_constraints(platform),
+        script_after_read=cmac_ip_tcl(qsfp))
+    plan.extract(str(build_dir))
+    (build_dir / "program.tcl").write_text(
+        _program_tcl(f"{NAME}.bit", platform.device, hw_server) + "\n")
+    return build_dir / f"build_{NAME}.sh"
+
+
+def _bitstream(args) -> int:
+    build_dir = args.build_dir or ROOT / "build" / f"{args.board}-qsfp{args.qsfp}"
+    core = {name: value for name, value in [
+        ("mac", args.mac), ("ip", args.ip), ("netmask", args.netmask),
+        ("gateway", args.gateway), ("qps", args.qps),
+        ("retransmit_beats", args.retransmit_beats), ("messages", args.messages),
+        ("generator_runs", args.generator_runs),
+        ("path_mtu", PathMtu.from_bytes(args.path_mtu) if args.path_mtu else None),
+    ] if value is not None}
+    print(f"writing the Vivado build tree to {build_dir} …", file=sys.stderr, flush=True)
+    script = write_tree(build_dir, board=args.board, qsfp=args.qsfp, rsfec=args.rsfec,
+                        hw_server=args.hw_server, **core)
+    if not shutil.which("vivado"):
+        print(f"error: Vivado is not on PATH; the complete build is written to {build_dir}: "
+              f"on a machine with Vivado, source its settings64.sh and run "
+              f"`sh {script.name}` in that directory, or rerun `make bitstream` with Vivado "
+              f"on PATH",
+              file=sys.stderr)
+        return 1
+    run = subprocess.run(["sh", script.name], cwd=build_dir)
+    if run.returncode:
+        print(f"error: Vivado failed ({run.returncode}); see {build_dir / (NAME + '.log')}",
+              file=sys.stderr)
+        return run.returncode
+    print(f"bitstream: {build_dir / (NAME + '.bit')}", file=sys.stderr)
+    return 0
+
+
+def _program(args) -> int:
+    build_dir = args.build_dir or ROOT / "build" / f"{args.board}-qsfp{args.qsfp}"
+    if not (build_dir / f"{NAME}.bit").exists():
+        print(f"error: no bitstream at {build_dir / (NAME + '.bit')}; run `make bitstream` "
+              f"first (with the same BOARD and QSFP)", file=sys.stderr)
+        return 1
+    if not shutil.which("vivado"):
+        print("error: Vivado is not on PATH; source Vivado's settings64.sh (the hardware "
+              "manager loads the bitstream), or run `vivado -mode batch -source program.tcl` "
+              f"in {build_dir} on a machine with Vivado and the board's JTAG",
+              file=sys.stderr)
+        return 1
+    device = BOARDS[args.board][0].device
+    (build_dir / "program.tcl").write_text(
+        _program_tcl(f"{NAME}.bit", device, args.hw_server) + "\n")
+    return subprocess.run(["vivado", "-mode", "batch", "-nojournal", "-log", "program.log",
+                           "-source", "program.tcl"], cwd=build_dir).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, helptext in [("bitstream", "write the Vivado build tree and run it"),
+                           ("program", "load the bitstream into the board")]:
+        command = commands.add_parser(name, help=helptext)
+        command.add_argument("--board", choices=sorted(BOARDS), default="vcu118")
+        command.add_argument("--qsfp", type=int, choices=(1, 2), default=1,
+                             help="QSFP28 cage (default: %(default)s)")
+        command.add_argument("--build-dir", type=Path,
+                             help="default: build/<board>-qsfp<qsfp>")
+        command.add_argument("--hw-server", default="localhost:3121",
+                             help="Vivado hw_server with the board's JTAG (default: %(default)s)")
+    bitstream = commands.choices["bitstream"]
+    bitstream.add_argument("--rsfec", type=int, choices=(0, 1), default=1,
+                           help="Clause 91 RS-FEC on the link, as on the peer (default: 1)")
+    for option, helptext in [
+            ("--mac", "the FPGA's MAC address (default 02:00:00:00:00:02)"),
+            ("--ip", "the FPGA's IPv4 address (default 10.77.0.2)"),
+            ("--netmask", "default 255.255.255.0"),
+            ("--gateway", "default 0.0.0.0 (none)")]:
+        bitstream.add_argument(option, help=helptext)
+    for option, helptext in [
+            ("--qps", "queue pairs (default 16)"),
+            ("--retransmit-beats", "64-byte beats of each QP's retransmit ring (default 2048)"),
+            ("--messages", "unacknowledged messages per QP (default 128)"),
+            ("--generator-runs", "generator runs at once (default 4)")]:
+        bitstream.add_argument(option, type=int, help=helptext)
+    bitstream.add_argument("--path-mtu", type=int, choices=[mtu.bytes for mtu in PathMtu],
+                           help="path MTU of QPs the CM opens when the host leaves it to us "
+                                "(default 4096)")
+    args = parser.parse_args(argv)
+    return _bitstream(args) if args.command == "bitstream" else _program(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""The VCU118 top: the vendor-free core on one QSFP28 cage's CMAC, with clocks, resets,
+the link bring-up and status LEDs."""
+
+from amaranth import *
+from amaranth.lib import io
+from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
+
+from gateware.core import CMAC_CLOCK_HZ, NetworkCore
+from gateware.packet.store_forward import PacketStoreForward
+
+from .cmac import Cmac
+from .cmac_ip import INIT_CLOCK_MHZ
+from .cmac_link import CmacLink
+
+__all__ = ["VCU118Top", "LEDS"]
+
+#: What each user LED shows, LED 0 first.
+LEDS = (
+    "125 MHz board clock running (blinks about once a second)",
+    "CMAC TX clock running (blinks about once a second): the GTs are up",
+    "CMAC out of reset",
+    "link up: the receiver is aligned and the transmitter enabled",
+    "QSFP28 module present",
+    "frames received (flickers with traffic)",
+    "frames sent (flickers with traffic)",
+    "fault seen since reset: a frame with a bad FCS received, or a CMAC TX underflow or overflow",
+)
+
+#: Cycles of the board clock the init domain stays in reset after configuration (1 ms).
+POWER_ON_CYCLES = INIT_CLOCK_MHZ * 1000
+
+
+def blink(m, domain, hz):
+    """A signal toggling about once a second in a domain of ``hz``."""
+    counter = Signal(range(hz), name=f"{domain}_second")
+    toggle = Signal(name=f"{domain}_blink")
+    with m.If(counter == hz - 1):
+        m.d[domain] += [counter.eq(0), toggle.eq(~toggle)]
+    with m.Else():
+        m.d[domain] += counter.eq(counter + 1)
+    return toggle
+
+
+def stretch(m, strobe, cycles, name):
+    """High for ``cycles`` after each pulse of ``strobe`` (so that an LED shows it)."""
+    remaining = Signal(range(cycles + 1), name=f"{name}_remaining")
+    with m.If(strobe):
+        m.d.sync += remaining.eq(cycles)
+    with m.Elif(remaining != 0):
+        m.d.sync += remaining.eq(remaining - 1)
+    return remaining != 0
+
+
+class VCU118Top(Elaboratable):
+    """The endpoint on QSFP28 cage ``qsfp`` of a VCU118.
+
+    Domains: ``init`` runs on the 125 MHz board clock (the CMAC's init and
+    DRP clock); it is reset for 1 ms after configuration and while CPU_RESET
+    (SW5) is pressed, and its reset resets the CMAC. ``sync``, where the
+    core runs, is the CMAC's TX user clock (322.265625 MHz); it is reset
+    until the CMAC's user resets fall. The CMAC's receive side is in that
+    clock too (see :class:`~boards.cmac.Cmac`), so frames cross no domain in
+    the fabric. Crossings that remain (the module-present pin, the init reset
+    into the CMAC domain) go through :mod:`amaranth.lib.cdc` synchronizers.
+
+    Transmit: core → :class:`~gateware.packet.store_forward.PacketStoreForward`
+    (the CMAC aborts a frame that pauses) → :class:`~boards.cmac_link.CmacLink`
+    (frames only while the link is up) → CMAC. The built-in generator is the
+    only source of RoCE traffic: the user work-request port is idle and
+    completions are drained. LEDs: see :data:`LEDS`.
+
+    Parameters
+    ----------
+    qsfp : int
+        The cage: 1 or 2.
+    rsfec : bool
+        Clause 91 RS-FEC on (it must match the peer's setting).
+    **core :
+        Build parameters of :class:`~gateware.core.NetworkCore` (addresses, QPs, ...).
+    """
+
+    def __init__(self, *, qsfp=1, rsfec=True, **core):
+        if qsfp not in (1, 2):
+            raise ValueError(f"The VCU118 has QSFP28 cages 1 and 2, not {qsfp!r}")
+        self.qsfp = qsfp
+        self.rsfec = bool(rsfec)
+        self.core = NetworkCore(clock_hz=CMAC_CLOCK_HZ, **core)
+
+    def elaborate(self, platform):
+        m = Module()
+        init_hz = INIT_CLOCK_MHZ * 1_000_000
+
+        # The init domain: board clock; power-on and button reset.
+        m.submodules.clk125 = clk125 = io.Buffer("i", platform.request("clk125", 0, dir="-"))
+        m.submodules.button = button = io.Buffer("i", platform.request("cpu_reset", 0, dir="-"))
+        m.domains.init = ClockDomain("init")
+        m.domains.power_on = ClockDomain("power_on", reset_less=True)
+        m.d.comb += [
+            ClockSignal("init").eq(clk125.i),
+            ClockSignal("power_on").eq(clk125.i),
+        ]
+        powering_on = Signal(range(POWER_ON_CYCLES + 1), init=POWER_ON_CYCLES)
+        with m.If(powering_on != 0):
+            m.d.power_on += powering_on.eq(powering_on - 1)
+        m.submodules.init_reset = ResetSynchronizer(
+            arst=button.i | (powering_on != 0), domain="init")
+
+        # The CMAC, and the sync domain on its TX user clock.
+        cage = platform.request("qsfp", self.qsfp, dir="-")
+        refclk = platform.request("qsfp_refclk", 0, dir="-")
+        m.submodules.cmac = cmac = Cmac(rx_pins=cage.rx, tx_pins=cage.tx, refclk_pins=refclk)
+        m.domains.sync = ClockDomain("sync")
+        m.d.comb += ClockSignal("sync").eq(cmac.tx_clk)
+        m.submodules.sync_reset = ResetSynchronizer(
+            arst=cmac.tx_reset | cmac.rx_reset | ResetSignal("init"), domain="sync")
+        # The module: selected, out of reset once the init domain is, at full power.
+        m.submodules.modsel = modsel = io.Buffer("o", cage.modsel)
+        m.submodules.module_reset = module_reset = io.Buffer("o", cage.reset)
+        m.submodules.lpmode = lpmode = io.Buffer("o", cage.lpmode)
+        m.submodules.present = present_pin = io.Buffer("i", cage.present)
+        m.d.comb += [
+            modsel.o.eq(1),
+            module_reset.o.eq(ResetSignal("init")),
+            lpmode.o.eq(0),
+        ]
+
+        # The core between the CMAC's streams.
+        m.submodules.core = core = self.core
+        m.submodules.tx_buffer = tx_buffer = PacketStoreForward()
+        m.submodules.link = link = CmacLink()
+        m.d.comb += [
+            cmac.rx_enable.eq(link.o_rx_enable),
+            cmac.tx_enable.eq(link.o_tx_enable),
+            cmac.tx_send_rfi.eq(link.o_tx_send_rfi),
+            cmac.rsfec.eq(self.rsfec),
+            link.i_rx_aligned.eq(cmac.rx_aligned),
+
+            core.rx.tvalid.eq(cmac.rx.tvalid),
+            core.rx.tdata.eq(cmac.rx.tdata),
+            core.rx.tkeep.eq(cmac.rx.tkeep),
+            core.rx.tlast.eq(cmac.rx.tlast),
+            core.rx.tuser.eq(cmac.rx.tuser),
+
+            tx_buffer.i.valid.eq(core.tx.tvalid),
+            tx_buffer.i.p.data.eq(core.tx.tdata),
+            tx_buffer.i.p.keep.eq(core.tx.tkeep),
+            tx_buffer.i.p.last.eq(core.tx.tlast),
+            core.tx.tready.eq(tx_buffer.i.ready),
+            link.i.valid.eq(tx_buffer.o.valid),
+            link.i.payload.eq(tx_buffer.o.payload),
+            tx_buffer.o.ready.eq(link.i.ready),
+            cmac.tx.tvalid.eq(link.o.valid),
+            cmac.tx.tdata.eq(link.o.p.data),
+            cmac.tx.tkeep.eq(link.o.p.keep),
+            cmac.tx.tlast.eq(link.o.p.last),
+            cmac.tx.tuser.eq(0),
+            link.o.ready.eq(cmac.tx.tready),
+
+            # No user logic on the board: the generator is the RoCE source, and its
+            # completions come out of the user completion port.
+            core.completion.ready.eq(1),
+        ]
+
+        # Status LEDs.
+        present = Signal()
+        m.submodules.present_sync = FFSynchronizer(present_pin.i, present, o_domain="sync")
+        fault = Signal()
+        with m.If(cmac.rx_bad_fcs | cmac.tx_underflow | cmac.tx_overflow):
+            m.d.sync += fault.eq(1)
+        activity = CMAC_CLOCK_HZ // 20
+        leds = [
+            blink(m, "init", init_hz),
+            blink(m, "sync", CMAC_CLOCK_HZ),
+            ~ResetSignal("sync"),
+            link.o_up,
+            present,
+            stretch(m, cmac.rx.tvalid & cmac.rx.tlast, activity, "rx_activity"),
+            stretch(m, cmac.tx.tvalid & cmac.tx.tready & cmac.tx.tlast, activity, "tx_activity"),
+            fault,
+        ]
+        for index, value in enumerate(leds):
+            m.submodules[f"led{index}"] = led = io.Buffer("o", platform.request("led", index,
+                                                                                dir="-"))
+            m.d.comb += led.o.eq(value)
+        return m
