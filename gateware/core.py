@@ -183,6 +183,9 @@ class NetworkCore(wiring.Component):
         m.submodules.arp_out = arp_out = PacketRegister(ETH_TX_META, width=width)
         m.submodules.mac_out = mac_out = PacketRegister(NO_META, width=width)
         m.submodules.eth_tx = eth_tx = EthernetTransmitter(width=width)
+        # And after UDP and ICMP. (On the receive path, each layer's router ends in one.)
+        m.submodules.udp_out = udp_out = PacketRegister(IP_TX_META, width=width)
+        m.submodules.icmp_out = icmp_out = PacketRegister(IP_TX_META, width=width)
         for layer in (eth_rx, arp, ip_rx, ip_tx, eth_tx):
             m.d.comb += layer.i_config.eq(config)
 
@@ -255,8 +258,10 @@ class NetworkCore(wiring.Component):
         connect(m, cm.o, udp_mux.i[1])
         connect(m, roce_tx.o, udp_mux.i[2])
         connect(m, udp_mux.o, udp_tx.i)
-        connect(m, icmp.o, ip_mux.i[0])
-        connect(m, udp_tx.o, ip_mux.i[1])
+        connect(m, icmp.o, icmp_out.i)
+        connect(m, icmp_out.o, ip_mux.i[0])
+        connect(m, udp_tx.o, udp_out.i)
+        connect(m, udp_out.o, ip_mux.i[1])
         connect(m, ip_mux.o, ip_tx.i)
         connect(m, ip_tx.o, ip_out.i)
         connect(m, ip_out.o, icrc.i)

@@ -85,6 +85,8 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "TrafficGenerator": lambda: _load("gateware.roce.generator.TrafficGenerator")(width=WIDTH),
     "RequestArbiter (2 inputs)": lambda: _load("gateware.roce.request_arbiter.RequestArbiter")(
         inputs=2, width=WIDTH),
+    "GeneratorPool (16 QPs, 4 runs)": lambda: _load("gateware.roce.generator_pool.GeneratorPool")(
+        qps=16, runs=4, width=WIDTH),
     "PacketStoreForward (512 beats)": lambda: _load(
         "gateware.packet.store_forward.PacketStoreForward")(depth=512, width=WIDTH),
     "CmacLink": lambda: _load("boards.cmac_link.CmacLink")(width=WIDTH),
@@ -125,6 +127,7 @@ class Result:
     ltp_cells: int | None = None
     lut_levels: int = 0
     lut_path: str = ""
+    paths: list[tuple[int, str, str]] = field(default_factory=list)
     seconds: float = 0.0
     error: str | None = None
 
@@ -207,7 +210,8 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
                           (workdir / "ltp.txt").read_text())
         result.ltp_cells = int(match[1]) if match else 0
         netlist = json.loads((workdir / "netlist.json").read_text())
-        result.depth_cells, result.lut_levels, result.lut_path = depth(netlist["modules"]["top"])
+        result.depth_cells, result.lut_levels, result.lut_path = depth(
+            netlist["modules"]["top"], result.paths)
     except SynthesisError as error:
         result.error = str(error)
     result.seconds = time.monotonic() - start
@@ -222,13 +226,15 @@ def _read_address(port: str) -> str:
     return {"SPO": "A", "O": "A", "DPO": "DPRA"}[port]
 
 
-def depth(module: dict) -> tuple[int, int, str]:
+def depth(module: dict, paths: list | None = None) -> tuple[int, int, str]:
     """Longest combinational path of a flat netlist: (cells, LUT levels, where the path
     with the most LUT levels starts and ends).
 
     Sequential cells end paths; each read port of a distributed RAM passes
     from its address to its data only, an SRL from its address to its data.
-    Every other cell passes from all inputs to all outputs.
+    Every other cell passes from all inputs to all outputs. With a list as
+    ``paths``, adds to it the worst path into each register and output port
+    (:func:`worst_paths`).
     """
     names: dict[int, str] = {}
     for name, net in sorted(module["netnames"].items(), key=lambda item: item[1]["hide_name"]):
@@ -313,7 +319,38 @@ def depth(module: dict) -> tuple[int, int, str]:
         return 0, 0, ""
     last = max(range(len(cells)), key=lambda index: (most_luts[index], most_cells[index]))
     end = sink(module, cells[last][1], names)
+    if paths is not None:
+        paths.extend(worst_paths(module, names, driver, most_luts, origin))
     return max(most_cells), most_luts[last], f"{origin[last]} → {end}"
+
+
+def worst_paths(module: dict, names: dict[int, str], driver: dict[int, int],
+                most_luts: list[int], origin: list[str]) -> list[tuple[int, str, str]]:
+    """Per end of a path (an output port, or a register named by its output, bits of one
+    name together), the most LUT levels into it and where that path starts, most first."""
+    ends: dict[int, str] = {}
+    for name, port in module["ports"].items():
+        if port["direction"] == "output":
+            ends.update((bit, name) for bit in port["bits"] if isinstance(bit, int))
+    for cell_name, cell in module["cells"].items():
+        if SEQUENTIAL.match(cell["type"]):
+            connections, directions = cell["connections"], cell["port_directions"]
+            out = next((bit for port, bits in connections.items()
+                        if directions[port] == "output" for bit in bits), None)
+            name = re.sub(r"\[\d+\]$", "", names.get(out, "$"))
+            if name.startswith("$"):
+                name = f"a {cell['type']} ({cell_name.rsplit('$', 1)[-1]})"
+            for port, bits in connections.items():
+                if directions[port] == "input":
+                    ends.update((bit, name) for bit in bits
+                                if isinstance(bit, int) and bit not in ends)
+    worst: dict[str, tuple[int, str]] = {}
+    for bit, name in ends.items():
+        if bit in driver:
+            luts = most_luts[driver[bit]]
+            if luts > worst.get(name, (-1, ""))[0]:
+                worst[name] = (luts, origin[driver[bit]])
+    return sorted(((luts, start, name) for name, (luts, start) in worst.items()), reverse=True)
 
 
 def sink(module: dict, bits: list[int], names: dict[int, str]) -> str:
@@ -376,6 +413,9 @@ def main() -> int:
     parser.add_argument("targets", nargs="*", metavar="TARGET",
                         help="targets to synthesize (default: all; see --list)")
     parser.add_argument("--list", action="store_true", help="list the targets and exit")
+    parser.add_argument("--paths", type=int, default=0, metavar="N",
+                        help="also list the N worst paths, one per register or port they "
+                             "end in (default: none)")
     parser.add_argument("--timeout", type=float, default=1800,
                         help="seconds Yosys may take per target (default: %(default)s)")
     parser.add_argument("--build-dir", type=Path, default=BUILD_DIR,
@@ -410,6 +450,8 @@ def main() -> int:
             print(f"- {result.name}: **failed**: {result.error}")
         elif result.lut_path:
             print(f"- {result.name}: most LUT levels on {result.lut_path}")
+            for luts, start, end in result.paths[:args.paths]:
+                print(f"  - {luts} LUT levels: {start} → {end}")
     return 1 if any(result.error for result in results) else 0
 
 

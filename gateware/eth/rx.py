@@ -33,7 +33,9 @@ class EthernetReceiver(wiring.Component):
     (``address``), or neither IPv4 nor ARP (``ethertype``) are dropped.
 
     Counters (32 bits, wrapping): ``mac_error``, ``overflow``, ``runt``,
-    ``address``, ``ethertype``, ``truncated``.
+    ``address``, ``ethertype``, ``truncated``. The router ends in a register
+    slice: no path runs from the checks or the consumers' ready through this
+    layer.
     """
 
     DROP_REASONS = ("runt", "address", "ethertype")
@@ -62,7 +64,8 @@ class EthernetReceiver(wiring.Component):
         m.submodules.header = header = HeaderExtractor("eth", ETHERNET, fifo.o.p.meta.shape(),
                                                        width=width)
         m.submodules.router = router = PacketRouter(ETH_RX_META, outputs=2,
-                                                    drop_reasons=self.DROP_REASONS, width=width)
+                                                    drop_reasons=self.DROP_REASONS, width=width,
+                                                    registered=True)
         connect(m, flipped(self.i), fifo.i)
         m.d.comb += fifo.i_error.eq(self.i_error)
         connect(m, fifo.o, header.i)

@@ -29,7 +29,8 @@ class IcmpEcho(wiring.Component):
     (RFC 1624), so the data need not be summed. Requests wait whole in a FIFO
     of ``depth`` beats, so a busy transmitter never stalls the receive path.
     Counters: ``ignored`` (other ICMP messages), ``dropped`` (no room for the
-    request), ``truncated``.
+    request), ``truncated``. The router before the FIFO ends in a register
+    slice.
     """
 
     def __init__(self, *, depth=256, width=BEAT_BYTES):
@@ -48,7 +49,8 @@ class IcmpEcho(wiring.Component):
 
         m.submodules.header = header = HeaderExtractor("icmp", ICMP_ECHO, IP_RX_META, width=width)
         m.submodules.router = router = PacketRouter(request_meta, outputs=1,
-                                                    drop_reasons=("ignored",), width=width)
+                                                    drop_reasons=("ignored",), width=width,
+                                                    registered=True)
         m.submodules.fifo = fifo = PacketFIFO(request_meta, depth=self._depth,
                                               length_field="echo_length", width=width)
         m.submodules.reply = reply = HeaderInserter(

@@ -27,7 +27,8 @@ class IPv4Receiver(wiring.Component):
     offset: fragments are not reassembled), ``address`` (not our IP),
     ``length`` (total length below 20 or beyond the frame), ``protocol``
     (neither ICMP nor UDP), ``truncated``. The checks are made with the first
-    payload beat; latency: one beat.
+    payload beat; latency: one beat and a cycle (the router's register slice:
+    no path runs through this layer).
     """
 
     DROP_REASONS = ("version", "options", "checksum", "fragment", "address", "length",
@@ -54,7 +55,8 @@ class IPv4Receiver(wiring.Component):
         m.submodules.header = header = HeaderExtractor("ip", IPV4, ETH_RX_META, width=width)
         m.submodules.trim = trim = PacketTrim(IP_RX_META, width=width)
         m.submodules.router = router = PacketRouter(IP_RX_META, outputs=2,
-                                                    drop_reasons=self.DROP_REASONS, width=width)
+                                                    drop_reasons=self.DROP_REASONS, width=width,
+                                                    registered=True)
         connect(m, flipped(self.i), header.i)
         connect(m, header.o, trim.i)
         connect(m, trim.o, router.i)

@@ -42,9 +42,10 @@ class AckReceiver(wiring.Component):
     is right (else ``icrc_errors``; computed over the IPv4 and UDP headers of
     ``meta`` and the BTH and AETH, with the variant fields as ones, in one
     flat XOR per bit). Never stalls the receive path (``i`` is always ready).
-    ``o`` has no backpressure: an event is valid for one cycle, 2 cycles
-    after the datagram's beat; so is ``o_icrc_error``, the QP of an
-    acknowledgement dropped for its ICRC.
+    ``o`` has no backpressure: an event is valid for one cycle, 3 cycles
+    after the datagram's beat (the ICRC is computed in one, compared in the
+    next); so is ``o_icrc_error``, the QP of an acknowledgement dropped for
+    its ICRC.
     """
 
     def __init__(self, *, qps, width=BEAT_BYTES):
@@ -96,26 +97,38 @@ class AckReceiver(wiring.Component):
             event.msn.eq(aeth.msn),
         ]
 
-        # Stage 2: the ICRC, and the verdict. The variant fields count as ones, so their
+        # Stage 2: the ICRC. The variant fields count as ones, so their
         # share of each bit, like the pseudo-LRH's, is a constant: each register bit is
         # one flat XOR of the other covered bits.
         register_matrix, data_matrix = ICRC.matrices(_HEADERS)
         mask = variant_mask(_HEADERS)
         constant = (data_matrix @ mask) ^ (register_matrix @ ICRC.process(ICRC.initial,
                                                                           PSEUDO_LRH))
+        # The register is kept, with what stage 1 found, for stage 3 to compare.
         register = Signal(ICRC.width)
-        m.d.comb += register.eq(Cat(
-            Cat(covered[bit] for bit in range(len(covered))
-                if (row >> bit) & 1 and not (mask >> bit) & 1).xor() ^ ((constant >> index) & 1)
-            for index, row in enumerate(data_matrix.rows)))
-        icrc_ok = ICRC.finalize_value(register) == expected_icrc
-        accepted = candidate & shaped & known_qp & icrc_ok
-        icrc_error = candidate & shaped & known_qp & ~icrc_ok
+        received = Signal.like(expected_icrc)
+        wanted = Signal()                   # a candidate, shaped, for a known QP
+        found = Signal(ACK_EVENT)
+        m.d.sync += [
+            register.eq(Cat(
+                Cat(covered[bit] for bit in range(len(covered))
+                    if (row >> bit) & 1 and not (mask >> bit) & 1).xor()
+                ^ ((constant >> index) & 1)
+                for index, row in enumerate(data_matrix.rows))),
+            received.eq(expected_icrc),
+            wanted.eq(candidate & shaped & known_qp),
+            found.eq(event),
+        ]
+
+        # Stage 3: the verdict.
+        icrc_ok = ICRC.finalize_value(register) == received
+        accepted = wanted & icrc_ok
+        icrc_error = wanted & ~icrc_ok
         m.d.sync += [
             self.o.valid.eq(accepted),
-            self.o.p.eq(event),
+            self.o.p.eq(found),
             self.o_icrc_error.valid.eq(icrc_error),
-            self.o_icrc_error.p.eq(event.qp),
+            self.o_icrc_error.p.eq(found.qp),
         ]
         counters = self.o_counters
         m.d.comb += [

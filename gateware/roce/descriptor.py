@@ -105,6 +105,11 @@ def buffer_beat(width):
 PACKET_DESCRIPTOR = data.StructLayout({
     "meta": ROCE_TX_META,
     "payload_length": range(MAX_PACKET_PAYLOAD + 1),
+    # worked out ahead for the segmenter: payload, pad and ICRC bytes, whether they fit
+    # in one beat, whether there is any payload
+    "frame_length": range(MAX_PACKET_PAYLOAD + 8),
+    "single_beat": 1,
+    "has_payload": 1,
     "message_end": 1,           # the last packet of its message: report its status after
     "drop": 1,                  # send nothing, drain the (rest of the) message's payload
     "replay": 1,                # a resend: the payload comes from the retransmit buffer

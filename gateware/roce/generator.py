@@ -85,16 +85,29 @@ class TrafficGenerator(wiring.Component):
         running = self.o_running
         issued = self.o_messages            # requests taken: the next request is message `issued`
 
+        # What the counts and the gap become this cycle. The comparisons the handshakes
+        # depend on are kept in registers (``more``, ``gap_zero``, ``behind``, ``level``),
+        # worked out from the registers alone (with ``issued + 1`` and ``sent + 1`` kept
+        # too), so that the valids come from flip-flops and no sum feeds a comparison.
+        issued_next = Signal(32)
+        count_next = Signal(32)
+        gap_next = Signal(32)
+        sent_next = Signal(32)
+
         # Request side.
         gap = Signal(32)                    # cycles before the next message may start
         offered = Signal()                  # the request was offered and not taken last cycle
         address = Signal(64)                # base + offset of message `issued`
         limit = Signal(66)                  # offset + 2 × length: the end of the next slot
-        more = issued != run.count
+        more = Signal()                     # issued != run.count
+        gap_zero = Signal(init=1)           # gap == 0
         request = self.o_request
 
         m.d.comb += [
-            request.valid.eq(running & more & ((gap == 0) | offered)),
+            issued_next.eq(issued),
+            count_next.eq(run.count),
+            gap_next.eq(gap),
+            request.valid.eq(running & more & (gap_zero | offered)),
             request.p.verb.eq(run.verb),
             request.p.qp.eq(run.qp),
             request.p.tag.eq(issued[:16]),
@@ -104,12 +117,12 @@ class TrafficGenerator(wiring.Component):
         ]
         m.d.sync += offered.eq(request.valid & ~request.ready)
         with m.If(request.valid & ~offered):
-            m.d.sync += gap.eq(Mux(run.divider == 0, 0, run.divider - 1))
-        with m.Elif(gap != 0):
-            m.d.sync += gap.eq(gap - 1)
+            m.d.comb += gap_next.eq(Mux(run.divider == 0, 0, run.divider - 1))
+        with m.Elif(~gap_zero):
+            m.d.comb += gap_next.eq(gap - 1)
 
         with m.If(request.valid & request.ready):
-            m.d.sync += issued.eq(issued + 1)
+            m.d.comb += issued_next.eq(issued + 1)
             with m.If((run.ring == 0) | (limit <= run.ring)):
                 m.d.sync += [
                     address.eq(address + run.length),
@@ -125,10 +138,13 @@ class TrafficGenerator(wiring.Component):
         sent = Signal(32)
         word = Signal(32)
         remaining = Signal(32)
+        behind = Signal()                   # sent < issued
+        level = Signal(init=1)              # sent == issued
         payload = self.o_payload
         last = remaining <= width
         m.d.comb += [
-            payload.valid.eq(running & ((sent < issued) | ((sent == issued) & request.valid))),
+            sent_next.eq(sent),
+            payload.valid.eq(running & (behind | (level & request.valid))),
             payload.p.data.eq(Cat(Cat((word + index)[:32], sent) for index in range(words))),
             payload.p.keep.eq(Mux(last, keep_mask(remaining[:width.bit_length()], width),
                                   (1 << width) - 1)),
@@ -136,8 +152,8 @@ class TrafficGenerator(wiring.Component):
         ]
         with m.If(payload.valid & payload.ready):
             with m.If(last):
+                m.d.comb += sent_next.eq(sent + 1)
                 m.d.sync += [
-                    sent.eq(sent + 1),
                     word.eq(0),
                     remaining.eq(run.length),
                 ]
@@ -148,23 +164,64 @@ class TrafficGenerator(wiring.Component):
                 ]
 
         with m.If(self.i_stop & running & more):
-            m.d.sync += run.count.eq(issued + request.valid)
+            m.d.comb += count_next.eq(issued + request.valid)
 
         # Run control.
         m.d.comb += self.i_start.ready.eq(~running)
         with m.If(self.i_start.valid & self.i_start.ready):
+            m.d.comb += [
+                issued_next.eq(0),
+                count_next.eq(self.i_start.p.count),
+                gap_next.eq(0),
+                sent_next.eq(0),
+            ]
             m.d.sync += [
                 run.eq(self.i_start.p),
                 running.eq(1),
-                issued.eq(0),
-                gap.eq(0),
                 address.eq(self.i_start.p.base),
                 limit.eq(self.i_start.p.length << 1),
-                sent.eq(0),
                 word.eq(0),
                 remaining.eq(self.i_start.p.length),
             ]
         with m.Elif(running & ~more & (sent == run.count)):
             m.d.sync += running.eq(0)
+        issued_plus_one = Signal(32, init=1)
+        sent_plus_one = Signal(32, init=1)
+        taken = request.valid & request.ready
+        done = payload.valid & payload.ready & last
+        m.d.sync += [
+            issued.eq(issued_next),
+            run.count.eq(count_next),
+            gap.eq(gap_next),
+            sent.eq(sent_next),
+            issued_plus_one.eq(issued_next + 1),
+            sent_plus_one.eq(sent_next + 1),
+        ]
+        with m.If(self.i_start.valid & self.i_start.ready):
+            m.d.sync += [
+                more.eq(self.i_start.p.count != 0),
+                gap_zero.eq(1),
+                behind.eq(0),
+                level.eq(1),
+            ]
+        with m.Else():
+            with m.If(self.i_stop & running & more):
+                m.d.sync += more.eq(request.valid & ~request.ready)
+            with m.Elif(taken):
+                m.d.sync += more.eq(issued_plus_one != run.count)
+            with m.If(request.valid & ~offered):
+                m.d.sync += gap_zero.eq(run.divider <= 1)
+            with m.Elif(~gap_zero):
+                m.d.sync += gap_zero.eq(gap == 1)
+            with m.If(taken & ~done):
+                m.d.sync += [
+                    behind.eq(sent < issued_plus_one),
+                    level.eq(sent == issued_plus_one),
+                ]
+            with m.Elif(done & ~taken):
+                m.d.sync += [
+                    behind.eq(sent_plus_one < issued),
+                    level.eq(sent_plus_one == issued),
+                ]
 
         return m

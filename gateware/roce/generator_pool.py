@@ -5,6 +5,7 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..counters import counters_layout, event_counter
+from ..packet.register import PacketRegister, StreamRegister
 from ..stream import BEAT_BYTES, NO_META, packet_signature
 from .generator import GENERATOR_RUN, TrafficGenerator
 from .request_arbiter import RequestArbiter
@@ -30,7 +31,8 @@ class GeneratorPool(wiring.Component):
     after the message being offered (see :class:`TrafficGenerator`) and
     forgets its message count. The runs' messages are merged whole, in
     round-robin order (:class:`RequestArbiter`), so every run gets an equal
-    share of messages and one run alone fills the output.
+    share of messages and one run alone fills the output. ``o_request`` and
+    ``o_payload`` come from register slices (1 cycle of latency).
 
     ``query_qp`` → ``query``: that QP's run, combinationally: whether one is in
     progress, and the requests issued in it, or in the QP's last run (kept in a
@@ -69,8 +71,12 @@ class GeneratorPool(wiring.Component):
         runs = self._runs
 
         m.submodules.arbiter = arbiter = RequestArbiter(inputs=runs, width=self._width)
-        connect(m, arbiter.o_request, flipped(self.o_request))
-        connect(m, arbiter.o_payload, flipped(self.o_payload))
+        m.submodules.request_out = request_out = StreamRegister(stream.Signature(WORK_REQUEST))
+        m.submodules.payload_out = payload_out = PacketRegister(NO_META, width=self._width)
+        connect(m, arbiter.o_request, request_out.i)
+        connect(m, request_out.o, flipped(self.o_request))
+        connect(m, arbiter.o_payload, payload_out.i)
+        connect(m, payload_out.o, flipped(self.o_payload))
 
         generators = []
         owners = []                         # the QP of each generator's current or last run

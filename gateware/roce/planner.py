@@ -16,6 +16,7 @@ from .descriptor import (
     REPLAY,
     SLOT_BITS,
 )
+from .icrc import ICRC_BYTES
 from .opcodes import Opcode
 from .qp_table import QP_PATH
 from .requests import (
@@ -62,6 +63,37 @@ def _opcode(verb, first, last):
     position = {(1, 1): "ONLY", (1, 0): "FIRST", (0, 0): "MIDDLE", (0, 1): "LAST"}[first, last]
     suffix = "_WITH_IMMEDIATE" if immediate and last else ""
     return Opcode[f"{family}_{position}{suffix}"]
+
+
+#: A context's next packet, worked out ahead: whether it is the last of its message, its
+#: payload bytes, the beats they take, and what the segmenter needs of it (see
+#: ``PACKET_DESCRIPTOR``).
+_NEXT_PACKET = data.StructLayout({
+    "last": 1,
+    "length": range(MAX_PACKET_PAYLOAD + 1),
+    "beats": range(MAX_PACKET_PAYLOAD + 1),
+    "frame_length": range(MAX_PACKET_PAYLOAD + 8),
+    "single_beat": 1,
+    "first": 1,                 # the first packet of its message
+})
+
+
+def _next_packet(m, remaining, mtu_bytes, width, name, first=0):
+    """The next packet of a context with ``remaining`` payload bytes, cut at ``mtu_bytes``."""
+    packet = Signal(_NEXT_PACKET, name=name)
+    last = remaining <= mtu_bytes
+    m.d.comb += [
+        packet.first.eq(first),
+        packet.last.eq(last),
+        packet.length.eq(Mux(last, remaining, mtu_bytes)),
+        packet.beats.eq((packet.length + width - 1) >> (width - 1).bit_length()),
+        packet.frame_length.eq(packet.length + (-packet.length)[:2] + ICRC_BYTES),
+    ]
+    if width % 4 == 0:      # padded to a multiple of 4 bytes: compare the payload alone
+        m.d.comb += packet.single_beat.eq(packet.length <= width - ICRC_BYTES)
+    else:
+        m.d.comb += packet.single_beat.eq(packet.frame_length <= width)
+    return packet
 
 
 def _mtu_bytes(m, path_mtu, width):
@@ -148,25 +180,53 @@ class PacketPlanner(wiring.Component):
         replay = Signal(_CONTEXT)
         replaying = Signal()
 
-        # The packet of this cycle: the replay's, else the new message's.
+        # Each context keeps its next packet worked out ahead (a register, set when the
+        # context is loaded or advanced), and the replay whether it has one more packet to
+        # send before the QP's next new PSN, so that the choice of this cycle's packet
+        # starts from flip-flops. (A QP's next PSN does not change while it is replayed: its
+        # new packets wait, and it is not set again.)
         new_view, replay_view = self.new_view, self.replay_view
-        replay_has_packet = ((replay.psn != replay_view.next_psn)
-                             & (replay.index < replay.message.packets) & ~replay_view.error)
+        new_next = Signal(_NEXT_PACKET)
+        replay_next = Signal(_NEXT_PACKET)
+        replay_more = Signal()
+        replay_psn_next = Signal(24)            # replay.psn + 1
+        replay_index_next = Signal(24)          # replay.index + 1
+        replay_has_packet = replay_more & ~replay_view.error
         replay_go = replaying & replay_has_packet
 
+        # Each context after its next packet.
+        def advance(context, packet, name):
+            advanced = Signal(_CONTEXT, name=f"{name}_advanced")
+            m.d.comb += [
+                advanced.eq(context),
+                advanced.remaining.eq(context.remaining - packet.length),
+                advanced.psn.eq(context.psn + 1),
+                advanced.index.eq(context.index + 1),
+                advanced.offset.eq(context.offset + packet.beats),
+            ]
+            following = _next_packet(m, advanced.remaining,
+                                     _mtu_bytes(m, context.message.path_mtu, width), width,
+                                     f"{name}_following")
+            return advanced, following
+
+        new_advanced, new_following = advance(new, new_next, "new")
+        replay_advanced, replay_following = advance(replay, replay_next, "replay")
+
+        # The packet of this cycle: the replay's, else the new message's.
         context = Signal(_CONTEXT)
-        m.d.comb += context.eq(Mux(replay_go, replay, new))
+        packet = Signal(_NEXT_PACKET)
+        m.d.comb += [
+            context.eq(Mux(replay_go, replay, new)),
+            packet.eq(Mux(replay_go, replay_next, new_next)),
+        ]
         message = context.message
         request = message.request
-        mtu_bytes = _mtu_bytes(m, message.path_mtu, width)
-        last = context.remaining <= mtu_bytes
-        payload_length = Signal(range(MAX_PACKET_PAYLOAD + 1))
-        m.d.comb += payload_length.eq(Mux(last, context.remaining, mtu_bytes))
-        beats = Signal(range(MAX_PACKET_PAYLOAD + 1))
-        m.d.comb += beats.eq((payload_length + width - 1) >> beat_bits)
+        last = packet.last
+        payload_length = packet.length
+        beats = packet.beats
         crosses_quarter = (context.offset[:quarter_bits] + beats) >> quarter_bits != 0
-        resend_end = replay_go & (context.psn + 1 == replay_view.next_psn)
-        first = context.index == 0
+        resend_end = replay_go & (replay_psn_next == replay_view.next_psn)
+        first = packet.first
         pad = (-payload_length)[:2]
         verb = request.verb
         write = (verb == Verb.RDMA_WRITE) | (verb == Verb.RDMA_WRITE_WITH_IMMEDIATE)
@@ -184,7 +244,7 @@ class PacketPlanner(wiring.Component):
 
         room = Signal()
         used = (new.offset - new_view.head)[:POINTER_BITS]
-        m.d.comb += room.eq(used + beats <= self._ring_beats)
+        m.d.comb += room.eq(used + new_next.beats <= self._ring_beats)
         new_turn = ~replay_go & new_sending
         replay_same_qp = replaying & (replay.qp == new.qp)
         new_go = new_turn & ~new_view.error & ~new_view.blocked & ~replay_same_qp & room
@@ -217,10 +277,12 @@ class PacketPlanner(wiring.Component):
             descriptor.meta.dst_ip.eq(path.remote_ip),
             descriptor.meta.src_port.eq(path.src_port | ROCEV2_SOURCE_PORTS),
             descriptor.meta.dst_port.eq(UDP_PORT_ROCEV2),
-            descriptor.meta.length.eq(descriptor.meta.transport_length + payload_length + pad
-                                      + 4),
+            descriptor.meta.length.eq(descriptor.meta.transport_length + packet.frame_length),
             descriptor.meta.tos.eq(self.i_config.tos),
             descriptor.payload_length.eq(payload_length),
+            descriptor.frame_length.eq(packet.frame_length),
+            descriptor.single_beat.eq(packet.single_beat),
+            descriptor.has_payload.eq(payload_length != 0),
             descriptor.message_end.eq(~replay_go & last),
             descriptor.replay.eq(replay_go),
             descriptor.address.eq(Cat(context.offset[:ring_bits], context.qp)),
@@ -248,25 +310,27 @@ class PacketPlanner(wiring.Component):
             self.o_read.p.beats.eq(beats),
         ]
         taken = self.o_packet.valid & self.o_packet.ready
-        advanced = Signal(_CONTEXT)
         m.d.comb += [
-            advanced.eq(context),
-            advanced.remaining.eq(context.remaining - payload_length),
-            advanced.psn.eq(context.psn + 1),
-            advanced.index.eq(context.index + 1),
-            advanced.offset.eq(context.offset + beats),
             self.o_sent.valid.eq(taken & (replay_go | new_go)),
             self.o_sent.p.qp.eq(context.qp),
             self.o_sent.p.replay.eq(replay_go),
             self.o_sent.p.bytes.eq(payload_length),
-            self.o_sent.p.next_psn.eq(advanced.psn),
-            self.o_sent.p.next_tail.eq(advanced.offset),
+            self.o_sent.p.next_psn.eq(Mux(replay_go, replay_advanced.psn, new_advanced.psn)),
+            self.o_sent.p.next_tail.eq(Mux(replay_go, replay_advanced.offset,
+                                           new_advanced.offset)),
         ]
         with m.If(taken):
             with m.If(replay_go):
-                m.d.sync += replay.eq(advanced)
+                m.d.sync += [
+                    replay.eq(replay_advanced),
+                    replay_next.eq(replay_following),
+                    replay_more.eq((replay_psn_next != replay_view.next_psn)
+                                   & (replay_index_next < replay.message.packets)),
+                    replay_psn_next.eq(replay_psn_next + 1),
+                    replay_index_next.eq(replay_index_next + 1),
+                ]
             with m.If(new_go):
-                m.d.sync += new.eq(advanced)
+                m.d.sync += [new.eq(new_advanced), new_next.eq(new_following)]
                 with m.If(last):
                     m.d.sync += new_sending.eq(0)
             with m.If(new_abort):
@@ -287,6 +351,13 @@ class PacketPlanner(wiring.Component):
             self.new_qp.eq(new.qp),
         ]
         path_mtu_bytes = _mtu_bytes(m, self.read_path.path_mtu, width)
+        # The first packet of a context as it is loaded (of a refused request: no payload).
+        replay_first = _next_packet(m, replay.remaining,
+                                    _mtu_bytes(m, replay.message.path_mtu, width), width,
+                                    "replay_first", first=replay.index == 0)
+        new_first = _next_packet(m, self.i_request.p.length, path_mtu_bytes, width, "new_first",
+                                 first=1)
+        refused = _next_packet(m, new.remaining, 0, width, "refused", first=new.index == 0)
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.i_replay.valid & ~replaying):
@@ -307,6 +378,8 @@ class PacketPlanner(wiring.Component):
                         replay.remaining.eq(command.message.request.length - packet_offset),
                         replay.psn.eq(command.message.first_psn + command.packet),
                         replay.index.eq(command.packet),
+                        replay_psn_next.eq(command.message.first_psn + command.packet + 1),
+                        replay_index_next.eq(command.packet + 1),
                         replay.offset.eq(command.message.start + (packet_offset >> beat_bits)),
                     ]
                     m.next = "LOAD_REPLAY"
@@ -318,6 +391,9 @@ class PacketPlanner(wiring.Component):
                 m.d.sync += [
                     replay.path.eq(self.read_path),
                     replaying.eq(1),
+                    replay_next.eq(replay_first),
+                    replay_more.eq((replay.psn != replay_view.next_psn)
+                                   & (replay.index < replay.message.packets)),
                 ]
                 m.next = "IDLE"
 
@@ -348,6 +424,7 @@ class PacketPlanner(wiring.Component):
                         new.message.request.eq(request),
                         new.message.first_psn.eq(Mux(request.qp < self._qps,
                                                      new_view.next_psn, 0)),
+                        new_next.eq(refused),
                         new_refusing.eq(1),
                         refusal.eq(Mux(bad, CompletionStatus.BAD_REQUEST,
                                        CompletionStatus.FLUSHED)),
@@ -368,6 +445,7 @@ class PacketPlanner(wiring.Component):
                         new.psn.eq(new_view.next_psn),
                         new.index.eq(0),
                         new.offset.eq(new_view.tail),
+                        new_next.eq(new_first),
                         new_sending.eq(1),
                     ]
                 m.next = "IDLE"

@@ -126,8 +126,9 @@ class ReliabilityEngine(wiring.Component):
     next message slot, one of ``messages``) and each packet it sends
     (``i_sent``); it tells the planner, per QP, the next PSN, the ring room
     and whether the QP may send (``new_view``/``replay_view``, combinational
-    from ``new_qp``/``replay_qp``; an event shows from the next cycle on), and
-    hands it the messages to resend (``o_replay``).
+    from ``new_qp``/``replay_qp``; an event shows from the next cycle on, a
+    message loaded or a packet sent, which pass a register first, from the
+    second), and hands it the messages to resend (``o_replay``).
 
     Acknowledgements (``i_ack``, queued ``acks`` deep; beyond that counted as
     dropped) from the QP's peer address inside the window of outstanding PSNs
@@ -135,7 +136,7 @@ class ReliabilityEngine(wiring.Component):
     RNR NAK for p every packet before p. Others are dropped and counted. Every
     message whose last packet is acknowledged completes (``o_completion``) in
     order, with the status its payload ended with; its ring room is freed
-    packet by packet. The engine takes 4 cycles per acknowledgement (2 for one
+    packet by packet. The engine takes 4 cycles per acknowledgement (3 for one
     it drops), and 2 more per message it completes.
 
     - NAK sequence error: resend from p (go-back-N). ACK timeout (2^timeout
@@ -157,10 +158,12 @@ class ReliabilityEngine(wiring.Component):
     QP's state and counters, 1 cycle later.
 
     ``i_reset`` is taken when the engine is idle, in a cycle without
-    ``i_sent`` or ``i_loaded`` and with no resend being looked up: while it
-    waits, no new resend starts, and while it waits on an idle engine both
-    views show every QP blocked and without a free slot, so that the planner
-    pauses its new messages and the reset soon goes in.
+    ``i_sent`` or ``i_loaded`` in the cycle before (while their register
+    writes them) and with no resend being looked up: while it waits, no new
+    resend starts, and while it waits on an idle engine both views show every
+    QP blocked and without a free slot, so that the planner pauses its new
+    messages and the reset soon goes in. The caller sends no packet of the
+    QP being set in the cycle it sets it (the planner's ``holds``).
 
     Each QP's state lives in memories (distributed RAM where a view reads it
     combinationally; the engine's own reads are registered, addressed a cycle
@@ -212,7 +215,13 @@ class ReliabilityEngine(wiring.Component):
         qp_bits = max((qps - 1).bit_length(), 1)
         entries = 1 << qp_bits
         beat_bits = (self._width - 1).bit_length()
-        sent, loaded, ended = self.i_sent, self.i_loaded, self.i_message_end
+        ended = self.i_message_end
+        # Messages loaded and packets sent pass a register first: no path goes on from
+        # the planner's decisions into the engine's memories and flags.
+        sent = stream.Signature(PACKET_SENT).create(path=("sent",))
+        loaded = stream.Signature(MESSAGE_LOADED).create(path=("loaded",))
+        for registered, port in ((sent, self.i_sent), (loaded, self.i_loaded)):
+            m.d.sync += [registered.valid.eq(port.valid), registered.p.eq(port.p)]
         reset = self.i_reset.p
 
         layouts = _per_qp_layouts(slot_bits)
@@ -513,18 +522,35 @@ class ReliabilityEngine(wiring.Component):
                     m.d.comb += [qp_next.eq(sweep), sweep_taken.eq(1)]
                     m.next = "EXPIRE"
 
+            # An acknowledgement in two steps: what it means (kept in registers), then
+            # what the engine does about it.
+            kind = event.syndrome[5:7]
+            code = event.syndrome[:5]
+            taken = Signal()
+            progress = Signal()
+            new_una = Signal(24)
+            retries = Signal.like(s_retry.retries)
+            rnr_retries = Signal.like(s_retry.rnr_retries)
+
             with m.State("ACK"):
-                kind = event.syndrome[5:7]
-                code = event.syndrome[:5]
                 ahead = (event.psn - s_una)[:24]
                 window = (s_nxt - s_una)[:24]
-                new_una = Mux(kind == _ACK, event.psn + 1, event.psn)[:24]
-                taken = ((event.src_ip == s_peer.remote_ip) & (ahead < window) & ~s_error
-                         & (kind != 2))
-                progress = new_una != s_una
-                retries = Mux(progress, s_peer.retry_count, s_retry.retries)
-                rnr_retries = Mux(progress, s_peer.rnr_retry, s_retry.rnr_retries)
-                m.next = "RETIRE_READ"
+                una_after = Mux(kind == _ACK, event.psn + 1, event.psn)[:24]
+                advances = una_after != s_una
+                m.d.sync += [
+                    taken.eq((event.src_ip == s_peer.remote_ip) & (ahead < window) & ~s_error
+                             & (kind != 2)),
+                    progress.eq(advances),
+                    new_una.eq(una_after),
+                    retries.eq(Mux(advances, s_peer.retry_count, s_retry.retries)),
+                    rnr_retries.eq(Mux(advances, s_peer.rnr_retry, s_retry.rnr_retries)),
+                ]
+                m.next = "ACK_APPLY"
+
+            with m.State("ACK_APPLY"):
+                # The ring slot to retire is read here already (its address does not
+                # change in this state), and the writes of this state show from the next.
+                m.next = "RETIRE"
                 with m.If(~taken):
                     m.d.comb += counts["acks_dropped"].eq(1)
                     m.next = "IDLE"

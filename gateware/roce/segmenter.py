@@ -11,7 +11,6 @@ from .descriptor import (
     buffer_beat,
     buffer_write,
 )
-from .icrc import ICRC_BYTES
 from .requests import CompletionStatus
 
 __all__ = ["PayloadSegmenter"]
@@ -22,7 +21,10 @@ class PayloadSegmenter(wiring.Component):
 
     A packet of ``payload_length`` bytes comes out as that much payload, zero
     pad bytes up to a multiple of 4, and 4 zero bytes where the ICRC goes
-    (the IP-level ICRC inserter fills them), with the descriptor's meta.
+    (the IP-level ICRC inserter fills them), with the descriptor's meta. (The
+    descriptor also brings that length, ``frame_length``, and whether it fits
+    in one beat and has payload at all, worked out by the planner; the
+    segmenter's own counts and flags for the next beat are registers too.)
     Path MTUs are multiples of the beat, so a packet boundary inside a
     message falls on a beat boundary of the payload stream and the payload
     passes without shifting.
@@ -68,30 +70,32 @@ class PayloadSegmenter(wiring.Component):
         start = Signal(init=1)                  # the next beat is a packet's first
         payload_left = Signal(range(MAX_PACKET_PAYLOAD + 1))
         frame_left = Signal(range(MAX_PACKET_PAYLOAD + 8))
+        # Worked out a beat ahead (and for a packet's first beat, by the planner):
+        left_nonzero = Signal()                 # payload_left != 0
+        frame_last = Signal()                   # frame_left <= width
         ended = Signal()                        # the message's payload has had its last
         short = Signal()
         long = Signal()
         draining = Signal()
 
-        padded = descriptor.payload_length + (-descriptor.payload_length)[:2] + ICRC_BYTES
         beat_payload = Signal.like(payload_left)    # payload bytes left, this beat included
         beat_frame = Signal.like(frame_left)        # bytes left, this beat included
         m.d.comb += [
             beat_payload.eq(Mux(start, descriptor.payload_length, payload_left)),
-            beat_frame.eq(Mux(start, padded, frame_left)),
+            beat_frame.eq(Mux(start, descriptor.frame_length, frame_left)),
         ]
 
         take = Signal()                             # this beat carries payload from the input
         lanes = Signal(width)                       # its lanes that hold payload
         source_valid = Mux(replay, resent.valid, payload.valid)
         m.d.comb += [
-            take.eq((beat_payload != 0) & (replay | ~ended)),
+            take.eq(Mux(start, descriptor.has_payload, left_nonzero) & (replay | ~ended)),
             lanes.eq(keep_mask(beat_payload, width) & payload.p.keep & Mux(take, -1, 0)),
         ]
         beat_data = Signal(8 * width)
         m.d.comb += beat_data.eq(Mux(replay, resent.p.data & Mux(take, -1, 0),
                                      payload.p.data & Cat(lane.replicate(8) for lane in lanes)))
-        last_beat = beat_frame <= width
+        last_beat = Mux(start, descriptor.single_beat, frame_last)
 
         got = keep_count(payload.p.keep)
         ends_short = (beat_payload > got) | ~descriptor.message_end
@@ -129,7 +133,8 @@ class PayloadSegmenter(wiring.Component):
                 self.o.p.meta.eq(descriptor.meta),
                 payload.ready.eq(take & ~replay & self.o.ready & self.o.valid),
                 resent.ready.eq(take & replay & self.o.ready & self.o.valid),
-                self.o_write.valid.eq(sending & ~replay & (beat_payload != 0)),
+                self.o_write.valid.eq(sending & ~replay
+                                      & Mux(start, descriptor.has_payload, left_nonzero)),
                 status.eq(Mux(short | (consumed_last & ends_short), CompletionStatus.PAYLOAD_SHORT,
                               Mux(long | (consumed_last & ends_long),
                                   CompletionStatus.PAYLOAD_LONG, CompletionStatus.SUCCESS))),
@@ -139,7 +144,9 @@ class PayloadSegmenter(wiring.Component):
                     start.eq(last_beat),
                     beat.eq(Mux(start, 1, beat + 1)),
                     payload_left.eq(Mux(take & (beat_payload > width), beat_payload - width, 0)),
+                    left_nonzero.eq(take & (beat_payload > width)),
                     frame_left.eq(beat_frame - width),
+                    frame_last.eq(beat_frame <= 2 * width),
                 ]
                 with m.If(consumed_last):
                     m.d.sync += [

@@ -3,16 +3,18 @@ from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..packet.insert import HeaderInserter
-from ..packet.register import PacketRegister
+from ..packet.register import PacketRegister, StreamRegister
 from ..stream import BEAT_BYTES, NO_META, packet_signature
 from ..udp.tx import UDP_TX_META
 from .ack import ACK_EVENT
 from .descriptor import (
     BUFFER_READ,
+    MESSAGE_END,
     PACKET_DESCRIPTOR,
     ROCE_TX_META,
     TRANSPORT,
     TRANSPORT_LENGTHS,
+    buffer_beat,
 )
 from .planner import TRANSMIT_CONFIG, PacketPlanner
 from .qp_table import QpTable
@@ -41,10 +43,15 @@ class RequesterTransmitter(wiring.Component):
     and up to ``messages`` unacknowledged messages; when either is full, the
     QP waits (and the request and payload streams with it).
 
-    Planner → descriptor FIFO → segmenter (payload: new from ``i_payload``
-    and into the retransmit buffer, or resent from it) → register →
-    transport header inserter → register: 2 cycles of latency on the data
-    path, one beat per cycle, no idle cycle between the packets of a message.
+    Register → planner → descriptor FIFO → segmenter (payload: new from
+    ``i_payload`` through a register, and into the retransmit buffer, or
+    resent from it) → register → transport header inserter → register: 3
+    cycles of latency on the data path, one beat per cycle, no idle cycle
+    between the packets of a message. ``i_request``, ``i_payload``,
+    ``i_qp_write`` and ``i_qp_close`` end in register slices, and the
+    planner's descriptors, the segmenter's message ends, the engine's
+    completions and the retransmit buffer's reads and writes pass through
+    registers, so that no path runs from one of these blocks through another.
     """
 
     def __init__(self, *, qps=16, ring_beats=2048, messages=128, width=BEAT_BYTES,
@@ -76,6 +83,13 @@ class RequesterTransmitter(wiring.Component):
         m = Module()
         width = self._width
 
+        # Register slices on the request and payload inputs: the paths of the sources
+        # (arbiters, generators) end there.
+        m.submodules.request_in = request_in = StreamRegister(stream.Signature(WORK_REQUEST))
+        m.submodules.payload_in = payload_in = PacketRegister(NO_META, width=width)
+        m.submodules.qp_write_in = qp_write_in = StreamRegister(stream.Signature(QP_WRITE))
+        m.submodules.qp_close_in = qp_close_in = StreamRegister(
+            stream.Signature(QP_INDEX_BITS))
         m.submodules.table = table = QpTable(self._qps)
         m.submodules.planner = planner = PacketPlanner(
             qps=self._qps, ring_beats=self._ring_beats, width=width)
@@ -96,7 +110,8 @@ class RequesterTransmitter(wiring.Component):
 
         # Setting a QP (between its messages): its path into the table, its PSN and
         # timers into the engine.
-        qp_write = self.i_qp_write
+        connect(m, flipped(self.i_qp_write), qp_write_in.i)
+        qp_write = qp_write_in.o
         m.d.comb += [
             planner.holds_qp.eq(qp_write.p.qp),
             reliability.i_reset.valid.eq(qp_write.valid & ~planner.holds),
@@ -118,18 +133,30 @@ class RequesterTransmitter(wiring.Component):
                 reliability.status_qp[index].eq(self.status_qp[index]),
                 self.status[index].eq(reliability.status[index]),
             ]
-        connect(m, flipped(self.i_request), planner.i_request)
-        connect(m, flipped(self.i_qp_close), reliability.i_close)
+        connect(m, flipped(self.i_request), request_in.i)
+        connect(m, request_in.o, planner.i_request)
+        connect(m, flipped(self.i_qp_close), qp_close_in.i)
+        connect(m, qp_close_in.o, reliability.i_close)
         connect(m, flipped(self.i_ack), reliability.i_ack)
         connect(m, flipped(self.i_icrc_error), reliability.i_icrc_error)
         connect(m, planner.o_loaded, reliability.i_loaded)
         connect(m, planner.o_sent, reliability.i_sent)
         connect(m, reliability.o_replay, planner.i_replay)
 
+        # Register slices after the planner's descriptors and before the engine's and the
+        # segmenter's ends of messages, so the planner's decisions, the segmenter's and
+        # the engine's completions each end in flip-flops.
+        m.submodules.planned = planned = StreamRegister(stream.Signature(PACKET_DESCRIPTOR))
+        m.submodules.message_ends = message_ends = StreamRegister(
+            stream.Signature(MESSAGE_END))
+        m.submodules.completions = completions = StreamRegister(stream.Signature(COMPLETION))
+        connect(m, planner.o_packet, planned.i)
+        connect(m, segmenter.o_message_end, message_ends.i)
+        connect(m, reliability.o_completion, completions.i)
         m.d.comb += [
-            descriptors.w_en.eq(planner.o_packet.valid),
-            descriptors.w_data.eq(planner.o_packet.p),
-            planner.o_packet.ready.eq(descriptors.w_rdy),
+            descriptors.w_en.eq(planned.o.valid),
+            descriptors.w_data.eq(planned.o.p),
+            planned.o.ready.eq(descriptors.w_rdy),
             segmenter.i_packet.valid.eq(descriptors.r_rdy),
             segmenter.i_packet.p.eq(descriptors.r_data),
             descriptors.r_en.eq(segmenter.i_packet.ready),
@@ -152,9 +179,19 @@ class RequesterTransmitter(wiring.Component):
             m.d.sync += read_issued.eq(1)
         with m.If(descriptors.r_en & descriptors.r_rdy):
             m.d.sync += read_issued.eq(0)
-        connect(m, flipped(self.i_payload), segmenter.i_payload)
-        connect(m, segmenter.o_write, buffer.i_write)
-        connect(m, buffer.o_read, segmenter.i_replay)
+        connect(m, flipped(self.i_payload), payload_in.i)
+        connect(m, payload_in.o, segmenter.i_payload)
+        # The payload written to the buffer a cycle later, and read through a register
+        # slice, so that neither the buffer's write nor its read is decided in the
+        # segmenter's cycle. (A resend's read starts no sooner than the cycle after its
+        # original's last beat left the segmenter, so the delayed write still comes first.)
+        m.submodules.replayed = replayed = StreamRegister(stream.Signature(buffer_beat(width)))
+        m.d.sync += [
+            buffer.i_write.valid.eq(segmenter.o_write.valid),
+            buffer.i_write.p.eq(segmenter.o_write.p),
+        ]
+        connect(m, buffer.o_read, replayed.i)
+        connect(m, replayed.o, segmenter.i_replay)
         connect(m, segmenter.o, segmented.i)
         connect(m, segmented.o, transport.i)
         connect(m, transport.o, framed.i)
@@ -162,21 +199,20 @@ class RequesterTransmitter(wiring.Component):
 
         # Message ends: a tracked one's status waits in its slot for the ACK; a request
         # completed at once (refused, or flushed) joins the engine's completions.
-        ended = segmenter.o_message_end
+        ended = message_ends.o
         m.d.comb += [
             reliability.i_message_end.valid.eq(ended.valid & ended.p.tracked),
             reliability.i_message_end.p.eq(ended.p),
         ]
         immediate = ended.valid & ~ended.p.tracked
         completion = self.o_completion
+        tracked = completions.o
         held = Signal()                 # an immediate completion offered and not yet taken
-        prefer_immediate = held | ~reliability.o_completion.valid
+        prefer_immediate = held | ~tracked.valid
         m.d.comb += [
-            completion.valid.eq(Mux(prefer_immediate, immediate,
-                                    reliability.o_completion.valid)),
-            completion.p.eq(Mux(prefer_immediate, ended.p.completion,
-                                reliability.o_completion.p)),
-            reliability.o_completion.ready.eq(~prefer_immediate & completion.ready),
+            completion.valid.eq(Mux(prefer_immediate, immediate, tracked.valid)),
+            completion.p.eq(Mux(prefer_immediate, ended.p.completion, tracked.p)),
+            tracked.ready.eq(~prefer_immediate & completion.ready),
             ended.ready.eq(ended.p.tracked | (prefer_immediate & completion.ready)),
         ]
         m.d.sync += held.eq(prefer_immediate & immediate & ~completion.ready)

@@ -23,7 +23,8 @@ class UdpReceiver(wiring.Component):
     Dropped and counted: ``length`` (UDP length other than the IPv4 payload
     length), ``port`` (no service on it), ``truncated``. The UDP checksum is
     not checked (the Ethernet FCS covers the frame; RoCEv2 has its ICRC).
-    Latency: one beat.
+    Latency: one beat and a cycle (the router's register slice: no path runs
+    through this layer).
     """
 
     DROP_REASONS = ("length", "port")
@@ -55,7 +56,8 @@ class UdpReceiver(wiring.Component):
 
         m.submodules.header = header = HeaderExtractor("udp", UDP, IP_RX_META, width=width)
         m.submodules.router = router = PacketRouter(UDP_RX_META, outputs=len(self._ports),
-                                                    drop_reasons=self.DROP_REASONS, width=width)
+                                                    drop_reasons=self.DROP_REASONS, width=width,
+                                                    registered=True)
         connect(m, flipped(self.i), header.i)
         connect(m, header.o, router.i)
         for index, port in enumerate(self.o):

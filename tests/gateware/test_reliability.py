@@ -75,7 +75,8 @@ def test_every_event_is_counted():
 
 def test_a_qp_is_set_again_once_no_packet_is_sent():
     """While a reset waits on packets sent, the views block every QP; it goes in at the
-    first cycle without one."""
+    first cycle without one. (A packet sent passes a register: the engine sees it, and
+    the reset waits on it, from the next cycle on.)"""
     dut = ReliabilityEngine(qps=QPS, messages=4)
 
     async def main(ctx):
@@ -84,6 +85,7 @@ def test_a_qp_is_set_again_once_no_packet_is_sent():
         ctx.set(dut.new_qp, 2)
         ctx.set(dut.i_sent.valid, 1)
         ctx.set(dut.i_sent.p, {"qp": 0, "next_psn": 9})
+        await ctx.tick()
         ctx.set(dut.i_reset.valid, 1)
         ctx.set(dut.i_reset.p, {"qp": 2, "state": qp_state(next_psn=700)})
         for _ in range(10):
@@ -92,6 +94,8 @@ def test_a_qp_is_set_again_once_no_packet_is_sent():
             assert ctx.get(dut.new_view.next_psn) == 50
             await ctx.tick()
         ctx.set(dut.i_sent.valid, 0)
+        assert not ctx.get(dut.i_reset.ready)
+        await ctx.tick()
         assert ctx.get(dut.i_reset.ready)
         await ctx.tick()
         ctx.set(dut.i_reset.valid, 0)

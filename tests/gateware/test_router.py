@@ -43,10 +43,13 @@ async def put_routed(ctx, dut, payload, meta, route, drop, *, width, gaps, noise
         ctx.set(dut.i.valid, 0)
 
 
+@pytest.mark.parametrize("registered", [False, True])
 @pytest.mark.parametrize("width", [8, 64])
-def test_route(width):
-    """Each output gets exactly its packets, in order; each reason counts its drops."""
-    dut = PacketRouter(META, outputs=OUTPUTS, drop_reasons=REASONS, width=width)
+def test_route(width, registered):
+    """Each output gets exactly its packets, in order; each reason counts its drops (also
+    with the router's input register slice)."""
+    dut = PacketRouter(META, outputs=OUTPUTS, drop_reasons=REASONS, width=width,
+                       registered=registered)
     rng = random.Random(f"route{width}")
     lengths = [n for n in lengths_for(width) for _ in range(OUTPUTS + len(REASONS))]
     lengths += [rng.randrange(0, 4 * width) for _ in range(60)]
@@ -94,11 +97,13 @@ def test_route(width):
     run_testbenches(dut, check, source, *(sink(index) for index in range(OUTPUTS)))
 
 
-def test_drops_while_outputs_stall():
+@pytest.mark.parametrize("registered", [False, True])
+def test_drops_while_outputs_stall(registered):
     """A dropped packet is taken a beat a cycle and reaches no output, even while every
     output stalls."""
     width = 8
-    dut = PacketRouter(META, outputs=OUTPUTS, drop_reasons=REASONS, width=width)
+    dut = PacketRouter(META, outputs=OUTPUTS, drop_reasons=REASONS, width=width,
+                       registered=registered)
     cycles = {"valid": 0, "taken": 0, "offered": 0}
 
     async def monitor(ctx):
