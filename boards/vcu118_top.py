@@ -62,6 +62,9 @@ class VCU118Top(Elaboratable):
     clock too (see :class:`~boards.cmac.Cmac`), so frames cross no domain in
     the fabric. Crossings that remain (the module-present pin, the init reset
     into the CMAC domain) go through :mod:`amaranth.lib.cdc` synchronizers.
+    ``sync`` is reset until the CMAC's TX user reset falls; the RX user reset
+    (asserted again when the receive GTs lose the signal) does not reset the
+    core, whose QPs survive a pulled cable.
 
     Transmit: core → :class:`~gateware.packet.store_forward.PacketStoreForward`
     (the CMAC aborts a frame that pauses) → :class:`~boards.cmac_link.CmacLink`
@@ -111,8 +114,10 @@ class VCU118Top(Elaboratable):
         m.submodules.cmac = cmac = Cmac(rx_pins=cage.rx, tx_pins=cage.tx, refclk_pins=refclk)
         m.domains.sync = ClockDomain("sync")
         m.d.comb += ClockSignal("sync").eq(cmac.tx_clk)
+        # The receive side's reset (its GTs lose lock when the cable goes) leaves the core
+        # and its QPs alone: the CMAC delivers no frames meanwhile.
         m.submodules.sync_reset = ResetSynchronizer(
-            arst=cmac.tx_reset | cmac.rx_reset | ResetSignal("init"), domain="sync")
+            arst=cmac.tx_reset | ResetSignal("init"), domain="sync")
         # The module: selected, out of reset once the init domain is, at full power.
         m.submodules.modsel = modsel = io.Buffer("o", cage.modsel)
         m.submodules.module_reset = module_reset = io.Buffer("o", cage.reset)
@@ -171,7 +176,7 @@ class VCU118Top(Elaboratable):
         leds = [
             blink(m, "init", init_hz),
             blink(m, "sync", CMAC_CLOCK_HZ),
-            ~ResetSignal("sync"),
+            ~ResetSignal("sync") & ~cmac.rx_reset,
             link.o_up,
             present,
             stretch(m, cmac.rx.tvalid & cmac.rx.tlast, activity, "rx_activity"),
