@@ -51,7 +51,7 @@ def _clock_constraints(platform) -> str:
         "# The board's 125 MHz clock and the CMAC's GT clocks (which the IP's own",
         "# constraints create) are asynchronous; every crossing goes through a synchronizer.",
         "set_clock_groups -asynchronous"
-        " -group [get_clocks -include_generated_clocks -of_objects [get_ports clk125_0__p]]"
+        " -group [get_clocks -include_generated_clocks clk125_0__p]"
         f" -group [get_clocks -include_generated_clocks -of_objects [get_pins -of_objects {cmac}"
         " -filter {REF_PIN_NAME == gt_txusrclk2}]]",
         "# LEDs and QSFP28 low-speed pins: static or slow, not timed.",
