@@ -28,19 +28,24 @@ BOARDS = {"vcu118": (VCU118Platform, VCU118Top)}
 NAME = "top"
 
 
-def _program_tcl(bitstream: str, device: str, hw_server: str) -> str:
-    return "\n".join([
+def _write_program_tcl(build_dir: Path, device: str, hw_server: str) -> None:
+    """``program.tcl``: loads the tree's bitstream through Vivado's hardware manager."""
+    (build_dir / "program.tcl").write_text("\n".join([
         "# Loads the bitstream through Vivado's hardware manager (boards/build.py).",
         "open_hw_manager",
         f"connect_hw_server -url {hw_server}",
         "open_hw_target",
         f"set device [lindex [get_hw_devices {device}*] 0]",
         "current_hw_device $device",
-        f"set_property PROGRAM.FILE {{{bitstream}}} $device",
+        f"set_property PROGRAM.FILE {{{NAME}.bit}} $device",
         "program_hw_devices $device",
         "refresh_hw_device $device",
         "close_hw_manager",
-    ])
+    ]) + "\n")
+
+
+def _build_dir(args) -> Path:
+    return args.build_dir or ROOT / "build" / f"{args.board}-qsfp{args.qsfp}"
 
 
 def _clock_constraints(platform) -> str:
@@ -73,13 +78,12 @@ def write_tree(build_dir: Path, *, board: str = "vcu118", qsfp: int = 1, rsfec: 
         add_constraints=_clock_constraints(platform),
         script_after_read=cmac_ip_tcl(qsfp))
     plan.extract(str(build_dir))
-    (build_dir / "program.tcl").write_text(
-        _program_tcl(f"{NAME}.bit", platform.device, hw_server) + "\n")
+    _write_program_tcl(build_dir, platform.device, hw_server)
     return build_dir / f"build_{NAME}.sh"
 
 
 def _bitstream(args) -> int:
-    build_dir = args.build_dir or ROOT / "build" / f"{args.board}-qsfp{args.qsfp}"
+    build_dir = _build_dir(args)
     core = {name: value for name, value in [
         ("mac", args.mac), ("ip", args.ip), ("netmask", args.netmask),
         ("gateway", args.gateway), ("qps", args.qps),
@@ -107,7 +111,7 @@ def _bitstream(args) -> int:
 
 
 def _program(args) -> int:
-    build_dir = args.build_dir or ROOT / "build" / f"{args.board}-qsfp{args.qsfp}"
+    build_dir = _build_dir(args)
     if not (build_dir / f"{NAME}.bit").exists():
         print(f"error: no bitstream at {build_dir / (NAME + '.bit')}; run `make bitstream` "
               f"first (with the same BOARD and QSFP)", file=sys.stderr)
@@ -118,9 +122,7 @@ def _program(args) -> int:
               f"in {build_dir} on a machine with Vivado and the board's JTAG",
               file=sys.stderr)
         return 1
-    device = BOARDS[args.board][0].device
-    (build_dir / "program.tcl").write_text(
-        _program_tcl(f"{NAME}.bit", device, args.hw_server) + "\n")
+    _write_program_tcl(build_dir, BOARDS[args.board][0].device, args.hw_server)
     return subprocess.run(["vivado", "-mode", "batch", "-nojournal", "-log", "program.log",
                            "-source", "program.tcl"], cwd=build_dir).returncode
 

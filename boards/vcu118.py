@@ -29,7 +29,8 @@ QSFP_LANES = {
 }
 
 
-def _qsfp(number, *, rx_p, rx_n, tx_p, tx_n, modsel, reset, present, interrupt, lpmode):
+def _qsfp(number, *, rx_p, rx_n, tx_p, tx_n, modsel, module_reset, present, interrupt,
+          lpmode):
     """A QSFP28 cage: GT lanes and the module's low-speed pins (all active-high here)."""
     lvcmos18 = Attrs(IOSTANDARD="LVCMOS18")
     return Resource(
@@ -37,7 +38,7 @@ def _qsfp(number, *, rx_p, rx_n, tx_p, tx_n, modsel, reset, present, interrupt, 
         Subsignal("rx", DiffPairs(rx_p, rx_n, dir="i")),
         Subsignal("tx", DiffPairs(tx_p, tx_n, dir="o")),
         Subsignal("modsel", PinsN(modsel, dir="o"), lvcmos18, Attrs(SLEW="SLOW", DRIVE="8")),
-        Subsignal("reset", PinsN(reset, dir="o"), lvcmos18, Attrs(SLEW="SLOW", DRIVE="8")),
+        Subsignal("reset", PinsN(module_reset, dir="o"), lvcmos18, Attrs(SLEW="SLOW", DRIVE="8")),
         Subsignal("lpmode", Pins(lpmode, dir="o"), lvcmos18, Attrs(SLEW="SLOW", DRIVE="8")),
         Subsignal("present", PinsN(present, dir="i"), lvcmos18, Attrs(PULLUP="TRUE")),
         Subsignal("interrupt", PinsN(interrupt, dir="i"), lvcmos18, Attrs(PULLUP="TRUE")),
@@ -71,10 +72,10 @@ class VCU118Platform(XilinxPlatform):
         Resource("qsfp_refclk", 0, DiffPairs("W9", "W8", dir="i"), Clock(156.25e6)),
         Resource("qsfp_refclk", 1, DiffPairs("R9", "R8", dir="i"), Clock(156.25e6)),
         _qsfp(1, rx_p="Y2 W4 V2 U4", rx_n="Y1 W3 V1 U3", tx_p="V7 T7 P7 M7",
-              tx_n="V6 T6 P6 M6", modsel="AM21", reset="BA22", present="AL21",
+              tx_n="V6 T6 P6 M6", modsel="AM21", module_reset="BA22", present="AL21",
               interrupt="AP21", lpmode="AN21"),
         _qsfp(2, rx_p="T2 R4 P2 M2", rx_n="T1 R3 P1 M1", tx_p="L5 K7 J5 H7",
-              tx_n="L4 K6 J4 H6", modsel="AN23", reset="AY22", present="AN24",
+              tx_n="L4 K6 J4 H6", modsel="AN23", module_reset="AY22", present="AN24",
               interrupt="AT21", lpmode="AT24"),
     ]
     connectors = []

@@ -10,6 +10,7 @@ from tests.gateware.streams import (
     held_while_stalled,
     put_packet,
     run_testbenches,
+    to_beats,
     wait_for,
 )
 
@@ -60,9 +61,7 @@ def test_frames_pass_only_while_up():
         for frame in frames[3:9]:                # up: passed
             await put_packet(ctx, dut.i, frame, {}, width=WIDTH, gaps=random.Random(1))
         ctx.set(dut.i.valid, 1)                  # alignment lost inside a frame
-        for index, (beat_data, keep, last) in enumerate(
-                [(int.from_bytes(long_frame[n:n + WIDTH], "little"), 0xff, n + WIDTH >= 20 * WIDTH)
-                 for n in range(0, 20 * WIDTH, WIDTH)]):
+        for index, (beat_data, keep, last) in enumerate(to_beats(long_frame, WIDTH)):
             ctx.set(dut.i.payload, {"data": beat_data, "keep": keep, "last": last})
             await ctx.tick().until(dut.i.ready)
             if index == 5:

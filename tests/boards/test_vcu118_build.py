@@ -144,7 +144,8 @@ def run_build(*args, path):
                           env={**os.environ, "PATH": path}, capture_output=True, text=True)
 
 
-SMALL_ARGS = ["--qps", "4", "--retransmit-beats", "64", "--messages", "8"]
+SMALL_ARGS = [word for name, value in SMALL_CORE.items()
+              for word in (f"--{name.replace('_', '-')}", str(value))]
 
 
 def path_without_vivado():

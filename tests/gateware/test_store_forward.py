@@ -9,7 +9,7 @@ import pytest
 from gateware.packet.store_forward import PacketStoreForward
 from gateware.stream import NO_META, beats_for, meta_with
 
-from .streams import check_tagged_packets, run_testbenches
+from .streams import check_tagged_packets, run_testbenches, to_beats
 
 META = meta_with(NO_META, tag=16)
 DEPTH = 8
@@ -63,8 +63,7 @@ def test_waits_for_the_whole_packet():
 
     async def testbench(ctx):
         ctx.set(dut.o.ready, 1)
-        for beat_data, keep, last in [(int.from_bytes(payload[n:n + width], "little"),
-                                       0xff, n == 3 * width) for n in range(0, 4 * width, width)]:
+        for beat_data, keep, last in to_beats(payload, width):
             assert not ctx.get(dut.o.valid), "a beat left before the packet was whole"
             ctx.set(dut.i.valid, 1)
             ctx.set(dut.i.payload, {"data": beat_data, "keep": keep, "last": last})
