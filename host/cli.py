@@ -208,6 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
                            help="run N passes over the same host QPs: after each, close the "
                                 "endpoint QPs, reset the host QPs and pair them again "
                                 "(default 1)")
+    behaviour.add_argument("--reclaim", action="store_true",
+                           help="first close every endpoint QP this host left open (CLOSE_QP "
+                                "of all its QPs): use it after a qp-server on this host "
+                                "crashed or was killed, when the endpoint answers NO_QP; the "
+                                "endpoint also frees such QPs itself once idle for its lease "
+                                "(60 s by default). Closes QPs of other programs on this host "
+                                "too")
     behaviour.add_argument("--json", action="store_true",
                            help="print the summary as one JSON object")
 
@@ -323,7 +330,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace,
         write=args.write, immediate=args.imm, size=args.size, count=args.count,
         divider=_divider(parser, args), ring=_ring(parser, args), qps=args.qps,
         receives=args.receives, mtu=PathMtu.from_size(args.mtu) if args.mtu else None,
-        start=not args.no_start, stall=args.stall, repeat=args.repeat,
+        start=not args.no_start, stall=args.stall, repeat=args.repeat, reclaim=args.reclaim,
         idle_sleep=0.0 if args.poll == "busy" else 1e-3)
     live = err.isatty()
     clear = _CLEAR_LINE if live else ""

@@ -97,6 +97,7 @@ class RunConfig:
     stall: float = 2.0
     idle_sleep: float = 0.0
     repeat: int = 1
+    reclaim: bool = False       # --reclaim: close all the host's endpoint QPs first
 
     def __post_init__(self) -> None:
         if (self.size < 0 or self.count < 1 or self.qps < 1 or self.receives < 1
@@ -357,6 +358,10 @@ class Runner:
             numa = "" if port.numa_node is None else f", NUMA node {port.numa_node}"
             self._notice(f"using {port.device} port {port.port}, GID index {port.gid_index} "
                          f"({port.ip}), active MTU {port.active_mtu.bytes}{numa}")
+            if config.reclaim:
+                closed = self.cm.close_all(port.ip)
+                self._notice(f"closed {closed} endpoint QP{'' if closed == 1 else 's'} "
+                             f"left open by {port.ip} (--reclaim)")
         port = self.port
         mtu = config.mtu or port.active_mtu
         if mtu.bytes > port.active_mtu.bytes:
@@ -457,6 +462,7 @@ class Runner:
                         self._stalled(qp)
             if self._pending and any(qp.done for qp in self.qps):
                 self._start_pending()
+            self.cm.keep_alive()
             self._show_progress(now)
 
     def _record(self, qp: QpRun, mismatch: Mismatch | None, nbytes: int) -> bool:

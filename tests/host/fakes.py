@@ -162,6 +162,7 @@ class FakeEndpoint:
         self.drop_first = drop_first
         self.user_run = user_run
         self.stale_psn = stale_psn
+        self.close_all_supported = True     # False: answers close-all as an old endpoint
         self.requests: list[Datagram] = []
         self.opened: dict[tuple[str, int], int] = {}
         self.lock = threading.Lock()
@@ -227,6 +228,9 @@ class FakeEndpoint:
                 return protocol.reply(request, Ack.NO_QP, QpInfo(ip="127.0.0.1")).encode()
             with self.lock:
                 return qp.status.reply(qp.qpn)
+        if (request.request == Request.CLOSE_QP and request.rem.qpn == protocol.CLOSE_ALL_QPN
+                and self.close_all_supported):
+            return self._close_all(request)
         if request.request == Request.CLOSE_QP:
             qp = self.qp(request.rem.qpn)
             if qp is None or not qp.status.open:
@@ -239,6 +243,17 @@ class FakeEndpoint:
         if request.request == Request.NULL and request.txmeta.valid and request.txmeta.start:
             self._start(request)
         return None
+
+    def _close_all(self, request: Datagram) -> bytes:
+        """Every QP of the host closed; on loopback, loc_ip stands for the source."""
+        with self.lock:
+            mine = [qp for qp in self.qps if qp.status.open and qp.host is not None
+                    and qp.host.ip == request.loc.ip]
+            for qp in mine:
+                qp.status = Status()
+            self.opened = {key: value for key, value in self.opened.items()
+                           if key[0] != request.loc.ip}
+        return protocol.reply(request, Ack.ACK, QpInfo(ip="127.0.0.1"), count=len(mine)).encode()
 
     def _open(self, request: Datagram) -> bytes:
         key = (request.loc.ip, request.loc.qpn)
