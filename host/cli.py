@@ -233,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     close.add_argument("--qpn", type=_count(0, (1 << 24) - 1), required=True,
                        help="endpoint QPN")
     close.add_argument("--host-ip", type=_ipv4, required=True, metavar="IP",
-                       help="the host address that opened it")
+                       help="the host address that opened it (the endpoint takes a close "
+                            "only from that address: run this on that host)")
     status = actions.add_parser("status", parents=[cm], prog=f"{_PROG} ctrl status",
                                 help="print an endpoint QP's state and counters")
     status.add_argument("--qpn", type=_count(0, (1 << 24) - 1), required=True,

@@ -149,7 +149,8 @@ class CmClient:
         reply, _ = self.exchange(
             protocol.close_qp(qpn, host_ip),
             lambda r: r.request == Request.CLOSE_QP
-            and (r.ack != Ack.ACK or r.loc.qpn == qpn), "CLOSE_QP")
+            and (r.ack != Ack.ACK or r.loc.qpn == qpn),
+            "CLOSE_QP (it takes one only from the host that opened the QP: run it there)")
         if reply.ack not in (Ack.ACK, Ack.NO_QP):
             raise HostError(f"endpoint refused CLOSE_QP of QP {qpn} (ack "
                             f"{_ack_name(reply.ack)}): pass the address that opened it with "

@@ -28,8 +28,9 @@ class FakeBackend:
     the CQ. The endpoint side calls :meth:`write`, :meth:`deliver_send` and
     :meth:`deliver_write_imm`."""
 
-    def __init__(self, *, active_mtu: PathMtu = PathMtu.MTU_4096):
+    def __init__(self, *, active_mtu: PathMtu = PathMtu.MTU_4096, ip: str = HOST_IP):
         self.active_mtu = active_mtu
+        self.ip = ip
         self.options: VerbsOptions | None = None
         self.buffers: list[bytearray] = []
         self.receives: list[collections.deque] = []
@@ -48,13 +49,13 @@ class FakeBackend:
         self.buffers = [bytearray(buffer_bytes) for _ in range(qps)]
         self.receives = [collections.deque() for _ in range(qps)]
         self.max_receives = receives
-        return PortInfo(device="fake0", port=1, gid_index=1, gid="::ffff:127.0.0.1",
-                        ip=HOST_IP, active_mtu=self.active_mtu)
+        return PortInfo(device="fake0", port=1, gid_index=1, gid=f"::ffff:{self.ip}",
+                        ip=self.ip, active_mtu=self.active_mtu)
 
     def qp_info(self, qp: int) -> QpInfo:
         psn = 0x1000 + qp + 0x100 * self.resets.count(qp)
         return QpInfo(qpn=FIRST_HOST_QPN + qp, psn=psn, rkey=0x500 + qp,
-                      base_addr=self.base(qp), ip=HOST_IP)
+                      base_addr=self.base(qp), ip=self.ip)
 
     @staticmethod
     def base(qp: int) -> int:
