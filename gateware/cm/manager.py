@@ -192,11 +192,12 @@ class ConnectionManager(wiring.Component):
         # The datagram being served.
         request = Signal(CM_DATAGRAM)
         source_ip = Signal(32)
+        allowed = Signal()                  # source_ip is in the access list
         m.submodules.access = access = AccessList()
         m.d.comb += [
             access.i_address.eq(self.i_config.access_ip),
             access.i_prefix.eq(self.i_config.access_prefix),
-            access.i_source.eq(source_ip),
+            access.i_source.eq(parse.o.p.meta.ip.src),
         ]
         m.submodules.lease = lease = LeaseTicker()
         m.d.comb += lease.i_period.eq(self.i_config.lease_tick)
@@ -291,6 +292,7 @@ class ConnectionManager(wiring.Component):
                         m.d.sync += [
                             request.eq(meta.cm),
                             source_ip.eq(meta.ip.src),
+                            allowed.eq(access.o_allowed),
                             source_port.eq(meta.udp.src_port),
                             good_length.eq(meta.udp.length == UDP.length + CM_DATAGRAM.length),
                         ]
@@ -302,7 +304,7 @@ class ConnectionManager(wiring.Component):
                 m.d.sync += [index.eq(named), scan.eq(0), probe.eq(qps), matched.eq(0),
                              free.eq(0)]
                 m.next = "IDLE"
-                with m.If(~access.o_allowed):
+                with m.If(~allowed):
                     m.d.comb += counts["access"].eq(1)
                 with m.Elif(~good_length):
                     m.d.comb += length_bad.eq(1)

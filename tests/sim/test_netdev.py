@@ -42,23 +42,31 @@ def exchange(link, device, frame, want, *, seconds=60):
     raise AssertionError(f"no answer to {frame.summary()} in {seconds} s")
 
 
-def test_netdev_answers_a_udp_peer_and_stops_with_a_summary(core_design):
-    link = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    link.bind(("127.0.0.1", 0))
-    link.settimeout(0.5)
+def start_device(link, name, *options):
+    """``python -m sim.netdev`` with ``link`` (a bound UDP socket) as its peer, writing
+    its summary and pcap under ``name``; returns the process and its UDP address."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     probe.bind(("127.0.0.1", 0))
     device_port = probe.getsockname()[1]
     probe.close()
-    to_device = ("127.0.0.1", device_port)
-    summary = BUILD / "netdev-test-summary.json"
-    pcap = BUILD / "pcap" / "netdev-test.pcap"
     device = subprocess.Popen(
         [sys.executable, "-m", "sim.netdev", "--local", f"127.0.0.1:{device_port}",
-         "--remote", f"127.0.0.1:{link.getsockname()[1]}", "--summary", str(summary),
-         "--pcap", str(pcap), "--faults-to-core", "duplicate=0.3", "--seconds", "600"],
+         "--remote", f"127.0.0.1:{link.getsockname()[1]}",
+         "--summary", str(BUILD / f"{name}-summary.json"),
+         "--pcap", str(BUILD / "pcap" / f"{name}.pcap"), *options],
         cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return device, ("127.0.0.1", device_port)
+
+
+def test_netdev_answers_a_udp_peer_and_stops_with_a_summary(core_design):
+    link = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    link.bind(("127.0.0.1", 0))
+    link.settimeout(0.5)
+    summary = BUILD / "netdev-test-summary.json"
+    pcap = BUILD / "pcap" / "netdev-test.pcap"
+    device, to_device = start_device(link, "netdev-test", "--faults-to-core", "duplicate=0.3",
+                                     "--seconds", "600")
     try:
         arp = exchange(link, to_device, Ether(src=HOST_MAC, dst="ff:ff:ff:ff:ff:ff")
                        / ARP(op=1, hwsrc=HOST_MAC, psrc=HOST_IP, pdst=CORE_IP),
@@ -148,20 +156,10 @@ def test_qp_server_reclaim_frees_the_qps_a_crashed_run_left(core_design):
     link = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     link.bind(("127.0.0.1", 0))
     link.settimeout(0.05)
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    probe.bind(("127.0.0.1", 0))
-    device_port = probe.getsockname()[1]
-    probe.close()
-    summary = BUILD / "netdev-reclaim-summary.json"
-    device = subprocess.Popen(
-        [sys.executable, "-m", "sim.netdev", "--local", f"127.0.0.1:{device_port}",
-         "--remote", f"127.0.0.1:{link.getsockname()[1]}", "--summary", str(summary),
-         "--pcap", str(BUILD / "pcap" / "netdev-reclaim.pcap"), "--seconds", "900"],
-        cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    device, to_device = start_device(link, "netdev-reclaim", "--seconds", "900")
     server = None
     try:
-        with CmRelay(link, ("127.0.0.1", device_port)) as relay:
+        with CmRelay(link, to_device) as relay:
             with CmClient("127.0.0.1", cm_port=relay.port, timeout=5, retries=60) as crashed:
                 left = [crashed.open_qp(QpInfo(qpn=qpn, psn=1, ip=HOST_IP))[0].qpn
                         for qpn in (0x31, 0x32)]
@@ -192,5 +190,5 @@ def test_qp_server_reclaim_frees_the_qps_a_crashed_run_left(core_design):
     assert f"paired host QPN 17 ({HOST_IP}) with endpoint QPN 256" in err
     assert "interrupted; the QPs are closed" in err
     assert device.returncode == 0, output
-    counters = json.loads(summary.read_text())["counters"]
+    counters = json.loads((BUILD / "netdev-reclaim-summary.json").read_text())["counters"]
     assert (counters.get("cm.opened"), counters.get("cm.closed")) == (3, 3), counters
