@@ -490,7 +490,6 @@ class ConnectionManager(wiring.Component):
                 expired = entry.open & (entry.age == LEASE_SWEEPS) & idle
                 aged = Signal(CM_ENTRY)
                 m.d.comb += [aged.eq(entry), aged.age.eq(entry.age + (entry.age != LEASE_SWEEPS))]
-                m.d.sync += found.eq(entry)
                 m.next = "SWEEP_NEXT"
                 with m.If(Mux(closing_all, from_host, expired)):
                     m.d.comb += [
