@@ -289,7 +289,8 @@ class Checker:
 
 
 class Statistics:
-    """Messages, bytes and errors checked since :meth:`start`, and the rate."""
+    """Messages, bytes and errors since :meth:`start` (``checked``: how many of the
+    messages were compared byte by byte), the average rate and the current rate."""
 
     def __init__(self, total: int | None = None, *,
                  clock: Callable[[], float] = time.monotonic):
@@ -297,13 +298,16 @@ class Statistics:
         self.messages = 0
         self.bytes = 0
         self.errors = 0
+        self.checked = 0
         self._clock = clock
         self._started: float | None = None
         self._stopped: float | None = None
+        self._sample: tuple[float, int] | None = None
 
     def start(self) -> None:
         self._started = self._clock()
         self._stopped = None
+        self._sample = (self._started, self.bytes)
 
     def stop(self) -> None:
         if self._started is not None and self._stopped is None:
@@ -311,10 +315,16 @@ class Statistics:
 
     def add(self, nbytes: int, *, ok: bool = True) -> None:
         """One message of ``nbytes`` checked; ``ok`` False counts an error too."""
-        self.messages += 1
+        self.add_batch(1, nbytes, errors=0 if ok else 1)
+
+    def add_batch(self, messages: int, nbytes: int, *, errors: int = 0,
+                  checked: int | None = None) -> None:
+        """``messages`` messages of ``nbytes`` in all, ``errors`` of them wrong,
+        ``checked`` (default all) of them compared byte by byte."""
+        self.messages += messages
         self.bytes += nbytes
-        if not ok:
-            self.errors += 1
+        self.errors += errors
+        self.checked += messages if checked is None else checked
 
     @property
     def elapsed(self) -> float:
@@ -326,17 +336,30 @@ class Statistics:
 
     @property
     def gbps(self) -> float:
-        """Checked payload in GB/s (10**9 bytes per second)."""
+        """Payload in GB/s (10**9 bytes per second) since :meth:`start`."""
         elapsed = self.elapsed
         return self.bytes / elapsed / 1e9 if elapsed > 0 else 0.0
 
+    def current_gbps(self) -> float:
+        """Payload in GB/s since the previous call (or :meth:`start`)."""
+        now = self._clock()
+        if self._sample is None:
+            self._sample = (now, self.bytes)
+            return 0.0
+        then, nbytes = self._sample
+        self._sample = (now, self.bytes)
+        return (self.bytes - nbytes) / (now - then) / 1e9 if now > then else 0.0
+
     def progress_line(self) -> str:
-        """One line for the terminal, e.g. ``1200/5000 messages, 4.9 MB, 1.23 GB/s, 0 errors``."""
+        """One line for the terminal, e.g. ``1200/5000 messages, 4.9 MB, 1.31 GB/s now,
+        1.23 GB/s average, 0 errors`` (the current rate since the previous line)."""
         done = f"{self.messages}/{self.total}" if self.total is not None else f"{self.messages}"
-        return (f"{done} messages, {self.bytes / 1e6:.1f} MB, {self.gbps:.2f} GB/s, "
+        return (f"{done} messages, {self.bytes / 1e6:.1f} MB, {self.current_gbps():.2f} GB/s "
+                f"now, {self.gbps:.2f} GB/s average, "
                 f"{self.errors} error{'' if self.errors == 1 else 's'}")
 
     def summary(self) -> dict[str, int | float]:
         """The final numbers, for ``--json``."""
         return {"messages": self.messages, "bytes": self.bytes, "errors": self.errors,
-                "elapsed_s": round(self.elapsed, 6), "gbytes_per_s": round(self.gbps, 6)}
+                "checked": self.checked, "elapsed_s": round(self.elapsed, 6),
+                "gbytes_per_s": round(self.gbps, 6)}

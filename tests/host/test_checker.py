@@ -120,16 +120,21 @@ def test_statistics():
     stats = Statistics(total=10, clock=lambda: now[0])
     assert stats.gbps == 0.0 and stats.elapsed == 0.0
     stats.start()
-    stats.add(1_000_000)
-    stats.add(1_000_000, ok=False)
+    stats.add(1_000_000_000)
+    stats.add(1_000_000_000, ok=False)
     now[0] = 100.5
     assert stats.elapsed == 0.5
-    assert stats.gbps == pytest.approx(0.004)
-    assert stats.progress_line() == "2/10 messages, 2.0 MB, 0.00 GB/s, 1 error"
+    assert stats.gbps == pytest.approx(4.0)
+    assert stats.progress_line() == (
+        "2/10 messages, 2000.0 MB, 4.00 GB/s now, 4.00 GB/s average, 1 error")
+    stats.add_batch(3, 1_000_000_000, errors=2, checked=1)
+    now[0] = 101.5
+    assert stats.progress_line() == (
+        "5/10 messages, 3000.0 MB, 1.00 GB/s now, 2.00 GB/s average, 3 errors")
     stats.stop()
     now[0] = 200.0
-    assert stats.summary() == {"messages": 2, "bytes": 2_000_000, "errors": 1,
-                               "elapsed_s": 0.5, "gbytes_per_s": 0.004}
+    assert stats.summary() == {"messages": 5, "bytes": 3_000_000_000, "errors": 3,
+                               "checked": 3, "elapsed_s": 1.5, "gbytes_per_s": 2.0}
 
 
 def test_a_hundred_thousand_messages_check_quickly():

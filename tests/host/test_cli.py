@@ -459,8 +459,14 @@ def test_human_summary_and_live_progress():
     assert out.getvalue().startswith("OK: SEND, 20 of 20 messages checked (1024 bytes each), "
                                      "20480 bytes in ")
     assert "QP 0 (host QPN 17, endpoint QPN 256): 20/20 ok" in out.getvalue()
+    table = out.getvalue().splitlines()[-3:]
+    assert table[0].split() == ["QP", "messages", "bytes", "seconds", "Gb/s", "GB/s", "Mmsg/s",
+                                "retransmitted", "NAKs", "timeouts"]
+    assert table[1].split()[:3] == ["0", "20", "20480"]
+    assert table[2].split()[:3] == ["all", "20", "20480"]
+    assert float(table[2].split()[3]) > 19 * 0.02, "first to last landing, 19 gaps of 20 ms"
     assert "\r\033[K" in err.getvalue() and "/20 messages, " in err.getvalue()
-    assert " GB/s, 0 errors" in err.getvalue()
+    assert " GB/s now, " in err.getvalue() and " GB/s average, 0 errors" in err.getvalue()
 
 
 @pytest.mark.parametrize("argv", [
