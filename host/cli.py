@@ -34,7 +34,8 @@ from .numa import pin_to_node
 from .protocol import PathMtu
 from .run import RunConfig, Runner, rate_divider
 
-__all__ = ["DEFAULT_CLOCK_HZ", "build_parser", "main", "parse_bytes", "parse_bind"]
+__all__ = ["DEFAULT_CLOCK_HZ", "build_parser", "main", "parse_bytes", "parse_bind",
+           "parse_endpoint"]
 
 #: The endpoint's core clock with the VCU118 CMAC (Hz): the unit of the divider.
 DEFAULT_CLOCK_HZ = 322_265_625
@@ -122,6 +123,16 @@ def _rate(text: str) -> float:
     return value
 
 
+def parse_endpoint(text: str) -> str:
+    """``IP`` or ``IP:PORT`` of an endpoint's CM (PORT: instead of ``--cm-port``)."""
+    address, colon, port = text.strip().partition(":")
+    try:
+        return _ipv4(address) + (f":{_port(port)}" if colon else "")
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"not an endpoint IP[:PORT]: {text!r} (e.g. 10.77.0.2 or 10.77.0.2:17185)") from None
+
+
 def _check_mode(text: str) -> str:
     try:
         RunConfig(check=text)
@@ -134,13 +145,14 @@ def _cm_options(*, many: bool = False) -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group("connection manager")
     if many:
-        group.add_argument("--endpoint", type=_ipv4, action="append", default=None,
-                           metavar="IP",
-                           help=f"an endpoint's IPv4 address (default {DEFAULT_ENDPOINT}); "
-                                "give it several times to read out several endpoints at once")
+        group.add_argument("--endpoint", type=parse_endpoint, action="append", default=None,
+                           metavar="IP[:PORT]",
+                           help=f"an endpoint's IPv4 address (default {DEFAULT_ENDPOINT}), "
+                                "optionally with its CM port; give it several times to read "
+                                "out several endpoints at once")
         group.add_argument("--endpoints-file", type=argparse.FileType("r"), default=None,
                            metavar="FILE",
-                           help="more endpoints, one IPv4 address a line (# comments)")
+                           help="more endpoints, one IP[:PORT] a line (# comments)")
     else:
         group.add_argument("--endpoint", type=_ipv4, default=DEFAULT_ENDPOINT, metavar="IP",
                            help=f"the endpoint's IPv4 address (default {DEFAULT_ENDPOINT})")
@@ -293,7 +305,9 @@ def _ring(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _cm(args: argparse.Namespace, endpoint: str | None = None) -> CmClient:
-    return CmClient(endpoint or args.endpoint, cm_port=args.cm_port, bind=args.bind,
+    """The CM client of ``endpoint`` (``IP[:PORT]``; default ``--endpoint``)."""
+    address, _, port = (endpoint or args.endpoint).partition(":")
+    return CmClient(address, cm_port=int(port) if port else args.cm_port, bind=args.bind,
                     timeout=args.timeout, retries=args.retries)
 
 
@@ -304,7 +318,7 @@ def _endpoints(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
         with args.endpoints_file as file:
             for line in parse_endpoints(file.read()):
                 try:
-                    endpoints.append(_ipv4(line))
+                    endpoints.append(parse_endpoint(line))
                 except argparse.ArgumentTypeError as error:
                     parser.error(f"--endpoints-file: {error}")
     endpoints = endpoints or [DEFAULT_ENDPOINT]

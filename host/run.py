@@ -272,9 +272,10 @@ class Runner:
             ks = range(batch.first, batch.first + batch.count)
             mismatches = self.checker.check_messages(buffer, batch.offset, batch.first,
                                                      batch.count)
+        elif sample == 0:
+            ks, mismatches = [], []
         else:
-            first = -(-batch.first // sample) * sample if sample else batch.first + batch.count
-            ks = range(first, batch.first + batch.count, sample)
+            ks = range(-(-batch.first // sample) * sample, batch.first + batch.count, sample)
             mismatches = [mismatch for k in ks for mismatch in self.checker.check_messages(
                 buffer, batch.offset + (k - batch.first) * batch.length, k, 1)]
         for mismatch in mismatches:
