@@ -51,6 +51,15 @@ class Figures:
                    sum(part.retransmitted for part in parts), sum(part.naks for part in parts),
                    sum(part.timeouts for part in parts))
 
+    @classmethod
+    def from_json(cls, fields: dict) -> Figures:
+        """Back from :meth:`to_json` (the span as first 0 and last ``seconds``)."""
+        if not fields.get("messages"):
+            return cls()
+        return cls(fields["messages"], fields["bytes"], 0.0, fields.get("seconds", 0.0),
+                   fields.get("retransmitted", 0), fields.get("naks", 0),
+                   fields.get("timeouts", 0))
+
     @property
     def seconds(self) -> float:
         if self.first is None or self.last is None:
