@@ -3,7 +3,7 @@
 Per message size, a ring of about :data:`RING_BYTES` holds generator messages
 k = 0, 1, ... back to back (as a WRITE ring after one lap), built with numpy and
 spot-checked against ``protocol.generator_payload``. The table gives, best of
-:data:`REPEATS`:
+:data:`REPEATS` rounds (each round times all three, one after the other):
 
 * the checker's GB/s (:meth:`host.checker.Checker.check_messages` over the whole
   ring, one thread and then ``threads`` threads),
@@ -33,7 +33,7 @@ from .protocol import generator_payload
 __all__ = ["RING_BYTES", "REPEATS", "SIZES", "ring_of", "measure", "main"]
 
 RING_BYTES = 64 << 20
-REPEATS = 7
+REPEATS = 9
 SIZES = (64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20)
 
 
@@ -50,37 +50,37 @@ def ring_of(size: int, ring_bytes: int = RING_BYTES) -> tuple[np.ndarray, int]:
     return data, count
 
 
-def _best(action: Callable[[], object], repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        begin = time.perf_counter()
-        action()
-        best = min(best, time.perf_counter() - begin)
-    return best
+def _seconds(action: Callable[[], object]) -> float:
+    begin = time.perf_counter()
+    action()
+    return time.perf_counter() - begin
 
 
 def measure(size: int, *, threads: int, ring_bytes: int = RING_BYTES,
             repeats: int = REPEATS) -> tuple[float, float, float]:
     """(checker GB/s with one thread, with ``threads`` threads, array_equal GB/s) for
-    messages of ``size`` bytes."""
+    messages of ``size`` bytes: the best of ``repeats`` rounds, each round timing
+    all three one after the other, so a busy machine slows them alike."""
     data, count = ring_of(size, ring_bytes)
     buffer = memoryview(data)
-    copy = data.copy()
-    nbytes = data.nbytes
-    rates = []
-    for workers in (1, threads):
-        checker = Checker(size, slots=count, threads=workers)
-        try:
+    words, copy_words = data.view("<u8"), data.copy().view("<u8")
+    checkers = [Checker(size, slots=count, threads=workers) for workers in (1, threads)]
+    try:
+        for checker in checkers:
             assert checker.check_messages(buffer, 0, 0, count) == []
-            rates.append(nbytes / _best(
-                lambda checker=checker: checker.check_messages(buffer, 0, 0, count),
-                repeats) / 1e9)
-        finally:
+        assert np.array_equal(words, copy_words)
+        actions = [*(lambda checker=checker: checker.check_messages(buffer, 0, 0, count)
+                     for checker in checkers),
+                   lambda: np.array_equal(words, copy_words)]
+        best = [float("inf")] * len(actions)
+        for _ in range(repeats):
+            best = [min(old, _seconds(action)) for old, action in zip(best, actions,
+                                                                       strict=True)]
+    finally:
+        for checker in checkers:
             checker.close()
-    words, copy_words = data.view("<u8"), copy.view("<u8")
-    assert np.array_equal(words, copy_words)
-    plain = nbytes / _best(lambda: np.array_equal(words, copy_words), repeats) / 1e9
-    return rates[0], rates[1], plain
+    one, many, plain = (data.nbytes / seconds / 1e9 for seconds in best)
+    return one, many, plain
 
 
 def machine() -> str:

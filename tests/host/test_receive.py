@@ -1,6 +1,8 @@
 """The receive API against the fake endpoint and verbs backend: every message once, in
 order, as a view of the registered buffer; slots released and reposted."""
 
+import contextlib
+
 import pytest
 
 from host.cm import CmClient
@@ -22,11 +24,18 @@ class CountingBackend(FakeBackend):
         self.posts.append((qp, wr_id))
 
 
-def receive_all(config, **endpoint_options):
+@contextlib.contextmanager
+def receiving(config):
+    """A started receiver on a fake endpoint: (receiver, backend, endpoint)."""
     backend = CountingBackend()
-    with FakeEndpoint(backend, **endpoint_options) as endpoint, \
+    with FakeEndpoint(backend) as endpoint, \
             CmClient("127.0.0.1", cm_port=endpoint.port, timeout=0.3) as cm, \
             Receiver(config, backend, cm) as receiver:
+        yield receiver, backend, endpoint
+
+
+def receive_all(config):
+    with receiving(config) as (receiver, backend, endpoint):
         got = []
         for message in receiver.messages():
             assert isinstance(message.data, memoryview)
@@ -64,11 +73,8 @@ def test_every_message_once_in_order(config):
 
 
 def test_a_receive_is_reposted_only_when_the_batch_is_released():
-    backend = CountingBackend()
     config = RunConfig(write=False, size=16, count=6, receives=2)
-    with FakeEndpoint(backend) as endpoint, \
-            CmClient("127.0.0.1", cm_port=endpoint.port, timeout=0.3) as cm, \
-            Receiver(config, backend, cm) as receiver:
+    with receiving(config) as (receiver, backend, _):
         seen = []
         for batch in receiver.batches():
             posted = len(backend.posts)
@@ -82,11 +88,7 @@ def test_a_receive_is_reposted_only_when_the_batch_is_released():
 
 
 def test_a_lapped_slot_is_reported_and_skipped():
-    backend = CountingBackend()
-    config = RunConfig(write=True, size=32, count=50, ring=320)
-    with FakeEndpoint(backend) as endpoint, \
-            CmClient("127.0.0.1", cm_port=endpoint.port, timeout=0.3) as cm, \
-            Receiver(config, backend, cm) as receiver:
+    with receiving(RunConfig(write=True, size=32, count=50, ring=320)) as (receiver, _, _):
         ks = [message.k for message in receiver.messages()]
         qp = receiver.qps[0]
     assert ks == list(range(40, 50))
