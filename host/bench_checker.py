@@ -33,7 +33,7 @@ from .protocol import generator_payload
 __all__ = ["RING_BYTES", "REPEATS", "SIZES", "ring_of", "measure", "main"]
 
 RING_BYTES = 64 << 20
-REPEATS = 9
+REPEATS = 20
 SIZES = (64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20)
 
 
