@@ -488,7 +488,7 @@ def report(result: DemoResult, out: Callable[[str], None] = print) -> None:
     table = simulation_figures(result.checks)
     if table:
         out("simulation figures, perftest-style (host landing times, first message to last; "
-            "the simulated endpoint runs some 6,000 cycles per second, so these are the "
+            "the simulated endpoint runs a few thousand cycles per second, so these are the "
             "simulation's rates, not the board's):")
         for line in table:
             out(f"  {line}")
