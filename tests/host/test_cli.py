@@ -693,11 +693,19 @@ def test_two_endpoints_run_in_parallel(tmp_path):
         made = iter(backends)
         first.backend, second.backend = backends
         second.corrupt = {}
-        code, out, err = run(["--endpoint", f"127.0.0.1:{first.port}", "--endpoint",
-                              f"127.0.0.1:{second.port}", "--bind", "127.0.0.1:0",
-                              "--stall", "0.2", "--send", "--size", "64", "--count", "20"],
-                             factory)
+        first.message_delay = second.message_delay = 0.03
+        terminal, stdout = Terminal(), io.StringIO()
+        code = cli.main(["--endpoint", f"127.0.0.1:{first.port}", "--endpoint",
+                         f"127.0.0.1:{second.port}", "--bind", "127.0.0.1:0", "--stall", "0.2",
+                         "--send", "--size", "64", "--count", "20"], backend=factory,
+                        stdout=stdout, stderr=terminal)
+    out, err = stdout.getvalue(), terminal.getvalue()
     assert code == 0, err
+    progress = [line for line in err.split("\r\033[K") if line.startswith("127.0.0.1")]
+    assert progress, "a live line for both endpoints"
+    assert all(line.count(" msgs ") == 3 and " | total " in line for line in progress)
+    assert progress[-1].startswith(f"127.0.0.1:{first.port} ")
+    assert f" | 127.0.0.1:{second.port} " in progress[-1]
     lines = out.splitlines()
     assert lines[0] == f"endpoint 127.0.0.1:{first.port}:"
     assert f"endpoint 127.0.0.1:{second.port}:" in lines
