@@ -62,7 +62,9 @@ DEFAULT_RING_LIMIT = 64 << 20
 
 _FILL = 0xFF
 _POLL_SLICE = 0.05
-_RING_BUDGET = 4096
+#: Bytes of plain-WRITE messages one poll of a ring hands out at most (one batch).
+_RING_BATCH_BYTES = 16 << 20
+_FIRST_WINDOW = 64
 _IMM_RECEIVE_BYTES = 64
 _WORD = 8
 
@@ -544,7 +546,8 @@ class Receiver:
         while qp.next_k < config.count:
             k = qp.next_k
             slot = k % config.slots
-            limit = min(config.count - k, config.slots - slot, _RING_BUDGET)
+            limit = min(config.count - k, config.slots - slot,
+                        max(1, _RING_BATCH_BYTES // config.size))
             count = self._landed_run(qp, k, limit)
             if count:
                 batch = Batch(self, qp.index, k, count, slot * config.size, config.size,
@@ -568,13 +571,15 @@ class Receiver:
 
     def _landed_run(self, qp: QpRun, k: int, limit: int) -> int:
         """How many of messages ``k .. k + limit - 1`` (consecutive slots) have landed,
-        from their marker words, read at once with numpy."""
+        from their marker words, read with numpy in windows that grow by 4 from
+        :data:`_FIRST_WINDOW` while every marker of a window is there (an idle poll
+        reads one window)."""
         size = self.config.size
         marker_offset, marker_length = self.checker.marker()
         base = self.checker.slot_offset(k) + marker_offset
+        buffer = self.buffer(qp.index)
         if size % _WORD or size < _WORD:
             count = 0
-            buffer = self.buffer(qp.index)
             while count < limit:
                 at = base + count * size
                 if self.checker.landed(k + count, buffer[at:at + marker_length]) \
@@ -582,11 +587,19 @@ class Receiver:
                     break
                 count += 1
             return count
-        markers = np.ndarray((limit,), "<u8", self.buffer(qp.index), base, (size,))
-        expected = (np.arange(k, k + limit, dtype="<u8") << np.uint64(32)) \
-            | np.uint64(size // _WORD - 1)
-        landed = markers == expected
-        return limit if landed.all() else int(np.argmin(landed))
+        count, window = 0, _FIRST_WINDOW
+        last_word = np.uint64(size // _WORD - 1)
+        while count < limit:
+            n = min(window, limit - count)
+            markers = np.ndarray((n,), "<u8", buffer, base + count * size, (size,))
+            expected = (np.arange(k + count, k + count + n, dtype="<u8") << np.uint64(32)) \
+                | last_word
+            landed = markers == expected
+            if not landed.all():
+                return count + int(np.argmin(landed))
+            count += n
+            window *= 4
+        return count
 
     def _release_held(self) -> None:
         if self._held is not None:

@@ -94,3 +94,20 @@ def test_a_lapped_slot_is_reported_and_skipped():
     assert ks == list(range(40, 50))
     assert qp.unchecked == 40
     assert qp.first_error == "message 0 was overwritten by message 40 before it was checked"
+
+
+@pytest.mark.parametrize("size", [8, 64, 20])
+@pytest.mark.parametrize("landed", [0, 1, 63, 64, 65, 320, 321, 399, 400])
+def test_the_landed_prefix_of_a_ring_across_growing_windows(size, landed):
+    from host.protocol import QpInfo
+    from host.receive import QpRun
+
+    slots, first = 400, 800     # the third lap: slots still hold the second lap's messages
+    ring = bytearray(b"".join(generator_payload(first - slots + i, size) for i in range(slots)))
+    for i in range(landed):
+        ring[i * size:(i + 1) * size] = generator_payload(first + i, size)
+    receiver = Receiver(RunConfig(write=True, size=size, count=2000, ring=slots * size),
+                        FakeBackend(), cm=None)
+    receiver._buffers = [memoryview(ring)]
+    assert receiver._landed_run(QpRun(0, QpInfo()), first, slots) == landed
+    assert receiver._landed_run(QpRun(0, QpInfo()), first, min(slots, 70)) == min(landed, 70)
