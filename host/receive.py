@@ -404,8 +404,9 @@ class Receiver:
         return bool(self.qps) and all(qp.done for qp in self.qps)
 
     def messages(self) -> Iterator[Message]:
-        """Every landed message, in order per QP; each is released when the next one
-        is asked for."""
+        """Every landed message, in order per QP. Use its ``data`` before asking for
+        the next message: its slot is handed back with its batch, at the latest
+        when a message of the next batch is asked for."""
         for batch in self.batches():
             yield from batch
 
