@@ -22,7 +22,7 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from . import protocol
@@ -438,7 +438,7 @@ def _run_many(args: argparse.Namespace, config: RunConfig, endpoints: list[str],
     live = err.isatty()
     clear = _CLEAR_LINE if live else ""
 
-    def notice_for(endpoint: str):
+    def notice_for(endpoint: str) -> Callable[[str], None]:
         def notice(text: str) -> None:
             print(f"{clear}{_PROG}: {endpoint}: {text}", file=err)
         return notice
