@@ -283,11 +283,12 @@ class Runner:
         qp.ok += batch.count - len(mismatches)
         self.stats.add_batch(batch.count, batch.nbytes, errors=len(mismatches),
                              checked=len(ks))
-        if not self.config.uses_completions:
+        first_of_last_lap = self.config.count - self.config.slots
+        if not self.config.uses_completions and batch.first + batch.count > first_of_last_lap:
             last_lap = self._last_lap.setdefault(batch.qp, {})
             bad = {mismatch.message for mismatch in mismatches}
             for k in ks:
-                if k >= self.config.count - self.config.slots:
+                if k >= first_of_last_lap:
                     last_lap[k] = k not in bad
 
     def _finish(self) -> None:
