@@ -232,7 +232,8 @@ class CmClient:
         raise StartNotTaken(
             f"endpoint QP {qpn} did not take the start after {tries} "
             f"tr{'y' if tries == 1 else 'ies'} ({self.timeout:g} s each): its generator runs "
-            "only a few runs at once; wait for the others to finish or use fewer --qps")
+            "only a few runs at once; wait for the others to finish or use fewer --qps (and it "
+            "takes a start only from the host that opened the QP)")
 
 
 def _ack_name(ack: object) -> str:
