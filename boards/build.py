@@ -4,9 +4,12 @@
 (``top.v``, ``top.xdc``, ``top.tcl`` with the CMAC IP recipe, ``build_top.sh``
 and ``program.tcl``) and runs it when ``vivado`` is on ``PATH``. Without
 Vivado it stops there with one line saying so and how to finish on a
-machine that has it. ``python -m boards.build program`` loads the bitstream
-through Vivado's hardware manager (a board on this machine's JTAG, or on a
-``hw_server`` named with ``--hw-server``).
+machine that has it. The flow stops before ``write_bitstream`` when the routed
+design fails timing (:mod:`boards.timing_gate`); ``make bitstream`` then says
+which checks failed and where the reports are, and no ``top.bit`` is left.
+``python -m boards.build program`` loads the bitstream through Vivado's
+hardware manager (a board on this machine's JTAG, or on a ``hw_server``
+named with ``--hw-server``).
 """
 
 import argparse
@@ -18,6 +21,7 @@ from pathlib import Path
 from gateware.roce.requests import PathMtu
 
 from .cmac_ip import CMAC_IP_NAME, cmac_ip_tcl
+from .timing_gate import failed_checks, gate_report_name, timing_gate_tcl
 from .vcu118 import VCU118Platform
 from .vcu118_top import VCU118Top
 
@@ -76,7 +80,8 @@ def write_tree(build_dir: Path, *, board: str = "vcu118", qsfp: int = 1, rsfec: 
     plan = platform.build(
         top, name=NAME, build_dir=str(build_dir), do_build=False,
         add_constraints=_clock_constraints(platform),
-        script_after_read=cmac_ip_tcl(qsfp))
+        script_after_read=cmac_ip_tcl(qsfp),
+        script_before_bitstream=timing_gate_tcl(NAME))
     plan.extract(str(build_dir))
     _write_program_tcl(build_dir, platform.device, hw_server)
     return build_dir / f"build_{NAME}.sh"
@@ -101,7 +106,20 @@ def _bitstream(args) -> int:
               f"on PATH",
               file=sys.stderr)
         return 1
+    outputs = [build_dir / f"{NAME}.bit", build_dir / f"{NAME}.bin",
+               build_dir / gate_report_name(NAME)]
+    for output in outputs:
+        output.unlink(missing_ok=True)
     run = subprocess.run(["sh", script.name], cwd=build_dir)
+    failed = failed_checks(build_dir / gate_report_name(NAME))
+    if run.returncode or failed:
+        for output in outputs[:2]:
+            output.unlink(missing_ok=True)
+    if failed:
+        print(f"error: timing failed after routing ({'; '.join(failed)}), no bitstream "
+              f"written; the worst paths are in {build_dir / gate_report_name(NAME)}, the full "
+              f"report in {build_dir / (NAME + '_timing.rpt')}", file=sys.stderr)
+        return run.returncode or 1
     if run.returncode:
         print(f"error: Vivado failed ({run.returncode}); see {build_dir / (NAME + '.log')}",
               file=sys.stderr)
