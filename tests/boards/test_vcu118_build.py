@@ -72,7 +72,12 @@ def test_the_whole_top_elaborates_with_the_cmac(tree):
             "tx_axis_tlast", "tx_axis_tuser", "tx_preamblein", "gt_loopback_in",
             "core_tx_reset", "core_rx_reset", "core_drp_reset"} <= ports
     assert {"gt_txp_out", "gt_txn_out", "gt_txusrclk2", "usr_tx_reset", "usr_rx_reset",
-            "rx_axis_tvalid", "rx_axis_tdata", "tx_axis_tready", "stat_rx_aligned"} <= ports
+            "rx_axis_tvalid", "rx_axis_tdata", "tx_axis_tready", "stat_rx_aligned",
+            "stat_rx_remote_fault", "stat_rx_rsfec_am_lock0", "stat_rx_rsfec_am_lock3",
+            "stat_rx_rsfec_lane_alignment_status", "stat_rx_rsfec_hi_ser",
+            "stat_rx_rsfec_corrected_cw_inc", "stat_rx_rsfec_uncorrected_cw_inc"} <= ports
+    # The receive datapath reset is driven (by the watchdog), not tied off.
+    assert re.search(r"\.gtwiz_reset_rx_datapath\(\w+\)", instance[1])
     # The receive side runs on the TX user clock.
     assert re.search(r"\.gt_txusrclk2\((\w+)\).*\.rx_clk\(\1\)", instance[1], re.S)
     assert re.search(r"^module \\top\.core\b", verilog, re.M), "the core is not in the top"
