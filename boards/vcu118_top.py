@@ -1,13 +1,17 @@
 """The VCU118 top: the vendor-free core on one QSFP28 cage's CMAC, with clocks, resets,
-the link bring-up and status LEDs."""
+the link bring-up, the addresses from the DIP switches and status LEDs."""
+
+import inspect
 
 from amaranth import *
 from amaranth.lib import io
 from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
+from amaranth.lib.wiring import connect
 
 from gateware.core import CMAC_CLOCK_HZ, NetworkCore
 from gateware.packet.store_forward import PacketStoreForward
 
+from .board_address import BoardAddress
 from .cmac import Cmac
 from .cmac_ip import INIT_CLOCK_MHZ
 from .cmac_link import CmacLink
@@ -31,6 +35,12 @@ LEDS = (
 
 #: Cycles of the board clock the init domain stays in reset after configuration (1 ms).
 POWER_ON_CYCLES = INIT_CLOCK_MHZ * 1000
+
+#: The VCU118's GPIO DIP switches (SW12), added to the last octet of the IP and MAC address.
+ADDRESS_SWITCHES = 4
+
+#: The core's address parameters, which :class:`BoardAddress` also takes.
+ADDRESS_PARAMETERS = ("mac", "ip", "netmask", "gateway")
 
 
 def blink(m, domain, cycles):
@@ -81,7 +91,10 @@ class VCU118Top(Elaboratable):
     (the CMAC aborts a frame that pauses) → :class:`~boards.cmac_link.CmacLink`
     (frames only while the link is up) → CMAC. The built-in generator is the
     only source of RoCE traffic: the user work-request port is idle and
-    completions are drained. LEDs: see :data:`LEDS`.
+    completions are drained. The addresses are the build-time ones with the
+    GPIO DIP switches (SW12, read at reset) added to the last octet of the IP
+    and MAC address (:class:`~boards.board_address.BoardAddress`). LEDs: see
+    :data:`LEDS`.
 
     Parameters
     ----------
@@ -99,6 +112,10 @@ class VCU118Top(Elaboratable):
         self.qsfp = qsfp
         self.rsfec = bool(rsfec)
         self.core = NetworkCore(clock_hz=CMAC_CLOCK_HZ, **core)
+        defaults = inspect.signature(NetworkCore).parameters
+        self.address = BoardAddress(
+            switches=ADDRESS_SWITCHES,
+            **{name: core.get(name, defaults[name].default) for name in ADDRESS_PARAMETERS})
 
     def elaborate(self, platform):
         m = Module()
@@ -196,6 +213,17 @@ class VCU118Top(Elaboratable):
             # completions come out of the user completion port.
             core.completion.ready.eq(1),
         ]
+
+        # The addresses, from the switches.
+        m.submodules.address = address = self.address
+        switches = Signal(ADDRESS_SWITCHES)
+        for n in range(ADDRESS_SWITCHES):
+            m.submodules[f"switch{n}"] = switch = io.Buffer(
+                "i", platform.request("switch", n, dir="-"))
+            m.d.comb += switches[n].eq(switch.i)
+        m.submodules.switches_sync = FFSynchronizer(switches, address.i_switches,
+                                                    o_domain="sync")
+        connect(m, address.o_config, core.config)
 
         # Status LEDs.
         attention = Signal()
