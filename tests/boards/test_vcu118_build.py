@@ -226,13 +226,15 @@ def test_timing_gate_fails_on_a_negative_slack(tree, tmp_path, failing, wns, whs
             "->", f"ENDPOINT_CLOCK_of_path_{delay_type})"]
 
 
-def test_program_script_loads_the_bitstream(tree):
+def test_jtag_scripts_load_and_flash_the_bitstream(tree):
     _, build_dir = tree
-    script = (build_dir / "program.tcl").read_text()
+    program = (build_dir / "program.tcl").read_text()
     for command in ("open_hw_manager", "connect_hw_server -url localhost:3121",
-                    "get_hw_devices xcvu9p", "set_property PROGRAM.FILE {top.bit}",
+                    "open_board_device xcvu9p {}", "set_property PROGRAM.FILE {top.bit}",
                     "program_hw_devices"):
-        assert command in script
+        assert command in program
+    flash = (build_dir / "flash.tcl").read_text()
+    assert "-loadbit {up 0x00000000 top.bit}" in flash and "program_hw_cfgmem" in flash
 
 
 def run_build(*args, path):
@@ -265,8 +267,9 @@ def test_bitstream_without_vivado(tmp_path):
 
 
 def test_bitstream_and_program_with_vivado(tmp_path):
-    """With ``vivado`` on PATH the written script runs it on top.tcl; ``program`` runs it
-    on program.tcl; ``program`` without a bitstream names the fix."""
+    """With ``vivado`` on PATH the written script runs it on top.tcl; ``program`` and
+    ``flash`` run it on program.tcl and flash.tcl, for the JTAG target asked for;
+    ``program`` without a bitstream names the fix."""
     tools = fake_vivado(tmp_path / "bin")
     path = f"{tools}{os.pathsep}{os.environ['PATH']}"
     tree = tmp_path / "tree"
@@ -279,6 +282,11 @@ def test_bitstream_and_program_with_vivado(tmp_path):
     run = run_build("program", "--build-dir", str(tree), path=path)
     assert run.returncode == 0, run.stderr
     assert "-source program.tcl" in (tree / "vivado.args").read_text()
+    run = run_build("flash", "--build-dir", str(tree), "--jtag-target", "210308A5A8DB",
+                    path=path)
+    assert run.returncode == 0, run.stderr
+    assert "-log flash.log -source flash.tcl" in (tree / "vivado.args").read_text()
+    assert "open_board_device xcvu9p {210308A5A8DB}" in (tree / "flash.tcl").read_text()
 
 
 def test_bitstream_that_fails_timing(tmp_path):
