@@ -50,8 +50,8 @@ def _clock_constraints(platform) -> str:
         " -group [get_clocks -include_generated_clocks clk125_0__p]"
         f" -group [get_clocks -include_generated_clocks -of_objects [get_pins -of_objects {cmac}"
         " -filter {REF_PIN_NAME == gt_txusrclk2}]]",
-        "# LEDs, switches and QSFP28 low-speed pins: static or slow, not timed.",
-        "set_false_path -to [get_ports {led_*}]",
+        "# LEDs, switches, the UART and QSFP28 low-speed pins: static or slow, not timed.",
+        "set_false_path -to [get_ports {led_* uart_0__tx__io uart_0__rts__io}]",
         "set_false_path -to [get_ports {qsfp_*__modsel__io qsfp_*__reset__io qsfp_*__lpmode__io}]",
         "set_false_path -from [get_ports {cpu_reset_0__io qsfp_*__present__io switch_*__io}]",
         platform.bitstream_constraints(),

@@ -4,21 +4,23 @@ the link bring-up, the addresses from the DIP switches and status LEDs."""
 import inspect
 
 from amaranth import *
-from amaranth.lib import io
+from amaranth.lib import data, io
 from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
 from amaranth.lib.wiring import connect
 
 from gateware.core import CMAC_CLOCK_HZ, NetworkCore
+from gateware.counters import COUNTER_BITS
 from gateware.packet.store_forward import PacketStoreForward
 
 from .board_address import BoardAddress
 from .cmac import Cmac
 from .cmac_ip import INIT_CLOCK_MHZ
-from .cmac_link import CmacLink
+from .cmac_link import LINK_STATUS, CmacLink
 from .link_recovery import RxResetWatchdog
 from .qsfp_module import QsfpModule
+from .status_uart import StatusUart
 
-__all__ = ["VCU118Top", "LEDS"]
+__all__ = ["VCU118Top", "LEDS", "BOARD_STATUS", "UART_BAUD"]
 
 #: What each user LED shows, LED 0 first.
 LEDS = (
@@ -38,6 +40,16 @@ POWER_ON_CYCLES = INIT_CLOCK_MHZ * 1000
 
 #: The VCU118's GPIO DIP switches (SW12), added to the last octet of the IP and MAC address.
 ADDRESS_SWITCHES = 4
+
+#: The status line on the USB-UART once a second: the link's (see :data:`LINK_STATUS`)
+#: and the frames the core sent while the link was down (dropped whole).
+BOARD_STATUS = data.StructLayout({
+    **{name: field.shape for name, field in LINK_STATUS},
+    "tx_dropped": COUNTER_BITS,
+})
+
+#: Baud rate of the status line.
+UART_BAUD = 115_200
 
 #: The core's address parameters, which :class:`BoardAddress` also takes.
 ADDRESS_PARAMETERS = ("mac", "ip", "netmask", "gateway")
@@ -94,7 +106,9 @@ class VCU118Top(Elaboratable):
     completions are drained. The addresses are the build-time ones with the
     GPIO DIP switches (SW12, read at reset) added to the last octet of the IP
     and MAC address (:class:`~boards.board_address.BoardAddress`). LEDs: see
-    :data:`LEDS`.
+    :data:`LEDS`; the link's status (:data:`BOARD_STATUS`) is a line of text
+    once a second on the USB-UART (:class:`~boards.status_uart.StatusUart`,
+    115,200 baud, 8N1).
 
     Parameters
     ----------
@@ -224,6 +238,19 @@ class VCU118Top(Elaboratable):
         m.submodules.switches_sync = FFSynchronizer(switches, address.i_switches,
                                                     o_domain="sync")
         connect(m, address.o_config, core.config)
+
+        # The status line on the USB-UART.
+        uart = platform.request("uart", 0, dir="-")
+        m.submodules.uart_tx = uart_tx = io.Buffer("o", uart.tx)
+        m.submodules.uart_rts = uart_rts = io.Buffer("o", uart.rts)
+        m.submodules.status_uart = status_uart = StatusUart(
+            BOARD_STATUS, divisor=CMAC_CLOCK_HZ // UART_BAUD, interval=CMAC_CLOCK_HZ)
+        m.d.comb += [
+            *[status_uart.i[name].eq(link.o_status[name]) for name, _ in LINK_STATUS],
+            status_uart.i.tx_dropped.eq(link.o_dropped),
+            uart_tx.o.eq(status_uart.o_tx),
+            uart_rts.o.eq(0),
+        ]
 
         # Status LEDs.
         attention = Signal()

@@ -30,6 +30,7 @@ BOARD_PINS = [
     *[(f"led_{n}__io", pin) for n, pin in
       enumerate("AT32 AV34 AY30 BB32 BF32 AU37 AV36 BA37".split())],
     *[(f"switch_{n}__io", pin) for n, pin in enumerate("B17 G16 J16 D21".split())],
+    ("uart_0__tx__io", "BB21"), ("uart_0__rts__io", "BB22"),
 ]
 CAGE_PINS = {
     1: {"rx__p": "Y2 W4 V2 U4", "rx__n": "Y1 W3 V1 U3", "tx__p": "V7 T7 P7 M7",
