@@ -38,7 +38,7 @@ LEDS = (
 #: Cycles of the board clock the init domain stays in reset after configuration (1 ms).
 POWER_ON_CYCLES = INIT_CLOCK_MHZ * 1000
 
-#: The VCU118's GPIO DIP switches (SW12), added to the last octet of the IP and MAC address.
+#: The VCU118's GPIO DIP switches (GPIO_DIP_SW0-3), added to the IP's and MAC's last octet.
 ADDRESS_SWITCHES = 4
 
 #: The status line on the USB-UART once a second: the link's (see :data:`LINK_STATUS`)
@@ -104,7 +104,7 @@ class VCU118Top(Elaboratable):
     (frames only while the link is up) → CMAC. The built-in generator is the
     only source of RoCE traffic: the user work-request port is idle and
     completions are drained. The addresses are the build-time ones with the
-    GPIO DIP switches (SW12, read at reset) added to the last octet of the IP
+    GPIO DIP switches (GPIO_DIP_SW0-3, read at reset) added to the last octet of the IP
     and MAC address (:class:`~boards.board_address.BoardAddress`). LEDs: see
     :data:`LEDS`; the link's status (:data:`BOARD_STATUS`) is a line of text
     once a second on the USB-UART (:class:`~boards.status_uart.StatusUart`,
