@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 SIM    ?= verilator
 export SIM
 
-.PHONY: sim sim-scapy test lint bench resources bitstream program clean
+.PHONY: sim sim-scapy test lint bench resources bitstream program flash clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { \
@@ -54,9 +54,17 @@ CORE_ARGS = $(foreach v,MAC IP NETMASK GATEWAY QPS RETRANSMIT_BEATS MESSAGES GEN
 bitstream: $(STAMP)
 	@$(VENV)/bin/python -m boards.build bitstream $(BOARD_ARGS) $(CORE_ARGS)
 
-# Loads build/$(BOARD)-qsfp$(QSFP)/top.bit over JTAG (HW_SERVER=host:port for a remote one).
+# Loads build/$(BOARD)-qsfp$(QSFP)/top.bit over JTAG (HW_SERVER=host:port for a remote one;
+# JTAG_TARGET=<cable serial> when several boards are on it); `make flash` writes it to the
+# board's configuration flash instead, so that it loads at power-up.
+JTAG_ARGS = $(BOARD_ARGS) $(if $(HW_SERVER),--hw-server $(HW_SERVER)) \
+            $(if $(JTAG_TARGET),--jtag-target $(JTAG_TARGET))
+
 program: $(STAMP)
-	@$(VENV)/bin/python -m boards.build program $(BOARD_ARGS) $(if $(HW_SERVER),--hw-server $(HW_SERVER))
+	@$(VENV)/bin/python -m boards.build program $(JTAG_ARGS)
+
+flash: $(STAMP)
+	@$(VENV)/bin/python -m boards.build flash $(JTAG_ARGS)
 
 clean:
 	rm -rf build $(VENV)

@@ -4,9 +4,14 @@
 (``top.v``, ``top.xdc``, ``top.tcl`` with the CMAC IP recipe, ``build_top.sh``
 and ``program.tcl``) and runs it when ``vivado`` is on ``PATH``. Without
 Vivado it stops there with one line saying so and how to finish on a
-machine that has it. ``python -m boards.build program`` loads the bitstream
-through Vivado's hardware manager (a board on this machine's JTAG, or on a
-``hw_server`` named with ``--hw-server``).
+machine that has it. The flow stops before ``write_bitstream`` when the routed
+design fails timing (:mod:`boards.timing_gate`); ``make bitstream`` then says
+which checks failed and where the reports are, and no ``top.bit`` is left.
+``python -m boards.build program`` loads the bitstream through Vivado's
+hardware manager (a board on this machine's JTAG, or on a ``hw_server``
+named with ``--hw-server``); ``python -m boards.build flash`` writes it to
+the board's configuration flash, so that it loads at power-up
+(:mod:`boards.jtag`).
 """
 
 import argparse
@@ -18,6 +23,8 @@ from pathlib import Path
 from gateware.roce.requests import PathMtu
 
 from .cmac_ip import CMAC_IP_NAME, cmac_ip_tcl
+from .jtag import write_jtag_scripts
+from .timing_gate import failed_checks, gate_report_name, timing_gate_tcl
 from .vcu118 import VCU118Platform
 from .vcu118_top import VCU118Top
 
@@ -26,22 +33,6 @@ __all__ = ["write_tree", "main"]
 ROOT = Path(__file__).resolve().parent.parent
 BOARDS = {"vcu118": (VCU118Platform, VCU118Top)}
 NAME = "top"
-
-
-def _write_program_tcl(build_dir: Path, device: str, hw_server: str) -> None:
-    """``program.tcl``: loads the tree's bitstream through Vivado's hardware manager."""
-    (build_dir / "program.tcl").write_text("\n".join([
-        "# Loads the bitstream through Vivado's hardware manager (boards/build.py).",
-        "open_hw_manager",
-        f"connect_hw_server -url {hw_server}",
-        "open_hw_target",
-        f"set device [lindex [get_hw_devices {device}*] 0]",
-        "current_hw_device $device",
-        f"set_property PROGRAM.FILE {{{NAME}.bit}} $device",
-        "program_hw_devices $device",
-        "refresh_hw_device $device",
-        "close_hw_manager",
-    ]) + "\n")
 
 
 def _build_dir(args) -> Path:
@@ -59,10 +50,10 @@ def _clock_constraints(platform) -> str:
         " -group [get_clocks -include_generated_clocks clk125_0__p]"
         f" -group [get_clocks -include_generated_clocks -of_objects [get_pins -of_objects {cmac}"
         " -filter {REF_PIN_NAME == gt_txusrclk2}]]",
-        "# LEDs and QSFP28 low-speed pins: static or slow, not timed.",
-        "set_false_path -to [get_ports {led_*}]",
+        "# LEDs, switches, the UART and QSFP28 low-speed pins: static or slow, not timed.",
+        "set_false_path -to [get_ports {led_* uart_0__tx__io uart_0__rts__io}]",
         "set_false_path -to [get_ports {qsfp_*__modsel__io qsfp_*__reset__io qsfp_*__lpmode__io}]",
-        "set_false_path -from [get_ports {cpu_reset_0__io qsfp_*__present__io}]",
+        "set_false_path -from [get_ports {cpu_reset_0__io qsfp_*__present__io switch_*__io}]",
         platform.bitstream_constraints(),
     ])
 
@@ -76,9 +67,10 @@ def write_tree(build_dir: Path, *, board: str = "vcu118", qsfp: int = 1, rsfec: 
     plan = platform.build(
         top, name=NAME, build_dir=str(build_dir), do_build=False,
         add_constraints=_clock_constraints(platform),
-        script_after_read=cmac_ip_tcl(qsfp))
+        script_after_read=cmac_ip_tcl(qsfp),
+        script_before_bitstream=timing_gate_tcl(NAME))
     plan.extract(str(build_dir))
-    _write_program_tcl(build_dir, platform.device, hw_server)
+    write_jtag_scripts(build_dir, name=NAME, device=platform.device, hw_server=hw_server)
     return build_dir / f"build_{NAME}.sh"
 
 
@@ -101,7 +93,20 @@ def _bitstream(args) -> int:
               f"on PATH",
               file=sys.stderr)
         return 1
+    outputs = [build_dir / f"{NAME}.bit", build_dir / f"{NAME}.bin",
+               build_dir / gate_report_name(NAME)]
+    for output in outputs:
+        output.unlink(missing_ok=True)
     run = subprocess.run(["sh", script.name], cwd=build_dir)
+    failed = failed_checks(build_dir / gate_report_name(NAME))
+    if run.returncode or failed:
+        for output in outputs[:2]:
+            output.unlink(missing_ok=True)
+    if failed:
+        print(f"error: timing failed after routing ({'; '.join(failed)}), no bitstream "
+              f"written; the worst paths are in {build_dir / gate_report_name(NAME)}, the full "
+              f"report in {build_dir / (NAME + '_timing.rpt')}", file=sys.stderr)
+        return run.returncode or 1
     if run.returncode:
         print(f"error: Vivado failed ({run.returncode}); see {build_dir / (NAME + '.log')}",
               file=sys.stderr)
@@ -110,28 +115,33 @@ def _bitstream(args) -> int:
     return 0
 
 
-def _program(args) -> int:
+def _hardware_manager(args) -> int:
+    """``program`` and ``flash``: run the tree's ``<command>.tcl`` in the hardware manager."""
     build_dir = _build_dir(args)
     if not (build_dir / f"{NAME}.bit").exists():
         print(f"error: no bitstream at {build_dir / (NAME + '.bit')}; run `make bitstream` "
               f"first (with the same BOARD and QSFP)", file=sys.stderr)
         return 1
+    script = f"{args.command}.tcl"
     if not shutil.which("vivado"):
-        print("error: Vivado is not on PATH; source Vivado's settings64.sh (the hardware "
-              "manager loads the bitstream), or run `vivado -mode batch -source program.tcl` "
+        print(f"error: Vivado is not on PATH; source Vivado's settings64.sh (the hardware "
+              f"manager loads the bitstream), or run `vivado -mode batch -source {script}` "
               f"in {build_dir} on a machine with Vivado and the board's JTAG",
               file=sys.stderr)
         return 1
-    _write_program_tcl(build_dir, BOARDS[args.board][0].device, args.hw_server)
-    return subprocess.run(["vivado", "-mode", "batch", "-nojournal", "-log", "program.log",
-                           "-source", "program.tcl"], cwd=build_dir).returncode
+    write_jtag_scripts(build_dir, name=NAME, device=BOARDS[args.board][0].device,
+                       hw_server=args.hw_server, target=args.jtag_target)
+    return subprocess.run(["vivado", "-mode", "batch", "-nojournal", "-log",
+                           f"{args.command}.log", "-source", script],
+                          cwd=build_dir).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     for name, helptext in [("bitstream", "write the Vivado build tree and run it"),
-                           ("program", "load the bitstream into the board")]:
+                           ("program", "load the bitstream into the board over JTAG"),
+                           ("flash", "write the bitstream to the board's configuration flash")]:
         command = commands.add_parser(name, help=helptext)
         command.add_argument("--board", choices=sorted(BOARDS), default="vcu118")
         command.add_argument("--qsfp", type=int, choices=(1, 2), default=1,
@@ -140,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
                              help="default: build/<board>-qsfp<qsfp>")
         command.add_argument("--hw-server", default="localhost:3121",
                              help="Vivado hw_server with the board's JTAG (default: %(default)s)")
+        if name != "bitstream":
+            command.add_argument("--jtag-target", default="",
+                                 help="part of the JTAG target's name (the cable's serial "
+                                      "number) when several boards are on the hw_server")
     bitstream = commands.choices["bitstream"]
     bitstream.add_argument("--rsfec", type=int, choices=(0, 1), default=1,
                            help="Clause 91 RS-FEC on the link, as on the peer (default: 1)")
@@ -159,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                            help="path MTU of QPs the CM opens when the host leaves it to us "
                                 "(default 4096)")
     args = parser.parse_args(argv)
-    return _bitstream(args) if args.command == "bitstream" else _program(args)
+    return _bitstream(args) if args.command == "bitstream" else _hardware_manager(args)
 
 
 if __name__ == "__main__":

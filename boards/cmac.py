@@ -24,10 +24,15 @@ class Cmac(wiring.Component):
 
     ``tx_reset`` and ``rx_reset`` are the IP's user resets (high until its
     GTs and datapaths are out of reset), in ``tx_clk``; synchronize them
-    before use. ``rsfec`` turns Clause 91 RS-FEC on both ways (it must match
-    the peer). ``rx`` carries frames without FCS, ``tuser`` set with
-    ``tlast`` on a bad one; ``tx`` takes frames without FCS and must not
-    pause inside a frame.
+    before use. ``rx_datapath_reset``, in the ``init`` domain, resets the
+    GTs' receive datapath (``gtwiz_reset_rx_datapath``). ``rsfec`` turns
+    Clause 91 RS-FEC on both ways (it must match the peer). ``rx`` carries
+    frames without FCS, ``tuser`` set with ``tlast`` on a bad one; ``tx``
+    takes frames without FCS and must not pause inside a frame. Status, in
+    ``tx_clk``: ``rx_aligned``, ``rx_remote_fault`` (levels),
+    ``rsfec_am_lock`` (per lane), ``rsfec_aligned``, ``rsfec_hi_ser``
+    (levels), ``rsfec_corrected`` and ``rsfec_uncorrected`` (a cycle per
+    codeword).
 
     Parameters
     ----------
@@ -55,7 +60,14 @@ class Cmac(wiring.Component):
             "tx_enable": In(1),
             "tx_send_rfi": In(1),
             "rsfec": In(1),
+            "rx_datapath_reset": In(1),
             "rx_aligned": Out(1),
+            "rx_remote_fault": Out(1),
+            "rsfec_am_lock": Out(4),
+            "rsfec_aligned": Out(1),
+            "rsfec_hi_ser": Out(1),
+            "rsfec_corrected": Out(1),
+            "rsfec_uncorrected": Out(1),
             "rx_bad_fcs": Out(1),
             "tx_underflow": Out(1),
             "tx_overflow": Out(1),
@@ -72,7 +84,7 @@ class Cmac(wiring.Component):
             o_gt_txp_out=self._tx_pins.p, o_gt_txn_out=self._tx_pins.n,
             i_gt_ref_clk_p=self._refclk_pins.p, i_gt_ref_clk_n=self._refclk_pins.n,
             i_gt_loopback_in=C(0, 12),
-            i_gtwiz_reset_tx_datapath=0, i_gtwiz_reset_rx_datapath=0,
+            i_gtwiz_reset_tx_datapath=0, i_gtwiz_reset_rx_datapath=self.rx_datapath_reset,
             # Clocks and resets.
             i_init_clk=init_clk, i_sys_reset=ResetSignal(self._init_domain),
             i_drp_clk=init_clk, i_core_drp_reset=0,
@@ -98,6 +110,12 @@ class Cmac(wiring.Component):
             i_ctl_rx_rsfec_enable_indication=self.rsfec,
             i_ctl_rsfec_ieee_error_indication_mode=0,
             o_stat_rx_aligned=self.rx_aligned, o_stat_rx_bad_fcs=bad_fcs,
+            o_stat_rx_remote_fault=self.rx_remote_fault,
+            **{f"o_stat_rx_rsfec_am_lock{lane}": self.rsfec_am_lock[lane] for lane in range(4)},
+            o_stat_rx_rsfec_lane_alignment_status=self.rsfec_aligned,
+            o_stat_rx_rsfec_hi_ser=self.rsfec_hi_ser,
+            o_stat_rx_rsfec_corrected_cw_inc=self.rsfec_corrected,
+            o_stat_rx_rsfec_uncorrected_cw_inc=self.rsfec_uncorrected,
         )
         m.d.comb += self.rx_bad_fcs.eq(bad_fcs != 0)
         return m

@@ -1,40 +1,65 @@
 """The VCU118 top: the vendor-free core on one QSFP28 cage's CMAC, with clocks, resets,
-the link bring-up and status LEDs."""
+the link bring-up, the addresses from the DIP switches and status LEDs."""
+
+import inspect
 
 from amaranth import *
-from amaranth.lib import io
+from amaranth.lib import data, io
 from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
+from amaranth.lib.wiring import connect
 
 from gateware.core import CMAC_CLOCK_HZ, NetworkCore
+from gateware.counters import COUNTER_BITS
 from gateware.packet.store_forward import PacketStoreForward
 
+from .board_address import BoardAddress
 from .cmac import Cmac
 from .cmac_ip import INIT_CLOCK_MHZ
-from .cmac_link import CmacLink
+from .cmac_link import LINK_STATUS, CmacLink
+from .link_recovery import RxResetWatchdog
+from .qsfp_module import QsfpModule
+from .status_uart import StatusUart
 
-__all__ = ["VCU118Top", "LEDS"]
+__all__ = ["VCU118Top", "LEDS", "BOARD_STATUS", "UART_BAUD"]
 
 #: What each user LED shows, LED 0 first.
 LEDS = (
     "125 MHz board clock running (blinks about once a second)",
     "CMAC TX clock running (blinks about once a second): the GTs are up",
     "CMAC out of reset",
-    "link up: the receiver is aligned and the transmitter enabled",
-    "QSFP28 module present",
+    "link up: the receiver is aligned, the peer signals no remote fault, the transmitter is on",
+    "QSFP28 module present (blinks while it is in reset or low power)",
     "frames received (flickers with traffic)",
     "frames sent (flickers with traffic)",
-    "fault seen since reset: a frame with a bad FCS received, or a CMAC TX underflow or overflow",
+    "attention since reset: the link went down after being up, a frame with a bad FCS "
+    "received, or a CMAC TX underflow or overflow",
 )
 
 #: Cycles of the board clock the init domain stays in reset after configuration (1 ms).
 POWER_ON_CYCLES = INIT_CLOCK_MHZ * 1000
 
+#: The VCU118's GPIO DIP switches (GPIO_DIP_SW0-3), added to the IP's and MAC's last octet.
+ADDRESS_SWITCHES = 4
 
-def blink(m, domain, hz):
-    """A signal toggling about once a second in a domain of ``hz``."""
-    counter = Signal(range(hz), name=f"{domain}_second")
+#: The status line on the USB-UART once a second: the link's (see :data:`LINK_STATUS`)
+#: and the frames the core sent while the link was down (dropped whole).
+BOARD_STATUS = data.StructLayout({
+    **{name: field.shape for name, field in LINK_STATUS},
+    "tx_dropped": COUNTER_BITS,
+})
+
+#: Baud rate of the status line.
+UART_BAUD = 115_200
+
+#: The core's address parameters, which :class:`BoardAddress` also takes.
+ADDRESS_PARAMETERS = ("mac", "ip", "netmask", "gateway")
+
+
+def blink(m, domain, cycles):
+    """A signal toggling every ``cycles`` of a domain (once a second at its frequency)."""
+    counter = Signal(range(cycles), name=f"{domain}_blink_counter")
     toggle = Signal(name=f"{domain}_blink")
-    with m.If(counter == hz - 1):
+    with m.If(counter == cycles - 1):
         m.d[domain] += [counter.eq(0), toggle.eq(~toggle)]
     with m.Else():
         m.d[domain] += counter.eq(counter + 1)
@@ -60,8 +85,16 @@ class VCU118Top(Elaboratable):
     core runs, is the CMAC's TX user clock (322.265625 MHz); it is reset
     until the CMAC's user resets fall. The CMAC's receive side is in that
     clock too (see :class:`~boards.cmac.Cmac`), so frames cross no domain in
-    the fabric. Crossings that remain (the module-present pin, the init reset
-    into the CMAC domain) go through :mod:`amaranth.lib.cdc` synchronizers.
+    the fabric. Crossings that remain (the module-present pin and
+    ``stat_rx_aligned`` into ``init``, the init reset into the CMAC domain)
+    go through :mod:`amaranth.lib.cdc` synchronizers.
+
+    Link bring-up: :class:`~boards.qsfp_module.QsfpModule` takes the module
+    out of reset, then out of low power, once it is present;
+    :class:`~boards.link_recovery.RxResetWatchdog` resets the GT receive
+    datapath every 750 ms until the receiver aligns;
+    :class:`~boards.cmac_link.CmacLink` enables the transmitter once aligned
+    and the peer signals no remote fault, and keeps the link's status.
     ``sync`` is reset until the CMAC's TX user reset falls; the RX user reset
     (asserted again when the receive GTs lose the signal) does not reset the
     core, whose QPs survive a pulled cable.
@@ -70,7 +103,12 @@ class VCU118Top(Elaboratable):
     (the CMAC aborts a frame that pauses) → :class:`~boards.cmac_link.CmacLink`
     (frames only while the link is up) → CMAC. The built-in generator is the
     only source of RoCE traffic: the user work-request port is idle and
-    completions are drained. LEDs: see :data:`LEDS`.
+    completions are drained. The addresses are the build-time ones with the
+    GPIO DIP switches (GPIO_DIP_SW0-3, read at reset) added to the last octet of the IP
+    and MAC address (:class:`~boards.board_address.BoardAddress`). LEDs: see
+    :data:`LEDS`; the link's status (:data:`BOARD_STATUS`) is a line of text
+    once a second on the USB-UART (:class:`~boards.status_uart.StatusUart`,
+    115,200 baud, 8N1).
 
     Parameters
     ----------
@@ -88,6 +126,10 @@ class VCU118Top(Elaboratable):
         self.qsfp = qsfp
         self.rsfec = bool(rsfec)
         self.core = NetworkCore(clock_hz=CMAC_CLOCK_HZ, **core)
+        defaults = inspect.signature(NetworkCore).parameters
+        self.address = BoardAddress(
+            switches=ADDRESS_SWITCHES,
+            **{name: core.get(name, defaults[name].default) for name in ADDRESS_PARAMETERS})
 
     def elaborate(self, platform):
         m = Module()
@@ -118,15 +160,29 @@ class VCU118Top(Elaboratable):
         # and its QPs alone: the CMAC delivers no frames meanwhile.
         m.submodules.sync_reset = ResetSynchronizer(
             arst=cmac.tx_reset | ResetSignal("init"), domain="sync")
-        # The module: selected, out of reset once the init domain is, at full power.
+        # The module: selected; out of reset, then at full power, once present.
         m.submodules.modsel = modsel = io.Buffer("o", cage.modsel)
         m.submodules.module_reset = module_reset = io.Buffer("o", cage.reset)
         m.submodules.lpmode = lpmode = io.Buffer("o", cage.lpmode)
         m.submodules.present = present_pin = io.Buffer("i", cage.present)
+        present = Signal()
+        m.submodules.present_sync = FFSynchronizer(present_pin.i, present, o_domain="init")
+        m.submodules.module = module = DomainRenamer("init")(QsfpModule())
         m.d.comb += [
+            module.i_present.eq(present),
             modsel.o.eq(1),
-            module_reset.o.eq(ResetSignal("init")),
-            lpmode.o.eq(0),
+            module_reset.o.eq(module.o_reset),
+            lpmode.o.eq(module.o_lpmode),
+        ]
+        # The GT receiver reset again every 750 ms until it aligns.
+        rx_aligned = Signal()
+        m.submodules.rx_aligned_sync = FFSynchronizer(cmac.rx_aligned, rx_aligned,
+                                                      o_domain="init")
+        m.submodules.rx_watchdog = rx_watchdog = DomainRenamer("init")(
+            RxResetWatchdog(interval=init_hz * 3 // 4))
+        m.d.comb += [
+            rx_watchdog.i_aligned.eq(rx_aligned),
+            cmac.rx_datapath_reset.eq(rx_watchdog.o_reset),
         ]
 
         # The core between the CMAC's streams.
@@ -139,6 +195,12 @@ class VCU118Top(Elaboratable):
             cmac.tx_send_rfi.eq(link.o_tx_send_rfi),
             cmac.rsfec.eq(self.rsfec),
             link.i_rx_aligned.eq(cmac.rx_aligned),
+            link.i_rx_remote_fault.eq(cmac.rx_remote_fault),
+            link.i_rsfec_am_lock.eq(cmac.rsfec_am_lock),
+            link.i_rsfec_aligned.eq(cmac.rsfec_aligned),
+            link.i_rsfec_hi_ser.eq(cmac.rsfec_hi_ser),
+            link.i_rsfec_corrected.eq(cmac.rsfec_corrected),
+            link.i_rsfec_uncorrected.eq(cmac.rsfec_uncorrected),
 
             core.rx.tvalid.eq(cmac.rx.tvalid),
             core.rx.tdata.eq(cmac.rx.tdata),
@@ -166,22 +228,45 @@ class VCU118Top(Elaboratable):
             core.completion.ready.eq(1),
         ]
 
+        # The addresses, from the switches.
+        m.submodules.address = address = self.address
+        switches = Signal(ADDRESS_SWITCHES)
+        for n in range(ADDRESS_SWITCHES):
+            m.submodules[f"switch{n}"] = switch = io.Buffer(
+                "i", platform.request("switch", n, dir="-"))
+            m.d.comb += switches[n].eq(switch.i)
+        m.submodules.switches_sync = FFSynchronizer(switches, address.i_switches,
+                                                    o_domain="sync")
+        connect(m, address.o_config, core.config)
+
+        # The status line on the USB-UART.
+        uart = platform.request("uart", 0, dir="-")
+        m.submodules.uart_tx = uart_tx = io.Buffer("o", uart.tx)
+        m.submodules.uart_rts = uart_rts = io.Buffer("o", uart.rts)
+        m.submodules.status_uart = status_uart = StatusUart(
+            BOARD_STATUS, divisor=CMAC_CLOCK_HZ // UART_BAUD, interval=CMAC_CLOCK_HZ)
+        m.d.comb += [
+            *[status_uart.i[name].eq(link.o_status[name]) for name, _ in LINK_STATUS],
+            status_uart.i.tx_dropped.eq(link.o_dropped),
+            uart_tx.o.eq(status_uart.o_tx),
+            uart_rts.o.eq(0),
+        ]
+
         # Status LEDs.
-        present = Signal()
-        m.submodules.present_sync = FFSynchronizer(present_pin.i, present, o_domain="sync")
-        fault = Signal()
-        with m.If(cmac.rx_bad_fcs | cmac.tx_underflow | cmac.tx_overflow):
-            m.d.sync += fault.eq(1)
+        attention = Signal()
+        with m.If(cmac.rx_bad_fcs | cmac.tx_underflow | cmac.tx_overflow
+                  | (link.o_status.downs != 0)):
+            m.d.sync += attention.eq(1)
         activity = CMAC_CLOCK_HZ // 20
         leds = [
             blink(m, "init", init_hz),
             blink(m, "sync", CMAC_CLOCK_HZ),
             ~ResetSignal("sync") & ~cmac.rx_reset,
             link.o_up,
-            present,
+            present & (module.o_ready | blink(m, "init", init_hz // 4)),
             stretch(m, cmac.rx.tvalid & cmac.rx.tlast, activity, "rx_activity"),
             stretch(m, cmac.tx.tvalid & cmac.tx.tready & cmac.tx.tlast, activity, "tx_activity"),
-            fault,
+            attention,
         ]
         for index, value in enumerate(leds):
             m.submodules[f"led{index}"] = led = io.Buffer("o", platform.request("led", index,

@@ -56,10 +56,19 @@ class Build:
 # (the bits stay 0 or X). Synthesis is unaffected; for simulation it becomes ``initial``.
 _CONSTANT_ALWAYS = re.compile(r"always @\*\n(\s+)([^\n=]+ = \d+'[hbd][0-9a-fA-F_xz]+;)")
 
+# Yosys writes the registers of synchronous memory read ports (the address of a
+# transparent port, the data of the others) as ``reg [n:0] _12_;``, without the initial
+# value Amaranth gives a read port and a flip-flop has on the FPGA (Vivado reads the same
+# Verilog: INIT 0). Verilator starts them at 0; Icarus at X, which then circulates where a
+# port's next address depends on what it read (the reliability engine's timer sweep:
+# every timer of every QP dead). Amaranth's own signals always carry their init.
+_PORT_REGISTER = re.compile(r"^(\s+reg (?:\[\d+:0\] )?_\d+_);$", re.M)
+
 
 def simulation_verilog(component, toplevel: str) -> str:
     """The Verilog of ``component`` for simulators."""
     text = verilog.convert(component, name=toplevel, emit_src=False)
+    text = _PORT_REGISTER.sub(r"\1 = 0;", text)
     return _CONSTANT_ALWAYS.sub(r"initial\n\1\2", text)
 
 

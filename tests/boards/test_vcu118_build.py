@@ -1,11 +1,13 @@
 # amaranth: UnusedElaboratable=no
 """The VCU118 build tree: the whole top elaborates to Verilog with the CMAC instance; the
 XDC places every pin the board's documentation (UG1224) gives and constrains every clock;
-the Tcl creates the CMAC IP with its properties before synthesis; `make bitstream` without
-Vivado writes the tree and says so in one line, and with Vivado runs it."""
+the Tcl creates the CMAC IP with its properties before synthesis and stops before the
+bitstream when timing fails (run under tclsh with Vivado's commands stubbed); `make bitstream`
+without Vivado writes the tree and says so in one line, and with Vivado runs it."""
 
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -15,6 +17,7 @@ import pytest
 
 from boards import build
 from boards.cmac_ip import cmac_ip_properties
+from boards.timing_gate import gate_report_name
 
 #: Small core parameters: the same top and ports, quicker to convert.
 SMALL_CORE = {"qps": 4, "retransmit_beats": 64, "messages": 8}
@@ -26,6 +29,8 @@ BOARD_PINS = [
     ("qsfp_refclk_0__p", "W9"), ("qsfp_refclk_0__n", "W8"),
     *[(f"led_{n}__io", pin) for n, pin in
       enumerate("AT32 AV34 AY30 BB32 BF32 AU37 AV36 BA37".split())],
+    *[(f"switch_{n}__io", pin) for n, pin in enumerate("B17 G16 J16 D21".split())],
+    ("uart_0__tx__io", "BB21"), ("uart_0__rts__io", "BB22"),
 ]
 CAGE_PINS = {
     1: {"rx__p": "Y2 W4 V2 U4", "rx__n": "Y1 W3 V1 U3", "tx__p": "V7 T7 P7 M7",
@@ -69,7 +74,12 @@ def test_the_whole_top_elaborates_with_the_cmac(tree):
             "tx_axis_tlast", "tx_axis_tuser", "tx_preamblein", "gt_loopback_in",
             "core_tx_reset", "core_rx_reset", "core_drp_reset"} <= ports
     assert {"gt_txp_out", "gt_txn_out", "gt_txusrclk2", "usr_tx_reset", "usr_rx_reset",
-            "rx_axis_tvalid", "rx_axis_tdata", "tx_axis_tready", "stat_rx_aligned"} <= ports
+            "rx_axis_tvalid", "rx_axis_tdata", "tx_axis_tready", "stat_rx_aligned",
+            "stat_rx_remote_fault", "stat_rx_rsfec_am_lock0", "stat_rx_rsfec_am_lock3",
+            "stat_rx_rsfec_lane_alignment_status", "stat_rx_rsfec_hi_ser",
+            "stat_rx_rsfec_corrected_cw_inc", "stat_rx_rsfec_uncorrected_cw_inc"} <= ports
+    # The receive datapath reset is driven (by the watchdog), not tied off.
+    assert re.search(r"\.gtwiz_reset_rx_datapath\(\w+\)", instance[1])
     # The receive side runs on the TX user clock.
     assert re.search(r"\.gt_txusrclk2\((\w+)\).*\.rx_clk\(\1\)", instance[1], re.S)
     assert re.search(r"^module \\top\.core\b", verilog, re.M), "the core is not in the top"
@@ -128,13 +138,104 @@ def test_tcl_creates_the_cmac_before_synthesis(tree):
     assert properties == cmac_ip_properties(qsfp)
 
 
-def test_program_script_loads_the_bitstream(tree):
+def test_timing_gate_stands_between_routing_and_bitstream(tree):
     _, build_dir = tree
-    script = (build_dir / "program.tcl").read_text()
+    lines = (build_dir / "top.tcl").read_text().splitlines()
+    route = lines.index("route_design")
+    gate = next(n for n, line in enumerate(lines) if line.startswith("if {[timing_gate "))
+    bitstream = next(n for n, line in enumerate(lines) if line.startswith("write_bitstream"))
+    assert route < lines.index("phys_opt_design") < gate < bitstream
+    assert lines[gate + 1].lstrip().startswith("error ")
+
+
+#: Vivado's commands as the gate uses them, answering from the arrays ``slack`` (by delay
+#: type) and the variable ``wpws``; every other Vivado command does nothing, and
+#: ``write_bitstream`` leaves a ``top.bit``.
+TCL_STUBS = r"""
+proc unknown {args} { return "" }
+proc get_timing_paths {args} {
+    set type [lindex $args [expr {[lsearch $args -delay_type] + 1}]]
+    if {$::slack($type) eq ""} { return {} }
+    if {"-slack_lesser_than" in $args && $::slack($type) >= 0} { return {} }
+    return [list path_$type]
+}
+proc get_property {name object} {
+    if {$object eq ""} { error "get_property expects at least one object" }
+    if {$name eq "SLACK"} { return $::slack([string range $object 5 end]) }
+    return "${name}_of_$object"
+}
+proc report_timing_summary {args} {
+    set header "    WNS(ns)  TNS(ns)  TNS Failing Endpoints  TNS Total Endpoints  WHS(ns)  THS(ns)\
+  THS Failing Endpoints  THS Total Endpoints  WPWS(ns)  TPWS(ns)  TPWS Failing Endpoints\
+  TPWS Total Endpoints"
+    return [join [list "Design Timing Summary" "" $header "    -------  -------" \
+        "    $::slack(max) 0.000 0 100 $::slack(min) 0.000 0 100 $::wpws 0.000 0 50 " ""] "\n"]
+}
+proc report_pulse_width {args} { return "pulse width violator: gt_txusrclk2" }
+proc write_bitstream {args} { close [open top.bit w] }
+"""
+
+needs_tclsh = pytest.mark.skipif(shutil.which("tclsh") is None,
+                                 reason="needs tclsh (Debian package tcl; .ci/run installs it)")
+
+
+def run_flow_after_routing(build_dir, tmp_path, *, wns, whs, wpws):
+    """``top.tcl`` from ``route_design`` on, under tclsh with Vivado's commands stubbed."""
+    lines = (build_dir / "top.tcl").read_text().splitlines()
+    flow = "\n".join(lines[lines.index("route_design"):])
+    script = tmp_path / "flow.tcl"
+    script.write_text(f"{TCL_STUBS}\narray set slack {{max {{{wns}}} min {{{whs}}}}}\n"
+                      f"set wpws {{{wpws}}}\n{flow}\n")
+    run = subprocess.run(["tclsh", script.name], cwd=tmp_path, capture_output=True, text=True)
+    return run, (tmp_path / gate_report_name("top")).read_text().splitlines()
+
+
+@needs_tclsh
+@pytest.mark.parametrize("wns, whs, wpws", [("0.012", "0.010", "0.225"),
+                                            ("inf", "0.000", "NA")])
+def test_timing_gate_passes_when_every_slack_is_met(tree, tmp_path, wns, whs, wpws):
+    _, build_dir = tree
+    run, report = run_flow_after_routing(build_dir, tmp_path, wns=wns, whs=whs, wpws=wpws)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "top.bit").exists()
+    assert len(report) == 3 and all(line.endswith(" ok") for line in report), report
+
+
+@needs_tclsh
+@pytest.mark.parametrize("failing, wns, whs, wpws", [
+    ("setup (WNS)", "-0.081", "0.010", "0.225"),
+    ("hold (WHS)", "0.012", "-0.004", "0.225"),
+    ("pulse width (WPWS)", "0.012", "0.010", "-0.133"),
+    ("setup (WNS)", "", "0.010", "0.225"),
+])
+def test_timing_gate_fails_on_a_negative_slack(tree, tmp_path, failing, wns, whs, wpws):
+    """Non-zero exit before write_bitstream; the failing check and its worst paths named."""
+    _, build_dir = tree
+    run, report = run_flow_after_routing(build_dir, tmp_path, wns=wns, whs=whs, wpws=wpws)
+    assert run.returncode != 0 and "timing failed" in run.stderr
+    assert not (tmp_path / "top.bit").exists()
+    failed = [line for line in report if line.endswith(" FAIL")]
+    assert len(failed) == 1 and failed[0].startswith(failing + ":"), report
+    details = report[report.index(failed[0]) + 1:]
+    if failing == "pulse width (WPWS)":
+        assert "pulse width violator: gt_txusrclk2" in details
+    elif wns:
+        delay_type = "max" if failing.startswith("setup") else "min"
+        assert details[0].split() == [
+            (wns if delay_type == "max" else whs), "ns", f"STARTPOINT_PIN_of_path_{delay_type}",
+            "->", f"ENDPOINT_PIN_of_path_{delay_type}", f"(STARTPOINT_CLOCK_of_path_{delay_type}",
+            "->", f"ENDPOINT_CLOCK_of_path_{delay_type})"]
+
+
+def test_jtag_scripts_load_and_flash_the_bitstream(tree):
+    _, build_dir = tree
+    program = (build_dir / "program.tcl").read_text()
     for command in ("open_hw_manager", "connect_hw_server -url localhost:3121",
-                    "get_hw_devices xcvu9p", "set_property PROGRAM.FILE {top.bit}",
+                    "open_board_device xcvu9p {}", "set_property PROGRAM.FILE {top.bit}",
                     "program_hw_devices"):
-        assert command in script
+        assert command in program
+    flash = (build_dir / "flash.tcl").read_text()
+    assert "-loadbit {up 0x00000000 top.bit}" in flash and "program_hw_cfgmem" in flash
 
 
 def run_build(*args, path):
@@ -167,8 +268,9 @@ def test_bitstream_without_vivado(tmp_path):
 
 
 def test_bitstream_and_program_with_vivado(tmp_path):
-    """With ``vivado`` on PATH the written script runs it on top.tcl; ``program`` runs it
-    on program.tcl; ``program`` without a bitstream names the fix."""
+    """With ``vivado`` on PATH the written script runs it on top.tcl; ``program`` and
+    ``flash`` run it on program.tcl and flash.tcl, for the JTAG target asked for;
+    ``program`` without a bitstream names the fix."""
     tools = fake_vivado(tmp_path / "bin")
     path = f"{tools}{os.pathsep}{os.environ['PATH']}"
     tree = tmp_path / "tree"
@@ -181,13 +283,39 @@ def test_bitstream_and_program_with_vivado(tmp_path):
     run = run_build("program", "--build-dir", str(tree), path=path)
     assert run.returncode == 0, run.stderr
     assert "-source program.tcl" in (tree / "vivado.args").read_text()
+    run = run_build("flash", "--build-dir", str(tree), "--jtag-target", "210308A5A8DB",
+                    path=path)
+    assert run.returncode == 0, run.stderr
+    assert "-log flash.log -source flash.tcl" in (tree / "vivado.args").read_text()
+    assert "open_board_device xcvu9p {210308A5A8DB}" in (tree / "flash.tcl").read_text()
 
 
-def fake_vivado(directory):
-    """A ``vivado`` that records its arguments and writes ``top.bit`` as the flow would."""
+def test_bitstream_that_fails_timing(tmp_path):
+    """The gate stops Vivado: `make bitstream` fails with one line naming the failed check
+    and the reports, and leaves no top.bit (not even one of an earlier run)."""
+    tools = fake_vivado(tmp_path / "bin", timing_failed=True)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "top.bit").write_text("an earlier bitstream")
+    run = run_build("bitstream", "--build-dir", str(tree), *SMALL_ARGS,
+                    path=f"{tools}{os.pathsep}{os.environ['PATH']}")
+    assert run.returncode != 0
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, run.stderr
+    assert "timing failed" in errors[0] and "setup (WNS): -0.081 ns FAIL" in errors[0]
+    assert str(tree / "top_timing_gate.rpt") in errors[0]
+    assert str(tree / "top_timing.rpt") in errors[0]
+    assert not (tree / "top.bit").exists()
+
+
+def fake_vivado(directory, *, timing_failed=False):
+    """A ``vivado`` that records its arguments and, on top.tcl, writes ``top.bit`` as the
+    flow would, or the gate's report of a setup failure and exits 1 as the gate does."""
     directory.mkdir()
     tool = directory / "vivado"
+    flow = ("printf 'setup (WNS): -0.081 ns FAIL\\n    -0.081 ns  a/Q -> b/D\\n' "
+            "> top_timing_gate.rpt; exit 1" if timing_failed else "echo bitstream > top.bit")
     tool.write_text('#!/bin/sh\necho "$@" >> vivado.args\n'
-                    'case "$*" in *top.tcl*) echo bitstream > top.bit ;; esac\n')
+                    f'case "$*" in *top.tcl*) {flow} ;; esac\n')
     tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
     return directory
