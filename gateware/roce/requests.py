@@ -117,7 +117,9 @@ QP_COUNTERS = data.StructLayout({
     "rnr_waits": 32,            # RNR timer waits started
     "timeouts": 32,             # ACK timeouts
     "icrc_errors": 32,          # acknowledgements for this QP dropped for a bad ICRC
-    "acks_dropped": 32,         # dropped: outside the window (duplicate or ghost), wrong source
+    "acks_dropped": 32,         # dropped: outside the window (duplicate or ghost), no news
+                                # (not ahead of the one kept), wrong source, QP in ERROR
+    "cnps": 32,                 # RoCEv2 congestion notification packets (BTH opcode 0x81)
 })
 
 #: A QP's reliability state and counters, as the core reports them.

@@ -1,0 +1,198 @@
+"""The requester's acknowledgement intake: every acknowledgement checked at once,
+and per QP only the newest ACK and the newest NAK kept for the reliability engine."""
+
+from amaranth import *
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .ack import ACK_EVENT, AETH_ACK, AETH_NAK, AETH_RESERVED, AETH_RNR_NAK, NAK_SEQUENCE
+from .requests import QP_INDEX_BITS
+
+__all__ = ["AckIntake", "ACK_WINDOW", "ACK_TAKEN", "ACK_VERDICT", "lowest_set"]
+
+#: What the intake checks an acknowledgement against: its QP's oldest unacknowledged
+#: and next PSN, peer address and whether it is in ERROR (the engine's, read
+#: combinationally at ``window_qp``).
+ACK_WINDOW = data.StructLayout({"una": 24, "nxt": 24, "remote_ip": 32, "error": 1})
+
+#: An acknowledgement for the engine to act on: its QP, PSN and AETH syndrome.
+ACK_TAKEN = data.StructLayout({"qp": QP_INDEX_BITS, "psn": 24, "syndrome": 8})
+
+#: What became of each acknowledgement: taken (kept, or folded into a newer one kept)
+#: or dropped (a duplicate, a ghost, from a stranger, for a QP in ERROR).
+ACK_VERDICT = data.StructLayout({"qp": QP_INDEX_BITS, "taken": 1})
+
+#: Half the PSN space.
+_PSN_HALF = 1 << 23
+
+
+def lowest_set(flags):
+    """Whether any bit of ``flags`` (a power of 2 of them, 2 or more) is set, and the index
+    of the lowest one that is: a tree, log2(len(flags)) multiplexers deep."""
+    if len(flags) == 2:
+        return flags.any(), ~flags[0]
+    half = len(flags) // 2
+    low_any, low_index = lowest_set(flags[:half])
+    high_any, high_index = lowest_set(flags[half:])
+    return low_any | high_any, Mux(low_any, Cat(low_index, C(0, 1)), Cat(high_index, C(1, 1)))
+
+
+def _nak_rank(syndrome):
+    """How much a NAK says, for two NAKs of one PSN: a sequence error 0, an RNR NAK 1
+    (the packet arrived, the responder had no receive for it), an error NAK 2."""
+    kind = syndrome[5:7]
+    return Mux(kind == AETH_RNR_NAK, 1, Mux(syndrome[:5] == NAK_SEQUENCE, 0, 2))
+
+
+class AckIntake(wiring.Component):
+    """Takes one acknowledgement (``i``) every cycle, at any rate, and keeps per QP what
+    the engine needs of them, so that none is ever lost.
+
+    Acknowledgements are cumulative (IBTA 9.7.5.1.2, coalesced ACKs): an ACK for
+    PSN p acknowledges every packet up to p, a NAK or RNR NAK for p every packet
+    before p. So per QP it keeps one ACK slot, the PSN furthest ahead, and apart
+    one NAK slot (NAK sequence error, RNR NAK or error NAK; furthest ahead, and
+    of two for one PSN the error NAK over the RNR NAK over the sequence error;
+    an error NAK is never replaced, the QP fails on it). An acknowledgement is
+    dropped when it is not from the QP's peer, its QP is in ERROR, its PSN lies
+    outside the window of packets outstanding (a duplicate or a ghost: the
+    engine's ``window``, read as ``window_qp``), its syndrome is reserved, or it
+    says no more than what its slot holds. What it replaces was taken too: its
+    news are in the newer one. Every acknowledgement gets a verdict
+    (``o_verdict``, 2 cycles after ``i``); nothing else is dropped, so no
+    acknowledgement can be lost, whatever the rate.
+
+    ``o`` offers the engine one slot of one QP at a time, the NAK before the ACK
+    of a QP, the QPs round-robin; an acknowledgement is offered from 3 cycles
+    after ``i`` on. Taking it (``o.ready``) empties the slot, unless a newer
+    acknowledgement fills it in the same cycle; after a take or a ``i_clear``
+    the next offer comes a cycle later. ``i_clear`` empties the slots of a QP
+    being set again, and drops its acknowledgements in flight.
+    """
+
+    def __init__(self, *, qps):
+        if not isinstance(qps, int) or not 1 <= qps <= 1 << QP_INDEX_BITS:
+            raise ValueError(f"QP count must be 1..{1 << QP_INDEX_BITS}, not {qps!r}")
+        self._qps = qps
+        super().__init__({
+            "i": In(stream.Signature(ACK_EVENT, always_ready=True)),
+            "window_qp": Out(QP_INDEX_BITS),
+            "window": In(ACK_WINDOW),
+            "i_clear": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "o": Out(stream.Signature(ACK_TAKEN)),
+            "o_verdict": Out(stream.Signature(ACK_VERDICT, always_ready=True)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        qp_bits = max((self._qps - 1).bit_length(), 1)
+        entries = 1 << qp_bits
+        clear = self.i_clear
+
+        def one_hot(enable, qp):
+            return Mux(enable, (C(1, entries) << qp[:qp_bits])[:entries], 0)
+
+        def cleared(qp):
+            return clear.valid & (clear.p[:qp_bits] == qp[:qp_bits])
+
+        # Stage 1: the window check's operands, from the QP's state as the engine has it.
+        event = Signal(ACK_TAKEN)
+        checked = Signal()
+        ahead = Signal(24)
+        window = Signal(24)
+        usable = Signal()
+        acknowledgement = self.i.p
+        state = self.window
+        m.d.comb += self.window_qp.eq(acknowledgement.qp)
+        m.d.sync += [
+            checked.eq(self.i.valid & ~cleared(acknowledgement.qp)),
+            event.qp.eq(acknowledgement.qp),
+            event.psn.eq(acknowledgement.psn),
+            event.syndrome.eq(acknowledgement.syndrome),
+            ahead.eq(acknowledgement.psn - state.una),
+            window.eq(state.nxt - state.una),
+            usable.eq((acknowledgement.src_ip == state.remote_ip) & ~state.error
+                      & (acknowledgement.syndrome[5:7] != AETH_RESERVED)),
+        ]
+
+        # Stage 2: against the QP's slot, kept when it says more; the slots' flags in
+        # registers, their PSNs (and a NAK's syndrome) in memories.
+        has_ack = Signal(entries)
+        has_nak = Signal(entries)
+        m.submodules.ack_psns = ack_psns = memory.Memory(shape=24, depth=entries, init=[])
+        m.submodules.naks = naks = memory.Memory(
+            shape=data.StructLayout({"psn": 24, "syndrome": 8}), depth=entries, init=[])
+        ack_write = ack_psns.write_port()
+        nak_write = naks.write_port()
+        ack_slot = ack_psns.read_port(domain="comb")
+        nak_slot = naks.read_port(domain="comb")
+        m.d.comb += [ack_slot.addr.eq(event.qp), nak_slot.addr.eq(event.qp)]
+
+        is_nak = event.syndrome[5:7] != AETH_ACK
+        inside = checked & usable & (ahead < window)
+        ack_beyond = (event.psn - ack_slot.data)[:24]
+        nak_beyond = (event.psn - nak_slot.data.psn)[:24]
+        nak_fatal = ((nak_slot.data.syndrome[5:7] == AETH_NAK)
+                     & (nak_slot.data.syndrome[:5] != NAK_SEQUENCE))
+        ack_news = ~has_ack.bit_select(event.qp[:qp_bits], 1) | (
+            (ack_beyond != 0) & (ack_beyond < _PSN_HALF))
+        nak_says_more = _nak_rank(event.syndrome) > _nak_rank(nak_slot.data.syndrome)
+        nak_news = ~has_nak.bit_select(event.qp[:qp_bits], 1) | (~nak_fatal & (
+            ((nak_beyond != 0) & (nak_beyond < _PSN_HALF))
+            | ((nak_beyond == 0) & nak_says_more)))
+        kept = Signal()
+        m.d.comb += [
+            kept.eq(inside & Mux(is_nak, nak_news, ack_news) & ~cleared(event.qp)),
+            ack_write.addr.eq(event.qp),
+            ack_write.data.eq(event.psn),
+            ack_write.en.eq(kept & ~is_nak),
+            nak_write.addr.eq(event.qp),
+            nak_write.data.psn.eq(event.psn),
+            nak_write.data.syndrome.eq(event.syndrome),
+            nak_write.en.eq(kept & is_nak),
+        ]
+        m.d.sync += [
+            self.o_verdict.valid.eq(checked),
+            self.o_verdict.p.qp.eq(event.qp),
+            self.o_verdict.p.taken.eq(kept),
+        ]
+
+        # The offer: a QP with a slot filled, round-robin (``after``: the QPs after the
+        # one last taken), chosen a cycle ahead from the flags.
+        head = Signal(qp_bits)
+        head_valid = Signal()
+        settling = Signal()         # the flags changed by a take or a clear: choose again
+        after = Signal(entries)
+        pending = has_ack | has_nak
+        any_after, first_after = lowest_set(pending & after)
+        any_pending, first_pending = lowest_set(pending)
+        head_nak = has_nak.bit_select(head, 1)
+        offered_ack = ack_psns.read_port(domain="comb")
+        offered_nak = naks.read_port(domain="comb")
+        m.d.comb += [
+            offered_ack.addr.eq(head),
+            offered_nak.addr.eq(head),
+            self.o.valid.eq(head_valid & ~settling),
+            self.o.p.qp.eq(head),
+            self.o.p.psn.eq(Mux(head_nak, offered_nak.data.psn, offered_ack.data)),
+            self.o.p.syndrome.eq(Mux(head_nak, offered_nak.data.syndrome, 0)),
+        ]
+        take = self.o.valid & self.o.ready
+        m.d.sync += [
+            head.eq(Mux(any_after, first_after, first_pending)),
+            head_valid.eq(any_pending),
+            settling.eq(take | clear.valid),
+        ]
+        with m.If(take):
+            m.d.sync += after.eq(Cat(head < index for index in range(entries)))
+
+        # The flags: a take or a clear empties a slot, a kept acknowledgement fills it
+        # (also one being taken: the newer one stays).
+        clear_mask = one_hot(clear.valid, clear.p)
+        m.d.sync += [
+            has_ack.eq(has_ack & ~one_hot(take & ~head_nak, head) & ~clear_mask
+                       | one_hot(kept & ~is_nak, event.qp)),
+            has_nak.eq(has_nak & ~one_hot(take & head_nak, head) & ~clear_mask
+                       | one_hot(kept & is_nak, event.qp)),
+        ]
+        return m
