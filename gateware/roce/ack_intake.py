@@ -22,8 +22,8 @@ ACK_TAKEN = data.StructLayout({"qp": QP_INDEX_BITS, "psn": 24, "syndrome": 8})
 #: or dropped (a duplicate, a ghost, from a stranger, for a QP in ERROR).
 ACK_VERDICT = data.StructLayout({"qp": QP_INDEX_BITS, "taken": 1})
 
-#: Half the PSN space.
-_PSN_HALF = 1 << 23
+#: A QP's NAK slot: the PSN and the AETH syndrome (its ACK slot is a PSN).
+_NAK_SLOT = data.StructLayout({"psn": 24, "syndrome": 8})
 
 
 def lowest_set(flags):
@@ -83,6 +83,11 @@ class AckIntake(wiring.Component):
             "o_verdict": Out(stream.Signature(ACK_VERDICT, always_ready=True)),
         })
 
+    @staticmethod
+    def qp_state_bits():
+        """Bits the intake keeps per QP: the slots, and their flags (in registers)."""
+        return {"ack_psn": 24, "nak": _NAK_SLOT.size, "flags": 2}
+
     def elaborate(self, platform):
         m = Module()
         qp_bits = max((self._qps - 1).bit_length(), 1)
@@ -97,7 +102,9 @@ class AckIntake(wiring.Component):
 
         # Stage 1: the window check's operands, from the QP's state as the engine has it.
         event = Signal(ACK_TAKEN)
+        event_bit = Signal(entries)     # its QP, one-hot
         checked = Signal()
+        stale = Signal()            # its QP is being set again: checked against the old one
         ahead = Signal(24)
         window = Signal(24)
         usable = Signal()
@@ -105,8 +112,10 @@ class AckIntake(wiring.Component):
         state = self.window
         m.d.comb += self.window_qp.eq(acknowledgement.qp)
         m.d.sync += [
-            checked.eq(self.i.valid & ~cleared(acknowledgement.qp)),
+            checked.eq(self.i.valid),
+            stale.eq(cleared(acknowledgement.qp)),
             event.qp.eq(acknowledgement.qp),
+            event_bit.eq(one_hot(1, acknowledgement.qp)),
             event.psn.eq(acknowledgement.psn),
             event.syndrome.eq(acknowledgement.syndrome),
             ahead.eq(acknowledgement.psn - state.una),
@@ -120,8 +129,7 @@ class AckIntake(wiring.Component):
         has_ack = Signal(entries)
         has_nak = Signal(entries)
         m.submodules.ack_psns = ack_psns = memory.Memory(shape=24, depth=entries, init=[])
-        m.submodules.naks = naks = memory.Memory(
-            shape=data.StructLayout({"psn": 24, "syndrome": 8}), depth=entries, init=[])
+        m.submodules.naks = naks = memory.Memory(shape=_NAK_SLOT, depth=entries, init=[])
         ack_write = ack_psns.write_port()
         nak_write = naks.write_port()
         ack_slot = ack_psns.read_port(domain="comb")
@@ -129,17 +137,19 @@ class AckIntake(wiring.Component):
         m.d.comb += [ack_slot.addr.eq(event.qp), nak_slot.addr.eq(event.qp)]
 
         is_nak = event.syndrome[5:7] != AETH_ACK
-        inside = checked & usable & (ahead < window)
-        ack_beyond = (event.psn - ack_slot.data)[:24]
-        nak_beyond = (event.psn - nak_slot.data.psn)[:24]
+        inside = checked & usable & ~stale & (ahead < window)
+        # Ahead of a kept PSN: not equal to it, and less than half the PSN space on (the
+        # equality straight from the PSNs, beside the subtraction, not after it).
+        ack_same = event.psn == ack_slot.data
+        nak_same = event.psn == nak_slot.data.psn
+        ack_ahead = ~ack_same & ~(event.psn - ack_slot.data)[23]
+        nak_ahead = ~nak_same & ~(event.psn - nak_slot.data.psn)[23]
         nak_fatal = ((nak_slot.data.syndrome[5:7] == AETH_NAK)
                      & (nak_slot.data.syndrome[:5] != NAK_SEQUENCE))
-        ack_news = ~has_ack.bit_select(event.qp[:qp_bits], 1) | (
-            (ack_beyond != 0) & (ack_beyond < _PSN_HALF))
+        ack_news = ~(has_ack & event_bit).any() | ack_ahead
         nak_says_more = _nak_rank(event.syndrome) > _nak_rank(nak_slot.data.syndrome)
-        nak_news = ~has_nak.bit_select(event.qp[:qp_bits], 1) | (~nak_fatal & (
-            ((nak_beyond != 0) & (nak_beyond < _PSN_HALF))
-            | ((nak_beyond == 0) & nak_says_more)))
+        nak_news = ~(has_nak & event_bit).any() | (
+            ~nak_fatal & (nak_ahead | (nak_same & nak_says_more)))
         kept = Signal()
         m.d.comb += [
             kept.eq(inside & Mux(is_nak, nak_news, ack_news) & ~cleared(event.qp)),
@@ -191,8 +201,8 @@ class AckIntake(wiring.Component):
         clear_mask = one_hot(clear.valid, clear.p)
         m.d.sync += [
             has_ack.eq(has_ack & ~one_hot(take & ~head_nak, head) & ~clear_mask
-                       | one_hot(kept & ~is_nak, event.qp)),
+                       | Mux(kept & ~is_nak, event_bit, 0)),
             has_nak.eq(has_nak & ~one_hot(take & head_nak, head) & ~clear_mask
-                       | one_hot(kept & is_nak, event.qp)),
+                       | Mux(kept & is_nak, event_bit, 0)),
         ]
         return m
