@@ -6,7 +6,7 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .ack import ACK_EVENT, AETH_ACK, AETH_NAK, AETH_RESERVED, AETH_RNR_NAK, NAK_SEQUENCE
-from .requests import QP_INDEX_BITS
+from .requests import QP_INDEX_BITS, check_qp_count
 
 __all__ = ["AckIntake", "ACK_WINDOW", "ACK_TAKEN", "ACK_VERDICT", "lowest_set"]
 
@@ -48,7 +48,7 @@ class AckIntake(wiring.Component):
     """Takes one acknowledgement (``i``) every cycle, at any rate, and keeps per QP what
     the engine needs of them, so that none is ever lost.
 
-    Acknowledgements are cumulative (IBTA 9.7.5.1.2, coalesced ACKs): an ACK for
+    Acknowledgements are cumulative (IBTA 9.7.5.1, coalesced ACKs): an ACK for
     PSN p acknowledges every packet up to p, a NAK or RNR NAK for p every packet
     before p. So per QP it keeps one ACK slot, the PSN furthest ahead, and apart
     one NAK slot (NAK sequence error, RNR NAK or error NAK; furthest ahead, and
@@ -71,9 +71,7 @@ class AckIntake(wiring.Component):
     """
 
     def __init__(self, *, qps):
-        if not isinstance(qps, int) or not 1 <= qps <= 1 << QP_INDEX_BITS:
-            raise ValueError(f"QP count must be 1..{1 << QP_INDEX_BITS}, not {qps!r}")
-        self._qps = qps
+        self._qps = check_qp_count(qps)
         super().__init__({
             "i": In(stream.Signature(ACK_EVENT, always_ready=True)),
             "window_qp": Out(QP_INDEX_BITS),

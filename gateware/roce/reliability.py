@@ -153,7 +153,7 @@ class ReliabilityEngine(wiring.Component):
     - NAK sequence error for p: resend from p (go-back-N), one of
       ``retry_count`` retries, unless a resend from p is already under way
       (after a NAK, RNR NAK or timeout for p, nothing acknowledged since: the
-      responder's next NAK repeats the news; IBTA 9.7.5.2.2, as rxe). ACK
+      responder's next NAK repeats the news; IBTA 9.7.5.2, as rxe). ACK
       timeout (2^timeout ticks, IBTA 9.7.6.1.3: started by a packet sent when
       none was outstanding, restarted by progress and by each retry): resend
       from the oldest unacknowledged packet, one retry. None left: ERROR,
@@ -641,9 +641,9 @@ class ReliabilityEngine(wiring.Component):
                                 m.d.comb += counts["naks_sequence"].eq(1)
                                 # A resend from p under way (after a NAK, an RNR NAK or a
                                 # timeout, nothing acknowledged since): the responder's NAK
-                                # for p is no news and starts no retry (IBTA 9.7.5.2.2; rxe
+                                # for p is no news and starts no retry (IBTA 9.7.5.2; rxe
                                 # ignores NAKs while ``started_retry``). Else go back to p
-                                # (IBTA 9.7.5.2.2), one retry of ``retry_count``.
+                                # (IBTA 9.7.5.2), one retry of ``retry_count``.
                                 with m.If(s_retrying & ~progress):
                                     pass
                                 with m.Elif(retries == 0):
