@@ -18,9 +18,10 @@ ACK_WINDOW = data.StructLayout({"una": 24, "nxt": 24, "remote_ip": 32, "error": 
 #: An acknowledgement for the engine to act on: its QP, PSN and AETH syndrome.
 ACK_TAKEN = data.StructLayout({"qp": QP_INDEX_BITS, "psn": 24, "syndrome": 8})
 
-#: What became of each acknowledgement: taken (kept, or folded into a newer one kept)
-#: or dropped (a duplicate, a ghost, from a stranger, for a QP in ERROR).
-ACK_VERDICT = data.StructLayout({"qp": QP_INDEX_BITS, "taken": 1})
+#: What became of each acknowledgement: taken (it acknowledges packets not acknowledged
+#: before, or is a NAK for the oldest unacknowledged packet) or dropped (a duplicate, a
+#: ghost, from a stranger, for a QP in ERROR); and its AETH syndrome.
+ACK_VERDICT = data.StructLayout({"qp": QP_INDEX_BITS, "taken": 1, "syndrome": 8})
 
 #: A QP's NAK slot: the PSN and the AETH syndrome (its ACK slot is a PSN).
 _NAK_SLOT = data.StructLayout({"psn": 24, "syndrome": 8})
@@ -50,17 +51,22 @@ class AckIntake(wiring.Component):
 
     Acknowledgements are cumulative (IBTA 9.7.5.1, coalesced ACKs): an ACK for
     PSN p acknowledges every packet up to p, a NAK or RNR NAK for p every packet
-    before p. So per QP it keeps one ACK slot, the PSN furthest ahead, and apart
-    one NAK slot (NAK sequence error, RNR NAK or error NAK; furthest ahead, and
-    of two for one PSN the error NAK over the RNR NAK over the sequence error;
-    an error NAK is never replaced, the QP fails on it). An acknowledgement is
-    dropped when it is not from the QP's peer, its QP is in ERROR, its PSN lies
-    outside the window of packets outstanding (a duplicate or a ghost: the
-    engine's ``window``, read as ``window_qp``), its syndrome is reserved, or it
-    says no more than what its slot holds. What it replaces was taken too: its
-    news are in the newer one. Every acknowledgement gets a verdict
-    (``o_verdict``, 2 cycles after ``i``); nothing else is dropped, so no
-    acknowledgement can be lost, whatever the rate.
+    before p. Per QP the intake keeps ``furthest``, the last PSN the QP's
+    acknowledgements so far acknowledge (``una - 1`` once the engine has acted
+    on them). An acknowledgement is taken when it is from the QP's peer, its QP
+    is not in ERROR, its syndrome is not reserved, and its PSN lies inside the
+    window of packets outstanding (the engine's ``window``, read as
+    ``window_qp``) and beyond ``furthest`` (a NAK: at ``furthest + 1`` or
+    beyond); else it is dropped (a duplicate, a ghost, a stranger's). So the
+    verdicts are those the engine would give acting on every acknowledgement
+    in turn. Of those taken, the intake keeps per QP an ACK slot (up to
+    ``furthest``) and apart a NAK slot (NAK sequence error, RNR NAK or error
+    NAK; the newest, but of two for one PSN the error NAK over the RNR NAK
+    over the sequence error, and an error NAK for good: the QP fails on it). An
+    acknowledgement taken and not kept repeats what is kept. Every
+    acknowledgement gets a verdict (``o_verdict``, with its syndrome, 2 cycles
+    after ``i``); there is no queue, so none is lost, whatever the rate. An
+    acknowledgement counts against the packets sent up to 2 cycles before it.
 
     ``o`` offers the engine one slot of one QP at a time, the NAK before the ACK
     of a QP, the QPs round-robin; an acknowledgement is offered from 3 cycles
@@ -84,7 +90,7 @@ class AckIntake(wiring.Component):
     @staticmethod
     def qp_state_bits():
         """Bits the intake keeps per QP: the slots, and their flags (in registers)."""
-        return {"ack_psn": 24, "nak": _NAK_SLOT.size, "flags": 2}
+        return {"furthest": 24, "nak": _NAK_SLOT.size, "flags": 3}
 
     def elaborate(self, platform):
         m = Module()
@@ -122,47 +128,52 @@ class AckIntake(wiring.Component):
                       & (acknowledgement.syndrome[5:7] != AETH_RESERVED)),
         ]
 
-        # Stage 2: against the QP's slot, kept when it says more; the slots' flags in
-        # registers, their PSNs (and a NAK's syndrome) in memories.
-        has_ack = Signal(entries)
+        # Stage 2: against what the QP's acknowledgements said so far: ``furthest``, the
+        # last PSN they acknowledge (an ACK for p: p; a NAK for p: p - 1), as ``una - 1``
+        # will be once the engine has acted on them. An acknowledgement inside the window
+        # and beyond it is taken (any NAK for p there, also one repeating the news); the
+        # PSNs in memories, the flags in registers.
+        known = Signal(entries)         # ``furthest`` holds since the QP was set
+        has_ack = Signal(entries)       # an ACK up to ``furthest`` waits for the engine
         has_nak = Signal(entries)
-        m.submodules.ack_psns = ack_psns = memory.Memory(shape=24, depth=entries, init=[])
+        m.submodules.furthest = furthest = memory.Memory(shape=24, depth=entries, init=[])
         m.submodules.naks = naks = memory.Memory(shape=_NAK_SLOT, depth=entries, init=[])
-        ack_write = ack_psns.write_port()
+        furthest_write = furthest.write_port()
         nak_write = naks.write_port()
-        ack_slot = ack_psns.read_port(domain="comb")
+        furthest_read = furthest.read_port(domain="comb")
         nak_slot = naks.read_port(domain="comb")
-        m.d.comb += [ack_slot.addr.eq(event.qp), nak_slot.addr.eq(event.qp)]
+        m.d.comb += [furthest_read.addr.eq(event.qp), nak_slot.addr.eq(event.qp)]
 
         is_nak = event.syndrome[5:7] != AETH_ACK
-        inside = checked & usable & ~stale & (ahead < window)
-        # Ahead of a kept PSN: not equal to it, and less than half the PSN space on (the
-        # equality straight from the PSNs, beside the subtraction, not after it).
-        ack_same = event.psn == ack_slot.data
-        nak_same = event.psn == nak_slot.data.psn
-        ack_ahead = ~ack_same & ~(event.psn - ack_slot.data)[23]
-        nak_ahead = ~nak_same & ~(event.psn - nak_slot.data.psn)[23]
+        # Beyond ``furthest``: not equal to it, and less than half the PSN space on (the
+        # equality straight from the PSNs, beside the subtraction, not after it). Both lie
+        # in the window of outstanding PSNs, far less than that wide.
+        beyond = ~(event.psn == furthest_read.data) & ~(event.psn - furthest_read.data)[23]
+        taken = Signal()
+        m.d.comb += taken.eq(checked & usable & ~stale & (ahead < window)
+                             & (~(known & event_bit).any() | beyond) & ~cleared(event.qp))
+        # A NAK taken is kept unless the one kept is for the same PSN and says as much
+        # (a NAK taken is never behind the one kept), or is an error NAK.
         nak_fatal = ((nak_slot.data.syndrome[5:7] == AETH_NAK)
                      & (nak_slot.data.syndrome[:5] != NAK_SEQUENCE))
-        ack_news = ~(has_ack & event_bit).any() | ack_ahead
         nak_says_more = _nak_rank(event.syndrome) > _nak_rank(nak_slot.data.syndrome)
         nak_news = ~(has_nak & event_bit).any() | (
-            ~nak_fatal & (nak_ahead | (nak_same & nak_says_more)))
-        kept = Signal()
+            ~nak_fatal & ((event.psn != nak_slot.data.psn) | nak_says_more))
+        nak_kept = taken & is_nak & nak_news
         m.d.comb += [
-            kept.eq(inside & Mux(is_nak, nak_news, ack_news) & ~cleared(event.qp)),
-            ack_write.addr.eq(event.qp),
-            ack_write.data.eq(event.psn),
-            ack_write.en.eq(kept & ~is_nak),
+            furthest_write.addr.eq(event.qp),
+            furthest_write.data.eq(event.psn - is_nak),
+            furthest_write.en.eq(taken),
             nak_write.addr.eq(event.qp),
             nak_write.data.psn.eq(event.psn),
             nak_write.data.syndrome.eq(event.syndrome),
-            nak_write.en.eq(kept & is_nak),
+            nak_write.en.eq(nak_kept),
         ]
         m.d.sync += [
             self.o_verdict.valid.eq(checked),
             self.o_verdict.p.qp.eq(event.qp),
-            self.o_verdict.p.taken.eq(kept),
+            self.o_verdict.p.taken.eq(taken),
+            self.o_verdict.p.syndrome.eq(event.syndrome),
         ]
 
         # The offer: a QP with a slot filled, round-robin (``after``: the QPs after the
@@ -175,14 +186,14 @@ class AckIntake(wiring.Component):
         any_after, first_after = lowest_set(pending & after)
         any_pending, first_pending = lowest_set(pending)
         head_nak = has_nak.bit_select(head, 1)
-        offered_ack = ack_psns.read_port(domain="comb")
+        offered_furthest = furthest.read_port(domain="comb")
         offered_nak = naks.read_port(domain="comb")
         m.d.comb += [
-            offered_ack.addr.eq(head),
+            offered_furthest.addr.eq(head),
             offered_nak.addr.eq(head),
             self.o.valid.eq(head_valid & ~settling),
             self.o.p.qp.eq(head),
-            self.o.p.psn.eq(Mux(head_nak, offered_nak.data.psn, offered_ack.data)),
+            self.o.p.psn.eq(Mux(head_nak, offered_nak.data.psn, offered_furthest.data)),
             self.o.p.syndrome.eq(Mux(head_nak, offered_nak.data.syndrome, 0)),
         ]
         take = self.o.valid & self.o.ready
@@ -194,13 +205,14 @@ class AckIntake(wiring.Component):
         with m.If(take):
             m.d.sync += after.eq(Cat(head < index for index in range(entries)))
 
-        # The flags: a take or a clear empties a slot, a kept acknowledgement fills it
+        # The flags: a take or a clear empties a slot, an acknowledgement kept fills it
         # (also one being taken: the newer one stays).
         clear_mask = one_hot(clear.valid, clear.p)
         m.d.sync += [
+            known.eq(known & ~clear_mask | Mux(taken, event_bit, 0)),
             has_ack.eq(has_ack & ~one_hot(take & ~head_nak, head) & ~clear_mask
-                       | Mux(kept & ~is_nak, event_bit, 0)),
+                       | Mux(taken & ~is_nak, event_bit, 0)),
             has_nak.eq(has_nak & ~one_hot(take & head_nak, head) & ~clear_mask
-                       | Mux(kept & is_nak, event_bit, 0)),
+                       | Mux(nak_kept, event_bit, 0)),
         ]
         return m

@@ -59,7 +59,8 @@ _NAK_STATUS = {
     3: CompletionStatus.REMOTE_OPERATIONAL_ERROR,
     4: CompletionStatus.REMOTE_INVALID_REQUEST,     # invalid RD request
 }
-_NAK_COUNTERS = {1: "naks_invalid", 2: "naks_access", 3: "naks_operational", 4: "naks_invalid"}
+_NAK_COUNTERS = {0: "naks_sequence", 1: "naks_invalid", 2: "naks_access",
+                 3: "naks_operational", 4: "naks_invalid"}
 
 #: Bits of the tick count the timers are stamped with: an ACK timeout is up to 2^31 ticks.
 _TIME_BITS = 32
@@ -68,8 +69,10 @@ _TIME_BITS = 32
 #: acting on an acknowledgement or a timeout; ICRC errors and CNPs are counted apart.
 _SENT_COUNTERS = data.StructLayout({name: QP_COUNTERS.members[name]
                                     for name in ("packets", "bytes", "retransmitted")})
-_INTAKE_COUNTERS = data.StructLayout({name: QP_COUNTERS.members[name]
-                                      for name in ("acks", "acks_dropped")})
+_INTAKE_COUNTERS = data.StructLayout({
+    name: QP_COUNTERS.members[name]
+    for name in ("acks", "acks_dropped", "naks_sequence", "naks_rnr", "naks_invalid",
+                 "naks_access", "naks_operational")})
 _EVENT_COUNTERS = data.StructLayout({
     name: shape for name, shape in QP_COUNTERS.members.items()
     if name not in (*_SENT_COUNTERS.members, *_INTAKE_COUNTERS.members, "icrc_errors",
@@ -413,6 +416,23 @@ class ReliabilityEngine(wiring.Component):
             intake.i_clear.p.eq(reset.qp),
         ]
         icrc_error, cnp, verdict = self.i_icrc_error, self.i_cnp, intake.o_verdict
+        # What each verdict adds to: taken or dropped, and a NAK taken by its kind.
+        nak_kind, nak_code = verdict.p.syndrome[5:7], verdict.p.syndrome[:5]
+        verdict_counts = {name: Signal(name=f"verdict_{name}")
+                          for name in _INTAKE_COUNTERS.members}
+        nak_codes = {name: [code for code, counter in _NAK_COUNTERS.items() if counter == name]
+                     for name in set(_NAK_COUNTERS.values())}
+        m.d.comb += [
+            verdict_counts["acks"].eq(verdict.p.taken),
+            verdict_counts["acks_dropped"].eq(~verdict.p.taken),
+            verdict_counts["naks_rnr"].eq(verdict.p.taken & (nak_kind == AETH_RNR_NAK)),
+        ]
+        for name, codes in nak_codes.items():
+            matches = [nak_code == code for code in codes]
+            if name == "naks_operational":      # and the codes IBTA reserves
+                matches.append(nak_code > max(_NAK_COUNTERS))
+            m.d.comb += verdict_counts[name].eq(
+                verdict.p.taken & (nak_kind == AETH_NAK) & Cat(matches).any())
         for count, write, cleared, counted, qp in (
                 (icrc_errors, icrc_errors_write, icrc_cleared, icrc_error.valid, icrc_error.p),
                 (cnps, cnps_write, cnp_cleared, cnp.valid, cnp.p),
@@ -427,10 +447,8 @@ class ReliabilityEngine(wiring.Component):
             ]
             if count is intake_counters:
                 counts_before = data.View(_INTAKE_COUNTERS, counts_before)
-                m.d.comb += [
-                    write.data.acks.eq(counts_before.acks + verdict.p.taken),
-                    write.data.acks_dropped.eq(counts_before.acks_dropped + ~verdict.p.taken),
-                ]
+                for name, strobe in verdict_counts.items():
+                    m.d.comb += write.data[name].eq(counts_before[name] + strobe)
             else:
                 m.d.comb += write.data.eq(counts_before + 1)
 
@@ -623,7 +641,6 @@ class ReliabilityEngine(wiring.Component):
                         fsm_flag(retrying, 0)
                     with m.Switch(kind):
                         with m.Case(AETH_RNR_NAK):
-                            m.d.comb += counts["naks_rnr"].eq(1)
                             forever = s_peer.rnr_retry == RNR_RETRY_FOREVER
                             with m.If((rnr_retries == 0) & ~forever):
                                 fail(CompletionStatus.RNR_RETRY_EXCEEDED)
@@ -638,7 +655,6 @@ class ReliabilityEngine(wiring.Component):
                                 resend_from(event.psn)
                         with m.Case(AETH_NAK):
                             with m.If(code == NAK_SEQUENCE):
-                                m.d.comb += counts["naks_sequence"].eq(1)
                                 # A resend from p under way (after a NAK, an RNR NAK or a
                                 # timeout, nothing acknowledged since): the responder's NAK
                                 # for p is no news and starts no retry (IBTA 9.7.5.2; rxe
@@ -654,10 +670,8 @@ class ReliabilityEngine(wiring.Component):
                                     restart_timer()
                             for nak_code, status in _NAK_STATUS.items():
                                 with m.Elif(code == nak_code):
-                                    m.d.comb += counts[_NAK_COUNTERS[nak_code]].eq(1)
                                     fail(status)
                             with m.Else():
-                                m.d.comb += counts["naks_operational"].eq(1)
                                 fail(CompletionStatus.REMOTE_OPERATIONAL_ERROR)
 
             with m.State("EXPIRE"):

@@ -53,10 +53,13 @@ def run(windows, body, qps=4):
     run_testbenches(dut, main)
 
 
-def test_the_newest_ack_and_the_nak_that_says_most_are_kept():
-    events = [  # (qp, psn, syndrome[, source]), kept or not
+def test_what_is_taken_and_what_is_kept():
+    """Taken: inside the window and beyond what the QP's acknowledgements acknowledged
+    so far (a NAK for p acknowledges up to p - 1). Kept: the newest ACK, and the NAK
+    that says most (an RNR NAK over the sequence NAK of its PSN; an error NAK for good)."""
+    events = [  # (qp, psn, syndrome[, source]), taken or not
         ((2, 110, ACK), True),
-        ((2, 105, ACK), False),                 # behind the one kept
+        ((2, 105, ACK), False),                 # behind the one taken
         ((2, 120, ACK), True),
         ((2, 120, ACK), False),                 # a duplicate
         ((2, 250, ACK), False),                 # a ghost: beyond the PSNs sent
@@ -64,19 +67,21 @@ def test_the_newest_ack_and_the_nak_that_says_most_are_kept():
         ((2, 130, ACK, STRANGER_IP), False),
         ((2, 150, RESERVED), False),
         ((2, 140, NAK_SEQUENCE), True),
-        ((2, 140, RNR_NAK), True),              # the packet arrived: says more
-        ((2, 140, NAK_SEQUENCE), False),        # the RNR NAK's sequence NAK
+        ((2, 140, RNR_NAK), True),              # kept: the packet arrived
+        ((2, 140, NAK_SEQUENCE), True),         # the RNR NAK's sequence NAK: not kept
+        ((2, 139, ACK), False),                 # acknowledged by the NAKs
         ((3, 7, NAK_INVALID), True),
-        ((3, 9, NAK_SEQUENCE), False),          # an error NAK stays
-        ((3, 8, ACK), True),
+        ((3, 9, NAK_SEQUENCE), True),           # not kept: an error NAK stays
+        ((3, 8, ACK), False),                   # acknowledged by that NAK
+        ((3, 9, ACK), True),
     ]
 
     async def body(bench):
         for event, _ in events:
             await bench.cycle(event)
         await bench.drain()
-        assert bench.verdicts == [(event[0], kept) for event, kept in events]
-        assert bench.taken == [(2, 140, RNR_NAK), (3, 7, NAK_INVALID), (2, 120, 0), (3, 8, 0)]
+        assert bench.verdicts == [(event[0], taken) for event, taken in events]
+        assert bench.taken == [(2, 140, RNR_NAK), (3, 7, NAK_INVALID), (2, 139, 0), (3, 9, 0)]
 
     run({2: (100, 200), 3: (5, 10)}, body)
 
@@ -101,13 +106,16 @@ def test_a_qp_acknowledged_every_cycle_does_not_hold_the_others():
     run({0: (0, 100), 1: (40, 60), 3: (60, 80)}, body)
 
 
-def test_at_any_rate_the_newest_acknowledgement_of_each_qp_is_taken():
+def test_at_any_rate_every_verdict_is_right_and_the_newest_is_taken():
     """Random acknowledgements (inside and outside the windows) on 3 QPs every cycle and
-    offers taken at random, also in the cycle a newer one arrives: every one gets a
-    verdict, and the last ACK taken of a QP is the furthest one inside its window, the
-    last NAK the last one inside (their PSNs rise, as a responder sends them)."""
+    offers taken at random, also in the cycle a newer one arrives: the verdicts are
+    those of acting on each in turn (the model), and what the engine takes last of a
+    QP is what the last ones taken say (their PSNs rise, as a responder sends them)."""
     rng = random.Random(7)
     windows = {0: (1000, 1100), 1: (0xFFFFF0, 0x50), 2: (300, 301)}
+
+    def distance(psn, una):
+        return (psn - una) % (1 << 24)
 
     async def body(bench):
         sent = []
@@ -118,22 +126,29 @@ def test_at_any_rate_the_newest_acknowledgement_of_each_qp_is_taken():
                 qp = rng.randrange(3)
                 psns[qp] += rng.randrange(3)
                 syndrome = rng.choice([ACK, ACK, ACK, NAK_SEQUENCE, RNR_NAK])
-                event = (qp, psns[qp], syndrome)
+                event = (qp, psns[qp] % (1 << 24), syndrome)
                 sent.append(event)
             await bench.cycle(event, ready=rng.random() < 0.3)
         await bench.drain(40)
-        assert len(bench.verdicts) == len(sent)
-        for qp, (una, nxt) in windows.items():
-            inside = [(psn % (1 << 24), syndrome) for event_qp, psn, syndrome in sent
-                      if event_qp == qp and (psn - una) % (1 << 24) < (nxt - una) % (1 << 24)]
+        # The model: what each QP's acknowledgements taken so far acknowledge.
+        furthest, verdicts, last = {}, [], {}
+        for qp, psn, syndrome in sent:
+            una, nxt = windows[qp]
+            lowest = distance(furthest[qp] + 1, una) if qp in furthest else 0
+            taken = lowest <= distance(psn, una) < distance(nxt, una)
+            verdicts.append((qp, taken))
+            if taken:
+                furthest[qp] = (psn - (syndrome != ACK)) % (1 << 24)
+                last[qp] = syndrome
+        assert bench.verdicts == verdicts
+        for qp in windows:
             taken = [(psn, syndrome) for taken_qp, psn, syndrome in bench.taken
                      if taken_qp == qp]
-            acks = [psn for psn, syndrome in inside if syndrome == ACK]
-            if acks:
-                assert [psn for psn, syndrome in taken if syndrome == 0][-1] == max(
-                    acks, key=lambda psn: (psn - una) % (1 << 24))
-            naks = [psn for psn, syndrome in inside if syndrome != ACK]
-            if naks:
-                assert [psn for psn, syndrome in taken if syndrome != 0][-1] == naks[-1]
+            if last.get(qp) == ACK:
+                assert taken[-1] == (furthest[qp], 0), qp
+            elif qp in last:        # the NAK; after it, at most the ACK slot up to it
+                naks = [index for index, (_, syndrome) in enumerate(taken) if syndrome]
+                assert taken[naks[-1]][0] == (furthest[qp] + 1) % (1 << 24), qp
+                assert all(item == (furthest[qp], 0) for item in taken[naks[-1] + 1:]), qp
 
     run(windows, body)

@@ -152,6 +152,7 @@ def test_rnr_nak_with_a_sequence_nak_for_ten_rounds_completes():
         status = await req.status(1)
         assert not status.error and status.outstanding == 0
         assert status.counters.naks_rnr == status.counters.rnr_waits == 10
+        assert status.counters.naks_sequence == 10
         assert status.counters.retransmitted == 30 and status.counters.timeouts == 0
 
     run(dut, body)
