@@ -69,7 +69,7 @@ class AckIntake(wiring.Component):
     acknowledgement counts against the packets sent up to 2 cycles before it.
 
     ``o`` offers the engine one slot of one QP at a time, the NAK before the ACK
-    of a QP, the QPs round-robin; an acknowledgement is offered from 3 cycles
+    of a QP, the QPs round-robin; an acknowledgement is offered from 4 cycles
     after ``i`` on. Taking it (``o.ready``) empties the slot, unless a newer
     acknowledgement fills it in the same cycle; after a take or a ``i_clear``
     the next offer comes a cycle later. ``i_clear`` empties the slots of a QP
@@ -142,7 +142,7 @@ class AckIntake(wiring.Component):
         nak_write = naks.write_port()
         furthest_read = furthest.read_port(domain="comb")
         nak_slot = naks.read_port(domain="comb")
-        m.d.comb += [furthest_read.addr.eq(event.qp), nak_slot.addr.eq(event.qp)]
+        m.d.comb += furthest_read.addr.eq(event.qp)
 
         is_nak = event.syndrome[5:7] != AETH_ACK
         # Beyond ``furthest``: not equal to it, and less than half the PSN space on (the
@@ -152,28 +152,42 @@ class AckIntake(wiring.Component):
         taken = Signal()
         m.d.comb += taken.eq(checked & usable & ~stale & (ahead < window)
                              & (~(known & event_bit).any() | beyond) & ~cleared(event.qp))
-        # A NAK taken is kept unless the one kept is for the same PSN and says as much
-        # (a NAK taken is never behind the one kept), or is an error NAK.
-        nak_fatal = ((nak_slot.data.syndrome[5:7] == AETH_NAK)
-                     & (nak_slot.data.syndrome[:5] != NAK_SEQUENCE))
-        nak_says_more = _nak_rank(event.syndrome) > _nak_rank(nak_slot.data.syndrome)
-        nak_news = ~(has_nak & event_bit).any() | (
-            ~nak_fatal & ((event.psn != nak_slot.data.psn) | nak_says_more))
-        nak_kept = taken & is_nak & nak_news
         m.d.comb += [
             furthest_write.addr.eq(event.qp),
             furthest_write.data.eq(event.psn - is_nak),
             furthest_write.en.eq(taken),
-            nak_write.addr.eq(event.qp),
-            nak_write.data.psn.eq(event.psn),
-            nak_write.data.syndrome.eq(event.syndrome),
-            nak_write.en.eq(nak_kept),
         ]
+        kept = Signal(ACK_TAKEN)        # stage 3: an acknowledgement taken, to keep
+        kept_bit = Signal(entries)
+        kept_ack = Signal()
+        kept_nak = Signal()
         m.d.sync += [
             self.o_verdict.valid.eq(checked),
             self.o_verdict.p.qp.eq(event.qp),
             self.o_verdict.p.taken.eq(taken),
             self.o_verdict.p.syndrome.eq(event.syndrome),
+            kept.eq(event),
+            kept_bit.eq(event_bit),
+            kept_ack.eq(taken & ~is_nak),
+            kept_nak.eq(taken & is_nak),
+        ]
+
+        # Stage 3: into the slots. A NAK taken is kept unless the one kept is for the same
+        # PSN and says as much (a NAK taken is never behind the one kept), or is an error
+        # NAK.
+        m.d.comb += nak_slot.addr.eq(kept.qp)
+        nak_fatal = ((nak_slot.data.syndrome[5:7] == AETH_NAK)
+                     & (nak_slot.data.syndrome[:5] != NAK_SEQUENCE))
+        nak_says_more = _nak_rank(kept.syndrome) > _nak_rank(nak_slot.data.syndrome)
+        nak_news = ~(has_nak & kept_bit).any() | (
+            ~nak_fatal & ((kept.psn != nak_slot.data.psn) | nak_says_more))
+        sets_nak = kept_nak & nak_news & ~cleared(kept.qp)
+        sets_ack = kept_ack & ~cleared(kept.qp)
+        m.d.comb += [
+            nak_write.addr.eq(kept.qp),
+            nak_write.data.psn.eq(kept.psn),
+            nak_write.data.syndrome.eq(kept.syndrome),
+            nak_write.en.eq(sets_nak),
         ]
 
         # The offer: a QP with a slot filled, round-robin (``after``: the QPs after the
@@ -211,8 +225,8 @@ class AckIntake(wiring.Component):
         m.d.sync += [
             known.eq(known & ~clear_mask | Mux(taken, event_bit, 0)),
             has_ack.eq(has_ack & ~one_hot(take & ~head_nak, head) & ~clear_mask
-                       | Mux(taken & ~is_nak, event_bit, 0)),
+                       | Mux(sets_ack, kept_bit, 0)),
             has_nak.eq(has_nak & ~one_hot(take & head_nak, head) & ~clear_mask
-                       | Mux(nak_kept, event_bit, 0)),
+                       | Mux(sets_nak, kept_bit, 0)),
         ]
         return m

@@ -137,19 +137,20 @@ class ReliabilityEngine(wiring.Component):
 
     Acknowledgements (``i_ack``, one a cycle at any rate) go through an
     :class:`AckIntake`: from the QP's peer address, inside the window of
-    outstanding PSNs and ahead of what is already kept, they are taken (and
-    counted as ``acks``), the others dropped (``acks_dropped``: duplicates,
-    ghosts, strangers); per QP the newest ACK and the newest NAK wait for the
-    engine, the NAK first. Acknowledgements are cumulative, so nothing taken is
-    ever lost: there is no queue to overflow. An ACK for PSN p acknowledges
+    outstanding PSNs and beyond what the QP's acknowledgements acknowledged
+    so far, they are taken (and counted as ``acks`` and, a NAK, by its kind),
+    the others dropped (``acks_dropped``: duplicates, ghosts, strangers); per
+    QP the newest ACK and the NAK that says most wait for the engine, the NAK
+    first. Acknowledgements are cumulative, so nothing taken is ever lost:
+    there is no queue to overflow. An ACK for PSN p acknowledges
     every packet up to p; a NAK or RNR NAK for p every packet before p. Every
     message whose last packet is acknowledged completes (``o_completion``) in
     order, with the status its payload ended with; its ring room is freed
     packet by packet, so a message longer than the ring (up to 2^23 packets:
     2^31 bytes at path MTU 256) completes as it is acknowledged. Latency: the
-    engine acts on an acknowledgement 3 cycles after ``i_ack`` at the
+    engine acts on an acknowledgement 4 cycles after ``i_ack`` at the
     earliest, takes 4 cycles for it (3 for one that says nothing new by then),
-    and 1 more per message it completes; a completion leaves 6 cycles after
+    and 1 more per message it completes; a completion leaves 7 cycles after
     the ``i_ack`` that finished its message, when the engine is idle. An
     acknowledgement counts against the packets sent up to 2 cycles before it.
 
