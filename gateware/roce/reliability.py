@@ -493,7 +493,6 @@ class ReliabilityEngine(wiring.Component):
         s_peer = current(peer, peer_write, qp_next)
         s_counters = current(event_counters, event_counters_write, qp_next)
         s_error = flag_of(error, qp)
-        s_rnr_wait = flag_of(rnr_wait, qp)
         s_retrying = flag_of(retrying, qp)
         # What the FSM writes; fields it leaves alone keep their value.
         for write, kept in ((una_write, None), (positions_write, s_positions),
@@ -519,6 +518,7 @@ class ReliabilityEngine(wiring.Component):
         w_sent_time = current(sent_time, sent_time_write, sweep_next)
         w_peer = current(peer, peer_write, sweep_next)
         w_rnr_wait = flag_of(rnr_wait, sweep)
+        expired_rnr_wait = Signal()         # the timer taken is an RNR wait
         started = Mux(flag_of(from_sent, sweep) & ~w_rnr_wait, w_sent_time, w_timer.start)
         elapsed = (now - started)[:_TIME_BITS]
         rnr_delays = Array(C(rnr_delay_ticks(code), _TIME_BITS) for code in range(32))
@@ -592,6 +592,7 @@ class ReliabilityEngine(wiring.Component):
                 # not hold it (a packet sent in this cycle may start the timer).
                 with m.Elif(sweep_expired & ~(sent.valid & (sent.p.qp == sweep))):
                     m.d.comb += [qp_next.eq(sweep), sweep_taken.eq(1)]
+                    m.d.sync += expired_rnr_wait.eq(w_rnr_wait)
                     m.next = "EXPIRE"
                 with m.Elif(intake.o.valid):
                     m.d.comb += [intake.o.ready.eq(1), qp_next.eq(intake.o.p.qp)]
@@ -678,7 +679,7 @@ class ReliabilityEngine(wiring.Component):
             with m.State("EXPIRE"):
                 m.next = "IDLE"
                 restart_timer()
-                with m.If(s_rnr_wait):
+                with m.If(expired_rnr_wait):
                     fsm_flag(rnr_wait, 0)
                 with m.Else():
                     m.d.comb += counts["timeouts"].eq(1)
