@@ -151,7 +151,8 @@ class ReliabilityEngine(wiring.Component):
     engine acts on an acknowledgement 4 cycles after ``i_ack`` at the
     earliest, takes 4 cycles for it (3 for one that says nothing new by then),
     and 1 more per message it completes; a completion leaves 7 cycles after
-    the ``i_ack`` that finished its message, when the engine is idle. An
+    the ``i_ack`` that finished its message, when the engine is idle (6 when
+    an older ACK of the QP waits to be taken, the new one read with it). An
     acknowledgement counts against the packets sent up to 2 cycles before it.
 
     - NAK sequence error for p: resend from p (go-back-N), one of
