@@ -6,7 +6,8 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 
 from .arp.layer import ARP_COUNTERS, ArpLayer
 from .cm.datagram import CM_PORT
-from .cm.manager import CM_CONFIG, ConnectionManager
+from .cm.lease import lease_tick
+from .cm.manager import CM_CONFIG, ConnectionManager, access_list
 from .config import NetworkConfig, config_value
 from .counters import COUNTER_BITS
 from .eth.rx import EthernetReceiver
@@ -86,6 +87,11 @@ class NetworkCore(wiring.Component):
         them at run time): path MTU when OPEN_QP leaves it to us, ACK timeout
         (4.096 us × 2^t), retries after timeouts and NAKs, RNR retries (7:
         without limit).
+    cm_lease : int or None
+        Cycles an idle or failed QP lives without a CM request from its host
+        (default 60 s at ``clock_hz``; 0: for ever). ``cm_config`` sets it at
+        run time (``lease_tick``: the lease / ``LEASE_SWEEPS``), and the CM's
+        access list, by default the subnet of ``ip``/``netmask``.
 
     ``roce_config`` sets the RoCEv2 traffic class and the cycles of the IB
     timers' 4.096 us tick (default: at ``clock_hz``); ``qp_status_select`` →
@@ -101,7 +107,7 @@ class NetworkCore(wiring.Component):
                  arp_lifetime=None, arp_retries=3, rx_depth=512, echo_depth=256, qps=16,
                  retransmit_beats=2048, messages=128, generator_runs=4,
                  path_mtu=PathMtu.MTU_4096, qp_timeout=14, retry_count=7, rnr_retry=7,
-                 width=BEAT_BYTES):
+                 cm_lease=None, width=BEAT_BYTES):
         self._defaults = config_value(mac=mac, ip=ip, netmask=netmask, gateway=gateway)
         self._arp_retry_interval = arp_retry_interval or clock_hz
         self._arp_lifetime = arp_lifetime or 60 * clock_hz
@@ -112,8 +118,10 @@ class NetworkCore(wiring.Component):
         self._retransmit_beats = retransmit_beats
         self._messages = messages
         self._generator_runs = generator_runs
-        self._cm_defaults = CM_CONFIG.const({"path_mtu": path_mtu, "timeout": qp_timeout,
-                                             "retry_count": retry_count, "rnr_retry": rnr_retry})
+        self._cm_defaults = CM_CONFIG.const({
+            "path_mtu": path_mtu, "timeout": qp_timeout, "retry_count": retry_count,
+            "rnr_retry": rnr_retry, **access_list(ip, netmask),
+            "lease_tick": lease_tick(60 * clock_hz if cm_lease is None else cm_lease)})
         self._tick = ticks_at(clock_hz)
         self._width = width
         super().__init__({

@@ -5,6 +5,12 @@ One request at a time: send, wait ``timeout`` seconds for the matching reply
 up to ``retries`` times in all. A generator start has no reply: :meth:`CmClient.start`
 confirms it with STATUS. Every failure is a :class:`HostError` naming the fix.
 
+The endpoint frees a QP that is idle or in ERROR and has heard no request from
+its host for a lease (60 s by default; CM_PROTOCOL.md, "Lease"), so a crashed
+host leaves nothing open for long. A long-lived holder of QPs calls
+:meth:`CmClient.keep_alive` now and then: it asks STATUS of every QP this client
+opened and has not named in a request for ``keepalive`` seconds.
+
 Replies are matched by their content, not by their source address or port, so a
 simulation bridge may forward them from any socket.
 """
@@ -20,9 +26,14 @@ from . import protocol
 from .errors import HostError, StartNotTaken
 from .protocol import Ack, Datagram, ErrorStatus, PathMtu, QpInfo, Request, Status
 
-__all__ = ["DEFAULT_ENDPOINT", "CmClient", "error_status_name", "endpoint_error"]
+__all__ = ["DEFAULT_ENDPOINT", "KEEPALIVE_SECONDS", "CmClient", "error_status_name",
+           "endpoint_error"]
 
 DEFAULT_ENDPOINT = "10.77.0.2"
+
+#: Seconds between the STATUS requests that keep an open QP's lease: a sixth of the
+#: endpoint's default lease of 60 s, so that a few lost requests do not cost a QP.
+KEEPALIVE_SECONDS = 10.0
 
 
 class CmClient:
@@ -33,7 +44,7 @@ class CmClient:
 
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, cm_port: int = protocol.CM_PORT,
                  bind: tuple[str, int] = ("0.0.0.0", 0), timeout: float = 1.0,
-                 retries: int = 5):
+                 retries: int = 5, keepalive: float = KEEPALIVE_SECONDS):
         self.endpoint = str(ipaddress.IPv4Address(endpoint))
         if not 0 < cm_port < 65536:
             raise ValueError(f"CM port must be 1..65535, not {cm_port}")
@@ -41,6 +52,10 @@ class CmClient:
             raise ValueError(f"timeout must be > 0 s, not {timeout}")
         if retries < 1:
             raise ValueError(f"retries must be >= 1, not {retries}")
+        if keepalive <= 0:
+            raise ValueError(f"keepalive must be > 0 s, not {keepalive}")
+        self.keepalive = keepalive
+        self._heard: dict[int, float] = {}     # QPs opened here: when last named in a request
         self.cm_port = cm_port
         self.timeout = timeout
         self.retries = retries
@@ -110,7 +125,8 @@ class CmClient:
             and r.rem.ip == host.ip, "OPEN_QP")
         if reply.ack == Ack.NO_QP:
             raise HostError("endpoint has no free QP (NO_QP): close QPs with `qp-server ctrl "
-                            "close-qp` or rebuild with more QPs")
+                            "close-qp`, run with --reclaim if this host left them open, or "
+                            "rebuild with more QPs")
         if reply.ack != Ack.ACK:
             raise HostError(f"endpoint refused OPEN_QP (ack {_ack_name(reply.ack)}) for host QP "
                             f"{host.qpn} at {host.ip}: check that {host.ip} is the host's "
@@ -124,6 +140,7 @@ class CmClient:
             raise HostError(f"endpoint answered OPEN_QP with QPN {reply.loc.qpn}, below "
                             f"{protocol.FIRST_QPN}: check --endpoint and --cm-port point at "
                             "this project's endpoint")
+        self._heard[reply.loc.qpn] = time.monotonic()
         return reply.loc, endpoint_mtu
 
     def close_qp(self, qpn: int, host_ip: str) -> Ack:
@@ -132,12 +149,37 @@ class CmClient:
         reply, _ = self.exchange(
             protocol.close_qp(qpn, host_ip),
             lambda r: r.request == Request.CLOSE_QP
-            and (r.ack != Ack.ACK or r.loc.qpn == qpn), "CLOSE_QP")
+            and (r.ack != Ack.ACK or r.loc.qpn == qpn),
+            "CLOSE_QP (it takes one only from the host that opened the QP: run it there)")
         if reply.ack not in (Ack.ACK, Ack.NO_QP):
             raise HostError(f"endpoint refused CLOSE_QP of QP {qpn} (ack "
                             f"{_ack_name(reply.ack)}): pass the address that opened it with "
                             "--host-ip")
+        self._heard.pop(qpn, None)
         return Ack(reply.ack)
+
+    def close_all(self, host_ip: str) -> int:
+        """Close every endpoint QP whose host is this client's address (the source of
+        its datagrams; ``host_ip`` fills loc_ip); returns how many were closed (a
+        retry whose first try was taken counts 0)."""
+        reply, _ = self.exchange(
+            protocol.close_all(host_ip),
+            lambda r: r.request == Request.CLOSE_QP and (r.ack != Ack.ACK or r.loc.qpn == 0),
+            "CLOSE_QP of all QPs")
+        if reply.ack != Ack.ACK:
+            raise HostError(f"endpoint refused to close all QPs of {host_ip} (ack "
+                            f"{_ack_name(reply.ack)}): its gateware predates close-all; "
+                            "close QPs one by one with `qp-server ctrl close-qp`")
+        self._heard.clear()
+        return reply.count
+
+    def keep_alive(self) -> None:
+        """Ask STATUS of each QP opened here that no request has named for
+        ``keepalive`` seconds, so that the endpoint's lease does not free it."""
+        now = time.monotonic()
+        for qpn, heard in list(self._heard.items()):
+            if now - heard >= self.keepalive:
+                self.status(qpn)
 
     def status(self, qpn: int) -> Status:
         """State and counters of endpoint QP ``qpn``."""
@@ -150,6 +192,8 @@ class CmClient:
                             f"{_ack_name(reply.ack)}): endpoint QPNs start at "
                             f"{protocol.FIRST_QPN}; use the QPN qp-server printed when it "
                             "paired the QP")
+        if qpn in self._heard:
+            self._heard[qpn] = time.monotonic()
         return Status.from_reply(raw)
 
     def start(self, qpn: int, *, length: int, count: int, divider: int = 0, write: bool = True,
@@ -188,7 +232,8 @@ class CmClient:
         raise StartNotTaken(
             f"endpoint QP {qpn} did not take the start after {tries} "
             f"tr{'y' if tries == 1 else 'ies'} ({self.timeout:g} s each): its generator runs "
-            "only a few runs at once; wait for the others to finish or use fewer --qps")
+            "only a few runs at once; wait for the others to finish or use fewer --qps (and it "
+            "takes a start only from the host that opened the QP)")
 
 
 def _ack_name(ack: object) -> str:

@@ -28,7 +28,8 @@ import struct
 
 __all__ = [
     "CM_PORT", "DATAGRAM_BYTES", "FIRST_QPN", "ProtocolError", "Request", "Ack", "PathMtu",
-    "QpInfo", "TxMeta", "Datagram", "Status", "open_qp", "close_qp", "status", "start_run",
+    "QpInfo", "TxMeta", "Datagram", "Status", "open_qp", "close_qp", "close_all", "status",
+    "start_run", "CLOSE_ALL_QPN",
     "reply", "generator_payload", "generator_immediate", "ErrorStatus",
 ]
 
@@ -40,6 +41,9 @@ DATAGRAM_BYTES = 64
 
 #: The endpoint's first QPN; its QPs are FIRST_QPN, FIRST_QPN + 1, ...
 FIRST_QPN = 256
+
+#: rem_qpn of a CLOSE_QP that closes every QP of the datagram's source (extension).
+CLOSE_ALL_QPN = 0xFFFFFF
 
 _QP_INFO = struct.Struct(">IIIQI")      # qpn, psn, rkey, base_addr, ip
 _DATAGRAM = struct.Struct(">B24s24sHBIII")
@@ -285,6 +289,13 @@ def close_qp(qpn: int, host_ip: str, *, reply_port: int = 0) -> Datagram:
                     reply_port=reply_port)
 
 
+def close_all(host_ip: str, *, reply_port: int = 0) -> Datagram:
+    """CLOSE_QP of every endpoint QP whose host is the datagram's source (extension);
+    the endpoint's ACK carries the number closed in ``count``. Only the IPv4 source
+    counts: ``host_ip`` fills loc_ip as in any CLOSE_QP."""
+    return close_qp(CLOSE_ALL_QPN, host_ip, reply_port=reply_port)
+
+
 def status(qpn: int, *, reply_port: int = 0) -> Datagram:
     """STATUS of endpoint QP ``qpn``."""
     return Datagram(Request.STATUS, rem=QpInfo(qpn=qpn), reply_port=reply_port)
@@ -300,13 +311,14 @@ def start_run(qpn: int, *, length: int, count: int, divider: int = 0, write: boo
                     length=length, count=count, divider=divider)
 
 
-def reply(request: Datagram, ack: Ack, endpoint: QpInfo, *, mtu: PathMtu = PathMtu.DEFAULT
-          ) -> Datagram:
+def reply(request: Datagram, ack: Ack, endpoint: QpInfo, *, mtu: PathMtu = PathMtu.DEFAULT,
+          count: int = 0) -> Datagram:
     """The endpoint's reply to ``request``: ``endpoint`` describes its QP (for
     NO_QP, only its ip is set), rem echoes the requester's loc; an OPEN_QP
-    reply carries the QP's path MTU in txmeta bits 7:4."""
+    reply carries the QP's path MTU in txmeta bits 7:4, a close-all's ACK the
+    number of QPs closed in ``count``."""
     return Datagram(request.request, ack, loc=endpoint, rem=request.loc,
-                    txmeta=TxMeta(mtu=mtu))
+                    txmeta=TxMeta(mtu=mtu), count=count)
 
 
 # The generator's payload.

@@ -159,7 +159,8 @@ class NetworkBench:
         await self._put("roce_config", TRANSMIT_CONFIG, {"tos": tos, "tick": tick})
 
     async def configure_cm(self, **config):
-        """Set how the connection manager sets up the QPs it opens (a dict of CM_CONFIG)."""
+        """Set how the connection manager sets up the QPs it opens, its access list and
+        lease (a dict of every field of CM_CONFIG)."""
         await self._put("cm_config", CM_CONFIG, config)
 
     def cm_frame(self, datagram, *, host_ip, sport):

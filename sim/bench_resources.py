@@ -92,6 +92,8 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "PacketStoreForward (512 beats)": lambda: _load(
         "gateware.packet.store_forward.PacketStoreForward")(depth=512, width=WIDTH),
     "CmacLink": lambda: _load("boards.cmac_link.CmacLink")(width=WIDTH),
+    "ConnectionManager (16 QPs)": lambda: _load("gateware.cm.manager.ConnectionManager")(
+        qps=16, width=WIDTH),
 }
 
 def _with_ports(component):

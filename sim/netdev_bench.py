@@ -9,7 +9,10 @@ from pathlib import Path
 
 import cocotb
 
+from gateware.cm.lease import lease_tick
+from gateware.cm.manager import access_list
 from gateware.config import parse_ipv4
+from gateware.core import CMAC_CLOCK_HZ
 from gateware.roce.requests import PathMtu
 from sim.bench import NetworkBench
 from sim.link_faults import LinkFaults
@@ -36,7 +39,9 @@ async def netdev(dut):
                           ip=parse_ipv4(PARAMS["ip"]), netmask=parse_ipv4(PARAMS["netmask"]))
     await bench.configure_roce(tos=PARAMS["tos"], tick=PARAMS["tick"])
     await bench.configure_cm(path_mtu=PathMtu(PARAMS["path_mtu"]), timeout=PARAMS["timeout"],
-                             retry_count=7, rnr_retry=7)
+                             retry_count=7, rnr_retry=7,
+                             **access_list(PARAMS["ip"], PARAMS["netmask"]),
+                             lease_tick=lease_tick(60 * CMAC_CLOCK_HZ))
     link = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     link.bind(_address(PARAMS["local"]))
     link.setblocking(False)

@@ -1,6 +1,8 @@
 """The connection manager: pairs host QPs with the endpoint's, starts the
 generator, closes QPs and reports their status (CM_PROTOCOL.md)."""
 
+import ipaddress
+
 from amaranth import *
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
@@ -25,17 +27,33 @@ from ..roce.requests import (
 from ..stream import BEAT_BYTES, beats_for, meta_with, packet_signature
 from ..udp.rx import UDP_RX_META
 from ..udp.tx import UDP_TX_META
+from .access import AccessList
 from .datagram import CM_DATAGRAM, CM_PORT, CM_STATUS, CM_STATUS_DATAGRAM, Ack, Request
+from .lease import LEASE_SWEEPS, LeaseTicker
 
-__all__ = ["ConnectionManager", "CM_CONFIG", "CM_ENTRY"]
+__all__ = ["ConnectionManager", "CM_CONFIG", "CM_ENTRY", "CLOSE_ALL_QPN", "access_list"]
 
-#: How the connection manager sets up the QPs it opens.
+#: How the connection manager sets up the QPs it opens, whom it serves, and how
+#: long a QP lives without word from its host.
 CM_CONFIG = data.StructLayout({
     "path_mtu": PathMtu,        # when OPEN_QP asks for the default (0)
     "timeout": QP_STATE.members["timeout"],
     "retry_count": QP_STATE.members["retry_count"],
     "rnr_retry": QP_STATE.members["rnr_retry"],
+    "access_ip": 32,            # the access list: the subnet access_ip/access_prefix
+    "access_prefix": range(33),
+    "lease_tick": 32,           # cycles between lease sweeps: lease / LEASE_SWEEPS; 0: none
 })
+
+def access_list(ip, netmask):
+    """The CM_CONFIG fields of an access list that admits the subnet of ``ip``
+    (a string) with ``netmask`` (a string, e.g. "255.255.255.0")."""
+    network = ipaddress.IPv4Network(f"{ip}/{netmask}", strict=False)
+    return {"access_ip": int(network.network_address), "access_prefix": network.prefixlen}
+
+
+#: rem_qpn of a CLOSE_QP that closes every QP of its source (extension).
+CLOSE_ALL_QPN = 0xFFFFFF
 
 #: What the connection manager keeps of each QP.
 CM_ENTRY = data.StructLayout({
@@ -46,6 +64,7 @@ CM_ENTRY = data.StructLayout({
     "path_mtu": PathMtu,
     "base": 64,                 # the host buffer's address: where generator runs write
     "runs": 24,                 # generator runs started on it
+    "age": range(LEASE_SWEEPS + 1),     # lease sweeps since its host's last request
 })
 
 #: A 24-bit maximal-length LFSR (taps 24, 23, 22, 17) that picks first PSNs.
@@ -58,24 +77,39 @@ class ConnectionManager(wiring.Component):
 
     Datagrams wait whole in a queue of ``queue`` datagrams that never stalls
     the receive path (full: dropped, counted ``overflow``), and are served one
-    at a time:
+    at a time. The CM trusts a datagram's IPv4 source, never the loc_ip in its
+    payload (CM_PROTOCOL.md, "Who may steer a QP"): a source outside the access
+    list (``i_config.access_ip``/``access_prefix``) is dropped and counted
+    (``access``), and so is a request to steer a QP from a source that may not
+    (``spoofed``), without a reply.
 
-    - OPEN_QP, SEND_QP_INFO, MODIFY_QP_RTS look the requester (loc_ip,
-      loc_qpn) up among the open QPs, one QP per cycle. A QP it opened is
-      answered again. Otherwise OPEN_QP takes the lowest free QP: its first
+    - OPEN_QP, SEND_QP_INFO, MODIFY_QP_RTS, only from the source that loc_ip
+      names, look the requester (loc_ip, loc_qpn) up among the open QPs, one
+      QP per cycle. A QP it opened is answered again. Otherwise OPEN_QP takes
+      the lowest free QP (its host: the source): its first
       PSN comes from a free-running LFSR, its path MTU from txmeta bits 7:4
       (0: ``i_config.path_mtu``; 6–15: ack NAK), and the QP is set on
       ``o_qp_write`` (remote QPN, PSN, rkey and address from loc, timers from
       ``i_config``, UDP source port 0xC000 + index). No QP: NO_QP.
-    - CLOSE_QP of an open QP from the host that opened it: the QP is freed,
-      its run stopped (``o_stop``) and the QP flushed (``o_qp_close``). Else NO_QP.
-    - STATUS: the QP's flags, generator run (``run_qp`` → ``run``) and
-      reliability counters (``status_qp`` → ``status``, one cycle); NO_QP
-      for a QPN out of range.
-    - A start (request NULL, txmeta valid and start) for an open QP goes to
-      the generator pool (``o_start``) with the QP's buffer address as base
-      and rem_base_addr as the ring size; no reply. The QP's run count goes
-      up when the pool takes it (``start_taken`` with the handshake).
+    - CLOSE_QP of an open QP from its host: the QP is freed, its run stopped
+      (``o_stop``) and the QP flushed (``o_qp_close``). A QP that is not open:
+      NO_QP. rem_qpn 0xFFFFFF (extension): every QP of the source is closed so,
+      one QP every three cycles, and the ACK's count says how many.
+    - STATUS, from any source: the QP's flags, generator run (``run_qp`` →
+      ``run``) and reliability counters (``status_qp`` → ``status``, one
+      cycle); NO_QP for a QPN out of range.
+    - A start (request NULL, txmeta valid and start) for an open QP, from its
+      host, goes to the generator pool (``o_start``) with the QP's buffer
+      address as base and rem_base_addr as the ring size; no reply. The QP's
+      run count goes up when the pool takes it (``start_taken`` with the
+      handshake).
+
+    Lease (extension): every ``i_config.lease_tick`` cycles the CM sweeps its
+    QPs (three cycles each, between datagrams). A QP's age counts the sweeps
+    since its host's last OPEN_QP, legacy step, STATUS or start of it; a QP
+    whose age reached ``LEASE_SWEEPS`` and that is in ERROR, or has no packet
+    outstanding and no run in progress, is freed as a close frees it
+    (``expired``).
 
     Dropped and counted: a UDP length other than 72 (``length``); info_valid
     clear or ack_valid set (``malformed``); an unknown request or a NULL
@@ -115,8 +149,9 @@ class ConnectionManager(wiring.Component):
     def qps(self):
         return self._qps
 
-    DROP_REASONS = ("overflow", "length", "malformed", "request", "qpn", "start_closed")
-    EVENTS = ("opened", "closed", "no_qp", "starts")
+    DROP_REASONS = ("overflow", "length", "malformed", "request", "qpn", "start_closed",
+                    "access", "spoofed")
+    EVENTS = ("opened", "closed", "no_qp", "starts", "expired")
 
     @classmethod
     def counters_layout(cls):
@@ -157,6 +192,15 @@ class ConnectionManager(wiring.Component):
         # The datagram being served.
         request = Signal(CM_DATAGRAM)
         source_ip = Signal(32)
+        allowed = Signal()                  # source_ip is in the access list
+        m.submodules.access = access = AccessList()
+        m.d.comb += [
+            access.i_address.eq(self.i_config.access_ip),
+            access.i_prefix.eq(self.i_config.access_prefix),
+            access.i_source.eq(parse.o.p.meta.ip.src),
+        ]
+        m.submodules.lease = lease = LeaseTicker()
+        m.d.comb += lease.i_period.eq(self.i_config.lease_tick)
         source_port = Signal(16)
         good_length = Signal()
         index = Signal(QP_INDEX_BITS)       # the endpoint QP it names or that was found
@@ -212,6 +256,12 @@ class ConnectionManager(wiring.Component):
         free = Signal()                     # a free QP was seen; ``free_index`` is the lowest
         free_index = Signal(QP_INDEX_BITS)
         first_beat = Signal(init=1)
+        from_host = entry.open & (entry.host_ip == source_ip)
+        refreshed = Signal(CM_ENTRY)        # the entry read, heard from its host now
+        m.d.comb += [refreshed.eq(entry), refreshed.age.eq(0)]
+        closing_all = Signal()              # the sweep serves a close-all, not the lease
+        closed_count = Signal(range(qps + 1))
+        swept_last = Signal()               # the last thing served was a lease sweep
         asked_mtu = request.txmeta.path_mtu
         mtu = Mux(asked_mtu == 0, self.i_config.path_mtu.as_value(), asked_mtu[:3])
 
@@ -223,7 +273,14 @@ class ConnectionManager(wiring.Component):
                     self.o_qp_write.p.eq(self.i_qp_write.p),
                     self.i_qp_write.ready.eq(self.o_qp_write.ready),
                 ]
-                with m.If(~self.i_qp_write.valid & parse.o.valid):
+                # A due sweep first, but never two in a row while datagrams wait.
+                with m.If(~self.i_qp_write.valid & lease.o_due
+                          & ~(swept_last & parse.o.valid)):
+                    m.d.comb += lease.i_done.eq(1)
+                    m.d.sync += [index.eq(0), closing_all.eq(0), swept_last.eq(1)]
+                    m.next = "SWEEP_READ"
+                with m.Elif(~self.i_qp_write.valid & parse.o.valid):
+                    m.d.sync += swept_last.eq(0)
                     m.next = "RECEIVE"
 
             with m.State("RECEIVE"):
@@ -235,6 +292,7 @@ class ConnectionManager(wiring.Component):
                         m.d.sync += [
                             request.eq(meta.cm),
                             source_ip.eq(meta.ip.src),
+                            allowed.eq(access.o_allowed),
                             source_port.eq(meta.udp.src_port),
                             good_length.eq(meta.udp.length == UDP.length + CM_DATAGRAM.length),
                         ]
@@ -246,13 +304,21 @@ class ConnectionManager(wiring.Component):
                 m.d.sync += [index.eq(named), scan.eq(0), probe.eq(qps), matched.eq(0),
                              free.eq(0)]
                 m.next = "IDLE"
-                with m.If(~good_length):
+                with m.If(~allowed):
+                    m.d.comb += counts["access"].eq(1)
+                with m.Elif(~good_length):
                     m.d.comb += length_bad.eq(1)
                 with m.Elif(~request.flags.info_valid | request.flags.ack_valid):
                     m.d.comb += counts["malformed"].eq(1)
                 with m.Elif((kind == Request.OPEN_QP) | (kind == Request.SEND_QP_INFO)
                             | (kind == Request.MODIFY_QP_RTS)):
-                    m.next = "SCAN"
+                    with m.If(request.loc.ip == source_ip):
+                        m.next = "SCAN"
+                    with m.Else():
+                        m.d.comb += counts["spoofed"].eq(1)
+                with m.Elif((kind == Request.CLOSE_QP) & (qpn == CLOSE_ALL_QPN)):
+                    m.d.sync += [index.eq(0), closing_all.eq(1), closed_count.eq(0)]
+                    m.next = "SWEEP_READ"
                 with m.Elif((kind == Request.CLOSE_QP) | (kind == Request.STATUS)):
                     with m.If(in_range):
                         m.next = "READ"
@@ -293,6 +359,12 @@ class ConnectionManager(wiring.Component):
                     new.base.eq(request.loc.base_addr),
                 ]
                 with m.If(matched):
+                    m.d.comb += [
+                        entry_write.addr.eq(index),
+                        entry_write.data.eq(found),
+                        entry_write.data.age.eq(0),
+                        entry_write.en.eq(1),
+                    ]
                     answer(Ack.ACK, found)
                 with m.Elif(request.flags.request != Request.OPEN_QP):
                     m.d.comb += counts["no_qp"].eq(1)
@@ -336,7 +408,13 @@ class ConnectionManager(wiring.Component):
 
             with m.State("CHECK"):
                 kind = request.flags.request
-                m.d.sync += found.eq(entry)
+                m.d.sync += found.eq(refreshed)
+                with m.If(from_host & (kind != Request.CLOSE_QP)):
+                    m.d.comb += [
+                        entry_write.addr.eq(index),
+                        entry_write.data.eq(refreshed),
+                        entry_write.en.eq(1),
+                    ]
                 with m.If(kind == Request.STATUS):
                     status = self.status
                     m.d.sync += [
@@ -359,7 +437,7 @@ class ConnectionManager(wiring.Component):
                             m.d.sync += status_reply.status[name].eq(status.counters[name])
                     m.next = "REPLY"
                 with m.Elif(kind == Request.CLOSE_QP):
-                    with m.If(entry.open & (entry.host_ip == request.loc.ip)):
+                    with m.If(from_host):
                         m.d.comb += [
                             entry_write.addr.eq(index),
                             entry_write.data.eq(0),
@@ -368,6 +446,9 @@ class ConnectionManager(wiring.Component):
                             counts["closed"].eq(1),
                         ]
                         m.next = "CLOSE"
+                    with m.Elif(entry.open):
+                        m.d.comb += counts["spoofed"].eq(1)
+                        m.next = "IDLE"
                     with m.Else():
                         m.d.comb += counts["no_qp"].eq(1)
                         answer(Ack.NO_QP)
@@ -386,8 +467,11 @@ class ConnectionManager(wiring.Component):
                         run.base.eq(entry.base),
                         run.ring.eq(request.rem.base_addr),
                     ]
-                    with m.If(entry.open):
+                    with m.If(from_host):
                         m.next = "START"
+                    with m.Elif(entry.open):
+                        m.d.comb += counts["spoofed"].eq(1)
+                        m.next = "IDLE"
                     with m.Else():
                         m.d.comb += counts["start_closed"].eq(1)
                         m.next = "IDLE"
@@ -396,6 +480,48 @@ class ConnectionManager(wiring.Component):
                 m.d.comb += self.o_qp_close.valid.eq(1)
                 with m.If(self.o_qp_close.ready):
                     answer(Ack.ACK, found)
+
+            # The sweep: one QP every three cycles (``index`` → entry, status, run).
+            with m.State("SWEEP_READ"):
+                m.next = "SWEEP_CHECK"
+
+            with m.State("SWEEP_CHECK"):
+                idle = self.status.error | ((self.status.outstanding == 0) & ~self.run.running)
+                expired = entry.open & (entry.age == LEASE_SWEEPS) & idle
+                aged = Signal(CM_ENTRY)
+                m.d.comb += [aged.eq(entry), aged.age.eq(entry.age + (entry.age != LEASE_SWEEPS))]
+                m.next = "SWEEP_NEXT"
+                with m.If(Mux(closing_all, from_host, expired)):
+                    m.d.comb += [
+                        entry_write.addr.eq(index),
+                        entry_write.data.eq(0),
+                        entry_write.en.eq(1),
+                        self.o_stop.valid.eq(1),
+                        counts["closed"].eq(closing_all),
+                        counts["expired"].eq(~closing_all),
+                    ]
+                    m.d.sync += closed_count.eq(closed_count + 1)
+                    m.next = "SWEEP_CLOSE"
+                with m.Elif(entry.open & ~closing_all):
+                    m.d.comb += [
+                        entry_write.addr.eq(index),
+                        entry_write.data.eq(aged),
+                        entry_write.en.eq(1),
+                    ]
+
+            with m.State("SWEEP_CLOSE"):
+                m.d.comb += self.o_qp_close.valid.eq(1)
+                with m.If(self.o_qp_close.ready):
+                    m.next = "SWEEP_NEXT"
+
+            with m.State("SWEEP_NEXT"):
+                m.d.sync += index.eq(index + 1)
+                m.next = "SWEEP_READ"
+                with m.If(index == qps - 1):
+                    m.next = "IDLE"
+                    with m.If(closing_all):
+                        answer(Ack.ACK)
+                        m.d.sync += reply.count.eq(closed_count)
 
             with m.State("START"):
                 counted = Signal(CM_ENTRY)

@@ -9,7 +9,8 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from gateware.cm.manager import ConnectionManager
+from gateware.cm.lease import LEASE_SWEEPS
+from gateware.cm.manager import CLOSE_ALL_QPN, ConnectionManager, access_list
 from gateware.config import parse_ipv4
 from gateware.roce.requests import CompletionStatus, PathMtu, Verb
 from host import protocol
@@ -18,7 +19,9 @@ from host.protocol import Ack, Datagram, QpInfo, Request, Status
 from .streams import get_packet, run_testbenches, to_beats, udp_delivery, wait_for
 
 ENDPOINT_IP = "10.77.0.2"
-CONFIG = {"path_mtu": PathMtu.MTU_4096, "timeout": 14, "retry_count": 6, "rnr_retry": 7}
+#: The CM as the tests set it up: any 10.x.x.x host may use it, no lease.
+CONFIG = {"path_mtu": PathMtu.MTU_4096, "timeout": 14, "retry_count": 6, "rnr_retry": 7,
+          **access_list("10.0.0.0", "255.0.0.0"), "lease_tick": 0}
 COUNTERS = ConnectionManager.DROP_REASONS + ConnectionManager.EVENTS
 
 
@@ -70,11 +73,14 @@ class Bench:
     record of stops, the status and run of each QP driven from ``fake_status`` and
     ``fake_run``, and a collector of replies."""
 
-    def __init__(self, *, qps=16, width=64, seed=0):
+    def __init__(self, *, qps=16, width=64, seed=0, config=CONFIG):
         self.dut = ConnectionManager(qps=qps, width=width)
-        self.qps, self.width = qps, width
+        self.qps, self.width, self.config = qps, width, config
         self.rng = random.Random(seed)
         self.replies, self.writes, self.closes, self.starts, self.stops = [], [], [], [], []
+        self.stop_cycles = []           # the cycle of each stop
+        self.cycle = 0                  # cycles since the bench began
+        self.status_of, self.run_of = fake_status, fake_run
         self.counters = {}
         self.steps = []
 
@@ -98,14 +104,16 @@ class Bench:
     async def stop_monitor(self, ctx):
         async for _, _, valid, qp in ctx.tick().sample(self.dut.o_stop.valid,
                                                         self.dut.o_stop.payload):
+            self.cycle += 1
             if valid:
                 self.stops.append(int(qp))
+                self.stop_cycles.append(self.cycle)
 
     async def status_driver(self, ctx):
         async for _, _, status_qp, run_qp in ctx.tick().sample(self.dut.status_qp,
                                                                 self.dut.run_qp):
-            ctx.set(self.dut.status, fake_status(int(status_qp)))
-            ctx.set(self.dut.run, fake_run(int(run_qp)))
+            ctx.set(self.dut.status, self.status_of(int(status_qp)))
+            ctx.set(self.dut.run, self.run_of(int(run_qp)))
 
     async def send(self, ctx, payload, *, src_ip, sport=40000, udp_length=None):
         """Deliver one datagram as the UDP receiver would (the CM never stalls)."""
@@ -139,7 +147,7 @@ class Bench:
 
         async def main(ctx):
             ctx.set(dut.i_ip, parse_ipv4(ENDPOINT_IP))
-            ctx.set(dut.i_config, CONFIG)
+            ctx.set(dut.i_config, self.config)
             await steps(self, ctx)
             for _ in range(20):
                 await ctx.tick()
@@ -266,9 +274,12 @@ def test_every_request_answers_as_the_codec_predicts(width):
         counts["qpn"] += 1
         assert len(bench.starts) == 4
 
-        # CLOSE: only from the host that opened it; then NO_QP (a retried close).
-        request = protocol.close_qp(256, stranger.ip)
-        assert (await bench.exchange(ctx, request, stranger))[0] == no_qp(request)
+        # CLOSE: only from the host that opened it (no reply to another, whatever its
+        # loc_ip says); then NO_QP (a retried close).
+        for loc_ip in (stranger.ip, a.ip):
+            await bench.exchange(ctx, protocol.close_qp(256, loc_ip), stranger, reply=False)
+            counts["spoofed"] += 1
+        assert bench.closes == [] and bench.stops == []
         request = protocol.close_qp(256, a.ip)
         reply = await bench.exchange(ctx, request, a)
         assert reply[0] == open_reply(request, 0, psn_a, PathMtu.MTU_4096)
@@ -277,7 +288,7 @@ def test_every_request_answers_as_the_codec_predicts(width):
         request = protocol.close_qp(300, a.ip)
         assert (await bench.exchange(ctx, request, a))[0] == no_qp(request)
         counts["closed"] += 1
-        counts["no_qp"] += 3
+        counts["no_qp"] += 2
         await bench.exchange(ctx, protocol.start_run(256, length=1, count=1), a, reply=False)
         counts["start_closed"] += 1
 
@@ -355,6 +366,11 @@ def test_sixteen_qps_opened_used_and_closed_in_random_order():
             elif action == "close":
                 index = mine if mine is not None else rng.randrange(qps)
                 request = protocol.close_qp(256 + index, host.ip)
+                if owner[index] not in (None, host_index):      # another host's QP
+                    closes = len(bench.closes)
+                    await bench.exchange(ctx, request, host, reply=False)
+                    assert len(bench.closes) == closes
+                    continue
                 reply = await bench.exchange(ctx, request, host)
                 if mine is not None:
                     assert reply[0] == open_reply(request, mine, psns[mine], PathMtu.MTU_4096)
@@ -372,8 +388,8 @@ def test_sixteen_qps_opened_used_and_closed_in_random_order():
                 before = len(bench.starts)
                 await bench.exchange(ctx, protocol.start_run(256 + index, length=64, count=3),
                                      host, reply=False)
-                assert len(bench.starts) == before + (owner[index] is not None)
-                if owner[index] is not None:
+                assert len(bench.starts) == before + (owner[index] == host_index)
+                if owner[index] == host_index:
                     assert bench.starts[-1]["base"] == hosts[owner[index]].base
                     runs[index] += bench.starts[-1]["taken"]
         assert opened > qps, "the run should reuse QPs"
@@ -426,3 +442,165 @@ def test_256_qps_all_open_then_no_qp():
 
     bench.run(steps)
     assert bench.counters["opened"] == qps + 1
+
+
+def close_all_reply(request, closed):
+    return protocol.reply(request, Ack.ACK, QpInfo(ip=ENDPOINT_IP), count=closed).encode()
+
+
+def test_only_the_host_steers_its_qp():
+    """CM_PROTOCOL.md, "Who may steer a QP": OPEN_QP and the legacy steps only from the
+    address in loc_ip; CLOSE_QP and a start only from the QP's host. Anything else is
+    dropped and counted (``spoofed``) without a reply, and the QP runs on."""
+    bench = Bench(qps=4, seed=7)
+    a = Host("10.77.0.1", 0x11)
+    mallory = Host("10.77.0.66", 0x11, port=40066)
+    victim = Host("10.77.0.99", 0x99)       # a host that never asked for anything
+
+    async def steps(bench, ctx):
+        request = protocol.open_qp(a.info)
+        psn = check_open(bench, await bench.exchange(ctx, request, a), request, a, 0,
+                         PathMtu.MTU_4096)
+        # OPEN_QP and the legacy steps naming another host, from mallory.
+        for host in (a, victim):
+            for kind in (Request.OPEN_QP, Request.SEND_QP_INFO, Request.MODIFY_QP_RTS):
+                await bench.exchange(ctx, Datagram(kind, loc=host.info), mallory, reply=False)
+        # CLOSE_QP and a start of a's QP, with loc_ip spoofed and not.
+        for loc_ip in (a.ip, mallory.ip):
+            await bench.exchange(ctx, protocol.close_qp(256, loc_ip), mallory, reply=False)
+        await bench.exchange(ctx, protocol.start_run(256, length=64, count=9), mallory,
+                             reply=False)
+        assert len(bench.writes) == 1 and bench.closes == bench.stops == bench.starts == []
+        # Closing all of mallory's QPs closes none; STATUS is answered to anyone.
+        request = protocol.close_all(a.ip)
+        assert (await bench.exchange(ctx, request, mallory))[0] == close_all_reply(request, 0)
+        reply = await bench.exchange(ctx, protocol.status(256), mallory)
+        assert reply[0] == expected_status(0, open_=True).reply(256)
+        # a still steers its QP.
+        await bench.exchange(ctx, protocol.start_run(256, length=64, count=9), a, reply=False)
+        assert [start["qp"] for start in bench.starts] == [0]
+        request = protocol.close_qp(256, a.ip)
+        reply = await bench.exchange(ctx, request, a)
+        assert reply[0] == open_reply(request, 0, psn, PathMtu.MTU_4096)
+        assert bench.closes == bench.stops == [0]
+
+    bench.run(steps)
+    assert {name: value for name, value in bench.counters.items() if value} == {
+        "opened": 1, "spoofed": 9, "starts": 1, "closed": 1}
+
+
+def test_the_access_list_bounds_who_may_use_the_cm():
+    """Only sources in the access list (10.77.0.0/24 here) are served; the list is changed
+    at run time (to 10.78.0.0/16, then one address, then everyone)."""
+    config = {**CONFIG, **access_list("10.77.0.0", "255.255.255.0")}
+    bench = Bench(qps=2, seed=8, config=config)
+    inside = [Host("10.77.0.0", 1), Host("10.77.0.255", 2)]
+    outside = [Host("10.77.1.0", 3), Host("10.76.255.255", 4), Host("10.78.0.1", 5),
+               Host("192.168.0.1", 6)]
+
+    async def served(ctx, host):
+        request = protocol.status(257)
+        before = len(bench.replies)
+        await bench.send(ctx, request.encode(), src_ip=host.ip, sport=host.port)
+        for _ in range(100):
+            await ctx.tick()
+        assert len(bench.replies) <= before + 1
+        return len(bench.replies) == before + 1
+
+    async def steps(bench, ctx):
+        assert [await served(ctx, host) for host in inside + outside] == [
+            True, True, False, False, False, False]
+        # An OPEN_QP from outside takes no QP.
+        await bench.exchange(ctx, protocol.open_qp(outside[2].info), outside[2], reply=False)
+        assert bench.writes == []
+        ctx.set(bench.dut.i_config, {**config, **access_list("10.78.0.0", "255.255.0.0")})
+        await ctx.tick()
+        assert [await served(ctx, host) for host in inside + outside] == [
+            False, False, False, False, True, False]
+        request = protocol.open_qp(outside[2].info)
+        check_open(bench, await bench.exchange(ctx, request, outside[2]), request, outside[2],
+                   0, PathMtu.MTU_4096)
+        ctx.set(bench.dut.i_config, {**config, "access_ip": parse_ipv4("192.168.0.1"),
+                                     "access_prefix": 32})
+        await ctx.tick()
+        assert [await served(ctx, host) for host in inside + outside] == [
+            False, False, False, False, False, True]
+        ctx.set(bench.dut.i_config, {**config, "access_prefix": 0})
+        await ctx.tick()
+        assert all([await served(ctx, host) for host in inside + outside])
+
+    bench.run(steps)
+    assert bench.counters["access"] == 4 + 1 + 5 + 5
+    assert bench.counters["opened"] == 1
+
+
+def test_close_all_closes_every_qp_of_its_source():
+    """CLOSE_QP with rem_qpn 0xFFFFFF: every QP whose host is the datagram's source is
+    closed (whatever loc_ip says); the ACK counts them; other hosts' QPs stay open."""
+    assert protocol.CLOSE_ALL_QPN == CLOSE_ALL_QPN
+    bench = Bench(qps=6, seed=9)
+    a = [Host("10.77.0.1", qpn) for qpn in (1, 2, 3)]
+    b = Host("10.77.0.2", 1, port=40001)
+
+    async def steps(bench, ctx):
+        for index, host in enumerate([a[0], b, a[1], a[2]]):
+            request = protocol.open_qp(host.info)
+            check_open(bench, await bench.exchange(ctx, request, host), request, host, index,
+                       PathMtu.MTU_4096)
+        request = protocol.close_all(b.ip)          # loc_ip of b, from a: a's QPs
+        assert (await bench.exchange(ctx, request, a[0]))[0] == close_all_reply(request, 3)
+        assert bench.closes == bench.stops == [0, 2, 3]
+        assert (await bench.exchange(ctx, request, a[0]))[0] == close_all_reply(request, 0)
+        for index, open_ in enumerate([False, True, False, False, False, False]):
+            reply = await bench.exchange(ctx, protocol.status(256 + index), b)
+            assert Status.from_reply(reply[0]).open == open_
+        # The freed QPs are taken again, lowest first.
+        request = protocol.open_qp(a[2].info)
+        check_open(bench, await bench.exchange(ctx, request, a[2]), request, a[2], 0,
+                   PathMtu.MTU_4096)
+
+    bench.run(steps)
+    assert (bench.counters["closed"], bench.counters["opened"]) == (3, 5)
+
+
+def test_a_lease_frees_idle_and_failed_qps_only():
+    """With a lease of 16 sweeps of 60 cycles: a QP in ERROR and an idle QP are freed
+    (as a close frees them) between one lease and one lease plus a sweep after their
+    host's last request; a STATUS from another host does not keep a QP; a QP whose host
+    asks STATUS, one with packets outstanding and one running a run stay open."""
+    tick = 60
+    lease = LEASE_SWEEPS * tick
+    bench = Bench(qps=8, seed=10, config={**CONFIG, "lease_tick": tick})
+    hosts = [Host(f"10.77.0.{index + 1}", 0x40 + index) for index in range(6)]
+    failed, idle, stranger_kept, host_kept, outstanding, running = range(6)
+    bench.status_of = lambda index: {
+        "error": index == failed, "error_status": CompletionStatus.RETRY_EXCEEDED,
+        "outstanding": 5 if index in (failed, outstanding) else 0, "counters": {}}
+    bench.run_of = lambda index: {"running": index == running, "messages": 0}
+    heard = {}                          # cycle of each QP's host's last request
+
+    async def steps(bench, ctx):
+        for index, host in enumerate(hosts):
+            request = protocol.open_qp(host.info)
+            await bench.exchange(ctx, request, host)
+            heard[index] = bench.cycle
+        assert len(bench.writes) == 6
+        while bench.cycle < heard[idle] + lease + 3 * tick:
+            await bench.exchange(ctx, protocol.status(256 + host_kept), hosts[host_kept])
+            await bench.exchange(ctx, protocol.status(256 + stranger_kept), hosts[idle])
+            for _ in range(tick * 3):
+                await ctx.tick()
+        assert sorted(bench.stops) == sorted(bench.closes) == [failed, idle, stranger_kept]
+        for qp, cycle in zip(bench.stops, bench.stop_cycles, strict=True):
+            assert lease <= cycle - heard[qp] <= lease + tick + 3 * bench.qps + 20, qp
+        for index in range(6):
+            reply = await bench.exchange(ctx, protocol.status(256 + index), hosts[index])
+            assert Status.from_reply(reply[0]).open == (index in (host_kept, outstanding,
+                                                                  running))
+        # A freed QP is free: its host opens again and gets the lowest free QP.
+        request = protocol.open_qp(hosts[idle].info)
+        check_open(bench, await bench.exchange(ctx, request, hosts[idle]), request,
+                   hosts[idle], failed, PathMtu.MTU_4096)
+
+    bench.run(steps)
+    assert (bench.counters["expired"], bench.counters["closed"]) == (3, 0)

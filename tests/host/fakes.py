@@ -28,8 +28,9 @@ class FakeBackend:
     the CQ. The endpoint side calls :meth:`write`, :meth:`deliver_send` and
     :meth:`deliver_write_imm`."""
 
-    def __init__(self, *, active_mtu: PathMtu = PathMtu.MTU_4096):
+    def __init__(self, *, active_mtu: PathMtu = PathMtu.MTU_4096, ip: str = HOST_IP):
         self.active_mtu = active_mtu
+        self.ip = ip
         self.options: VerbsOptions | None = None
         self.buffers: list[bytearray] = []
         self.receives: list[collections.deque] = []
@@ -48,13 +49,13 @@ class FakeBackend:
         self.buffers = [bytearray(buffer_bytes) for _ in range(qps)]
         self.receives = [collections.deque() for _ in range(qps)]
         self.max_receives = receives
-        return PortInfo(device="fake0", port=1, gid_index=1, gid="::ffff:127.0.0.1",
-                        ip=HOST_IP, active_mtu=self.active_mtu)
+        return PortInfo(device="fake0", port=1, gid_index=1, gid=f"::ffff:{self.ip}",
+                        ip=self.ip, active_mtu=self.active_mtu)
 
     def qp_info(self, qp: int) -> QpInfo:
         psn = 0x1000 + qp + 0x100 * self.resets.count(qp)
         return QpInfo(qpn=FIRST_HOST_QPN + qp, psn=psn, rkey=0x500 + qp,
-                      base_addr=self.base(qp), ip=HOST_IP)
+                      base_addr=self.base(qp), ip=self.ip)
 
     @staticmethod
     def base(qp: int) -> int:
@@ -88,6 +89,9 @@ class FakeBackend:
 
     def read(self, qp: int, offset: int, length: int) -> bytes:
         return bytes(self.buffers[qp][offset:offset + length])
+
+    def buffer(self, qp: int) -> memoryview:
+        return memoryview(self.buffers[qp])
 
     def fill(self, qp: int, value: int) -> None:
         self.buffers[qp][:] = bytes((value,)) * len(self.buffers[qp])
@@ -162,6 +166,7 @@ class FakeEndpoint:
         self.drop_first = drop_first
         self.user_run = user_run
         self.stale_psn = stale_psn
+        self.close_all_supported = True     # False: answers close-all as an old endpoint
         self.requests: list[Datagram] = []
         self.opened: dict[tuple[str, int], int] = {}
         self.lock = threading.Lock()
@@ -227,6 +232,9 @@ class FakeEndpoint:
                 return protocol.reply(request, Ack.NO_QP, QpInfo(ip="127.0.0.1")).encode()
             with self.lock:
                 return qp.status.reply(qp.qpn)
+        if (request.request == Request.CLOSE_QP and request.rem.qpn == protocol.CLOSE_ALL_QPN
+                and self.close_all_supported):
+            return self._close_all(request)
         if request.request == Request.CLOSE_QP:
             qp = self.qp(request.rem.qpn)
             if qp is None or not qp.status.open:
@@ -239,6 +247,17 @@ class FakeEndpoint:
         if request.request == Request.NULL and request.txmeta.valid and request.txmeta.start:
             self._start(request)
         return None
+
+    def _close_all(self, request: Datagram) -> bytes:
+        """Every QP of the host closed; on loopback, loc_ip stands for the source."""
+        with self.lock:
+            mine = [qp for qp in self.qps if qp.status.open and qp.host is not None
+                    and qp.host.ip == request.loc.ip]
+            for qp in mine:
+                qp.status = Status()
+            self.opened = {key: value for key, value in self.opened.items()
+                           if key[0] != request.loc.ip}
+        return protocol.reply(request, Ack.ACK, QpInfo(ip="127.0.0.1"), count=len(mine)).encode()
 
     def _open(self, request: Datagram) -> bytes:
         key = (request.loc.ip, request.loc.qpn)

@@ -193,6 +193,16 @@ def test_reply_echoes_the_request():
     assert decoded.ack == Ack.ACK and decoded.txmeta.mtu == PathMtu.MTU_2048
 
 
+def test_close_all_and_its_count():
+    """CLOSE_QP with rem_qpn 0xFFFFFF (extension); the ACK's count at bytes 56-59."""
+    request = protocol.close_all("10.77.0.1").encode()
+    assert request[0] == 1 | Request.CLOSE_QP << 1
+    assert request[21:25] == ip_bytes("10.77.0.1") and request[25:29] == b"\0\xff\xff\xff"
+    assert request[29:] == bytes(35)
+    reply = protocol.reply(Datagram.decode(request), Ack.ACK, QpInfo(ip="10.77.0.2"), count=3)
+    assert reply.encode()[56:60] == struct.pack(">I", 3)
+
+
 def reference_payload(k: int, length: int) -> bytes:
     out = bytearray()
     j = 0

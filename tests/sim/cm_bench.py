@@ -222,3 +222,68 @@ async def sixteen_qps_opened_used_and_closed_in_random_order(dut):
     assert bench.counters()["cm"]["opened"] == 24
     bench.close()
 
+
+
+@cocotb.test()
+async def only_the_qps_host_steers_it(dut):
+    """CM_PROTOCOL.md, "Who may steer a QP": another host on the subnet sends CLOSE_QP and
+    a start for the peer's QP with loc_ip = the peer's address, and an OPEN_QP that would
+    aim RoCEv2 at a third host; a host outside the access list (the endpoint's subnet)
+    asks STATUS and OPEN_QP. All dropped and counted, no reply, no frame to anyone; the
+    QP is unaffected and its host's run lands byte for byte."""
+    bench = await start(dut, seed=29)
+    run = RoceRun(bench)
+    host = Host(0x77, psn=0x4242, rkey=0xFEED, base=0x5000_0000, path_mtu=1024)
+    qp = await open_qp(run, host)
+    mallory, outsider = "10.77.0.66", "10.78.0.1"
+    bench.peers.update({mallory: "52:54:00:00:00:66", outsider: "52:54:00:00:00:78"})
+    spoofed = [protocol.close_qp(qp.qpn, PEER_IP),
+               protocol.start_run(qp.qpn, length=64, count=5),
+               protocol.open_qp(QpInfo(0x55, 1, 2, 3, "10.77.0.99"))]
+    outside = [protocol.status(qp.qpn), protocol.open_qp(QpInfo(0x56, 1, 2, 3, outsider))]
+    arp_before, frames_before = len(bench.arp_requests), len(bench.received)
+    for source, datagrams in ((mallory, spoofed), (outsider, outside)):
+        for datagram in datagrams:
+            assert await bench.cm_request(datagram.encode(), host_ip=source,
+                                          reply=False) is None
+            assert not bench.cm_replies and len(bench.received) == frames_before
+    assert len(bench.arp_requests) == arp_before
+    counters = bench.counters()["cm"]
+    assert (counters["spoofed"], counters["access"]) == (3, 2), counters
+    assert (counters["opened"], counters["closed"], counters["starts"]) == (1, 0, 0), counters
+    got = await status(bench, qp)
+    assert (got.open, got.runs, got.messages) == (True, 0, 0), got
+    await start_run(run, qp, host, length=2000, count=3, write=True, immediate=False)
+    await run.finish()
+    await check_status(bench, qp, messages=3)
+    bench.close()
+
+
+@cocotb.test()
+async def a_host_that_restarts_closes_all_its_qps(dut):
+    """CLOSE_QP with rem_qpn 0xFFFFFF from the peer closes its three QPs (ACK, count 3)
+    and none of another host's; the freed QPs are opened again and run."""
+    bench = await start(dut, seed=31)
+    run = RoceRun(bench)
+    hosts = [Host(0x300 + index, psn=index + 5, rkey=0xDD00 + index,
+                  base=0x40_0000 * (index + 1), path_mtu=4096) for index in range(3)]
+    qps = [await open_qp(run, host) for host in hosts]
+    other_ip = "10.77.0.7"
+    bench.peers[other_ip] = "52:54:00:00:00:07"
+    other = protocol.open_qp(QpInfo(0x99, 1, 2, 3, other_ip))
+    other_qpn = Datagram.decode(await bench.cm_request(other.encode(), host_ip=other_ip)).loc.qpn
+    request = protocol.close_all(PEER_IP)
+    assert await cm(bench, request) == protocol.reply(request, Ack.ACK, QpInfo(ip=OUR_IP),
+                                                      count=3).encode()
+    assert [(await status(bench, qp)).open for qp in qps] == [False] * 3
+    raw = await bench.cm_request(protocol.status(other_qpn).encode(), host_ip=other_ip)
+    assert Status.from_reply(raw).open
+    for host in hosts:
+        host.psn += 0x100
+    qps = [await open_qp(run, host) for host in hosts]
+    assert sorted(qp.index for qp in qps) == [0, 1, 2]
+    for qp, host in zip(qps, hosts, strict=True):
+        await start_run(run, qp, host, length=700, count=2, write=False, immediate=True)
+    await run.finish(timeout_cycles=100_000)
+    assert bench.counters()["cm"]["closed"] == 3
+    bench.close()

@@ -47,6 +47,8 @@ TESTCASES = {
         "runs_on_several_qps_and_a_reopened_qp",
         "the_generator_pool_refuses_a_fifth_run",
         "sixteen_qps_opened_used_and_closed_in_random_order",
+        "only_the_qps_host_steers_it",
+        "a_host_that_restarts_closes_all_its_qps",
     ],
 }
 

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from scapy.layers.inet import ICMP, IP, UDP
@@ -15,6 +16,8 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
 from host import protocol
+from host.cm import CmClient
+from host.protocol import QpInfo
 from sim.runner import BUILD, ROOT
 
 HOST_MAC, HOST_IP = "52:54:00:12:34:56", "10.77.0.1"
@@ -39,23 +42,31 @@ def exchange(link, device, frame, want, *, seconds=60):
     raise AssertionError(f"no answer to {frame.summary()} in {seconds} s")
 
 
-def test_netdev_answers_a_udp_peer_and_stops_with_a_summary(core_design):
-    link = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    link.bind(("127.0.0.1", 0))
-    link.settimeout(0.5)
+def start_device(link, name, *options):
+    """``python -m sim.netdev`` with ``link`` (a bound UDP socket) as its peer, writing
+    its summary and pcap under ``name``; returns the process and its UDP address."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     probe.bind(("127.0.0.1", 0))
     device_port = probe.getsockname()[1]
     probe.close()
-    to_device = ("127.0.0.1", device_port)
-    summary = BUILD / "netdev-test-summary.json"
-    pcap = BUILD / "pcap" / "netdev-test.pcap"
     device = subprocess.Popen(
         [sys.executable, "-m", "sim.netdev", "--local", f"127.0.0.1:{device_port}",
-         "--remote", f"127.0.0.1:{link.getsockname()[1]}", "--summary", str(summary),
-         "--pcap", str(pcap), "--faults-to-core", "duplicate=0.3", "--seconds", "600"],
+         "--remote", f"127.0.0.1:{link.getsockname()[1]}",
+         "--summary", str(BUILD / f"{name}-summary.json"),
+         "--pcap", str(BUILD / "pcap" / f"{name}.pcap"), *options],
         cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return device, ("127.0.0.1", device_port)
+
+
+def test_netdev_answers_a_udp_peer_and_stops_with_a_summary(core_design):
+    link = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    link.bind(("127.0.0.1", 0))
+    link.settimeout(0.5)
+    summary = BUILD / "netdev-test-summary.json"
+    pcap = BUILD / "pcap" / "netdev-test.pcap"
+    device, to_device = start_device(link, "netdev-test", "--faults-to-core", "duplicate=0.3",
+                                     "--seconds", "600")
     try:
         arp = exchange(link, to_device, Ether(src=HOST_MAC, dst="ff:ff:ff:ff:ff:ff")
                        / ARP(op=1, hwsrc=HOST_MAC, psrc=HOST_IP, pdst=CORE_IP),
@@ -82,3 +93,102 @@ def test_netdev_answers_a_udp_peer_and_stops_with_a_summary(core_design):
     assert result["faults_to_core"]["duplicated"] > 0 or result["frames"]["to_core"] == 3
     assert result["counters"].get("arp.replies", 0) >= 1, result
     assert pcap.stat().st_size > 24
+
+
+class CmRelay:
+    """The host's IP stack, reduced to what the CM needs: UDP datagrams to the relay's
+    port on 127.0.0.1 go to the device as frames from HOST_IP to the CM; the CM's replies
+    come back to the last sender; ARP requests for HOST_IP are answered."""
+
+    def __init__(self, link, device):
+        self.link, self.device = link, device
+        self.cm_side = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.cm_side.bind(("127.0.0.1", 0))
+        self.cm_side.settimeout(0.05)
+        self.port = self.cm_side.getsockname()[1]
+        self.client = None
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=target, daemon=True)
+                         for target in (self._to_device, self._to_client)]
+
+    def __enter__(self):
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc_info):
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(2)
+        self.cm_side.close()
+
+    def _to_device(self):
+        while not self._stop.is_set():
+            try:
+                payload, self.client = self.cm_side.recvfrom(2048)
+            except TimeoutError:
+                continue
+            self.link.sendto(bytes(Ether(src=HOST_MAC, dst=CORE_MAC) / IP(src=HOST_IP, dst=CORE_IP)
+                                   / UDP(sport=self.client[1], dport=protocol.CM_PORT)
+                                   / Raw(payload)), self.device)
+
+    def _to_client(self):
+        while not self._stop.is_set():
+            try:
+                frame = Ether(self.link.recv(65536))
+            except TimeoutError:
+                continue
+            if ARP in frame and frame[ARP].op == 1 and frame[ARP].pdst == HOST_IP:
+                self.link.sendto(bytes(Ether(src=HOST_MAC, dst=frame.src)
+                                       / ARP(op=2, hwsrc=HOST_MAC, psrc=HOST_IP,
+                                             hwdst=frame.src, pdst=frame[ARP].psrc)),
+                                 self.device)
+            elif UDP in frame and frame[UDP].sport == protocol.CM_PORT and self.client:
+                self.cm_side.sendto(bytes(frame[UDP].payload)[:protocol.DATAGRAM_BYTES],
+                                    self.client)
+
+
+def test_qp_server_reclaim_frees_the_qps_a_crashed_run_left(core_design):
+    """A qp-server on HOST_IP died with two endpoint QPs open; the next one, started with
+    --reclaim, closes them (CLOSE_QP of all QPs, count 2) and pairs with QPN 256 again.
+    The verbs side is the fake backend (no RoCE traffic: --no-start); it ends on SIGTERM
+    and closes its QP."""
+    link = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    link.bind(("127.0.0.1", 0))
+    link.settimeout(0.05)
+    device, to_device = start_device(link, "netdev-reclaim", "--seconds", "900")
+    server = None
+    try:
+        with CmRelay(link, to_device) as relay:
+            with CmClient("127.0.0.1", cm_port=relay.port, timeout=5, retries=60) as crashed:
+                left = [crashed.open_qp(QpInfo(qpn=qpn, psn=1, ip=HOST_IP))[0].qpn
+                        for qpn in (0x31, 0x32)]
+            assert left == [256, 257]
+            server = subprocess.Popen(
+                [sys.executable, "-c", "import sys; from host.cli import main; "
+                 "from tests.host.fakes import FakeBackend; "
+                 f"sys.exit(main(backend=FakeBackend(ip={HOST_IP!r})))",
+                 "--endpoint", "127.0.0.1", "--cm-port", str(relay.port), "--timeout", "5",
+                 "--reclaim", "--no-start", "--size", "64", "--count", "1", "--stall", "600"],
+                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            lines = []
+            while not any("paired host QPN" in line for line in lines):
+                line = server.stderr.readline()
+                assert line, f"qp-server ended: {''.join(lines)}"
+                lines.append(line)
+            server.send_signal(signal.SIGTERM)
+            _, rest = server.communicate(timeout=120)
+            err = "".join(lines) + rest
+    finally:
+        if server is not None and server.poll() is None:
+            server.kill()
+        device.send_signal(signal.SIGTERM)
+        output, _ = device.communicate(timeout=120)
+        link.close()
+    assert server.returncode == 130, err
+    assert "closed 2 endpoint QPs left open by 10.77.0.1 (--reclaim)" in err
+    assert f"paired host QPN 17 ({HOST_IP}) with endpoint QPN 256" in err
+    assert "interrupted; the QPs are closed" in err
+    assert device.returncode == 0, output
+    counters = json.loads((BUILD / "netdev-reclaim-summary.json").read_text())["counters"]
+    assert (counters.get("cm.opened"), counters.get("cm.closed")) == (3, 3), counters
