@@ -199,7 +199,7 @@ class Bench:
             assert actual == want, f"completion {index}: {actual} != {want}"
             self.seen["completions"] += 1
 
-    def run(self, cycles=200_000):
+    def run(self, cycles=200_000, monitors=()):
         async def main(ctx):
             await self.setup(ctx)
             await wait_for(ctx, lambda: (self.seen["datagrams"] == len(self.datagrams)
@@ -214,7 +214,7 @@ class Bench:
                 self.status[index] = ctx.get(self.dut.status[0])
 
         run_testbenches(self.dut, main, self.request_source, self.payload_source,
-                        self.datagram_sink, self.completion_sink, self.ack_source)
+                        self.datagram_sink, self.completion_sink, self.ack_source, *monitors)
 
 
 def pattern(length, seed):
@@ -362,6 +362,53 @@ def test_rnr_nak_waits_then_resends():
     error, _, counters = status_of(bench, qp)
     assert not error and counters.naks_rnr == 1 and counters.rnr_waits == 1
     assert bench.resent >= 1
+
+
+def test_a_resend_stops_for_an_rnr_wait():
+    """A NAK for PSN 3 of a 16-packet message starts a resend; an RNR NAK for its first
+    packet stops it: nothing of the QP leaves during the wait but the packets planned
+    before it (here 35 cycles, 5 resent packets; before the fix the resend went on, 51
+    cycles, up to PSN 10), then it resends from PSN 3 (IBTA 9.7.5.2.8)."""
+    rnr_nak = 0x20 | 14                             # 1.28 ms: 313 ticks of 1 cycle
+    # The responder NAKs PSN 3, then RNR NAKs it, each time discarding what follows until
+    # PSN 3 comes again (it sees the AckReq packets: each quarter of the ring, 4 packets,
+    # the last and a resend's last).
+    script = [(3, NAK_SEQUENCE), (3, rnr_nak), (3, ACK)]
+
+    def acknowledge(qp, psn):
+        if not script:
+            return ACK
+        if psn != script[0][0]:
+            return None if len(script) < 3 else ACK
+        return script.pop(0)[1]
+
+    bench = Bench(seed=26, gaps=False, acknowledge=acknowledge)
+    qp = bench.add_qp(Qp(0, remote_qpn=5, psn=0, rkey=9, remote_ip="10.77.0.3", path_mtu=256,
+                         src_port=0xC123, timeout=12))
+    bench.message(qp, Message("RDMA_WRITE", pattern(16 * 256, 1), 0x4000))
+    dut = bench.dut
+    sent = []                                       # (cycle, PSN) of each datagram
+    rnr_at = []
+
+    async def monitor(ctx):
+        cycle, first = 0, True
+        async for _, _, valid, ready, beat, ack_valid, ack in ctx.tick().sample(
+                dut.o.valid, dut.o.ready, dut.o.p, dut.i_ack.valid, dut.i_ack.p):
+            cycle += 1
+            if valid and ready:
+                if first:
+                    sent.append((cycle, int.from_bytes(
+                        beat.data.to_bytes(WIDTH, "little")[9:12], "big")))
+                first = beat.last
+            if ack_valid and ack.syndrome == rnr_nak:
+                rnr_at.append(cycle)
+
+    bench.run(monitors=[monitor])
+    assert len(rnr_at) == 1
+    during = [psn for cycle, psn in sent if rnr_at[0] + 40 <= cycle < rnr_at[0] + 300]
+    assert not during, f"sent during the RNR wait: PSNs {during}"
+    after = [psn for cycle, psn in sent if cycle >= rnr_at[0] + 300]
+    assert after[:1] == [3], after
 
 
 @pytest.mark.parametrize("syndrome, status", [
