@@ -510,8 +510,12 @@ class ReliabilityEngine(wiring.Component):
         sweep_next = Signal(qp_bits)
         sweep_taken = Signal()
         sweep_expired = Signal()
-        m.d.comb += sweep_next.eq(Mux(sweep_expired & ~sweep_taken, sweep,
-                                      Mux(sweep == qps - 1, 0, sweep + 1)))
+        # Under reset the sweep addresses QP 0: the read ports' address registers take
+        # it too, so nothing downstream of them starts undefined (a 4-state simulator
+        # shows X there otherwise; the FPGA's flip-flops happen to start at 0).
+        m.d.comb += sweep_next.eq(Mux(ResetSignal(), 0,
+                                      Mux(sweep_expired & ~sweep_taken, sweep,
+                                          Mux(sweep == qps - 1, 0, sweep + 1))))
         m.d.sync += sweep.eq(sweep_next)
         w_una = current(una, una_write, sweep_next)
         w_nxt = current(nxt, nxt_write, sweep_next)
