@@ -155,14 +155,15 @@ def round_trip_cycles(microseconds: float) -> int:
 
 def spread_losses(rate: float, frames: int, seed: int = 0) -> tuple[int, ...]:
     """Indices of the frames to lose among the first ``frames`` for an exact loss ``rate``:
-    one in each block of ``round(1 / rate)`` frames, at a position drawn from ``seed``.
-    Over whole blocks the rate is exact, and the losses fall as randomly as that allows
-    (never more than two in a row). Give it to ``Faults(packet_drop_at=...)``."""
+    one in each whole block of ``round(1 / rate)`` frames, at a position drawn from
+    ``seed``. Over the blocks the rate is exact, and the losses fall as randomly as that
+    allows (never more than two in a row). Give it to ``Faults(packet_drop_at=...)``."""
     if not 0 < rate <= 1:
         raise ValueError(f"the loss rate must lie in (0, 1], not {rate!r}")
     block = round(1 / rate)
     rng = random.Random(seed)
-    return tuple(start + rng.randrange(block) for start in range(0, frames, block))
+    return tuple(start + rng.randrange(block)
+                 for start in range(0, frames // block * block, block))
 
 
 @dataclass(frozen=True)

@@ -634,6 +634,7 @@ def test_spread_losses_is_exact_seeded_and_spread():
         assert len(set(losses)) == len(losses) and all(0 <= i < frames_count for i in losses)
         block = round(1 / rate)
         assert [i // block for i in losses] == list(range(len(losses)))
+    assert spread_losses(0.01, 1099) == spread_losses(0.01, 1000)       # whole blocks only
     assert spread_losses(0.01, 1000, seed=3) == spread_losses(0.01, 1000, seed=3)
     assert spread_losses(0.01, 1000, seed=3) != spread_losses(0.01, 1000, seed=4)
     with pytest.raises(ValueError, match="loss rate"):
