@@ -248,6 +248,7 @@ class NetworkCore(wiring.Component):
         connect(m, roce_tx.o_completion, flipped(self.completion))
         connect(m, ack_rx.o, roce_tx.i_ack)
         connect(m, ack_rx.o_icrc_error, roce_tx.i_icrc_error)
+        connect(m, ack_rx.o_cnp, roce_tx.i_cnp)
         m.d.comb += [
             roce_tx.status_qp[0].eq(self.qp_status_select),
             self.qp_status.eq(roce_tx.status[0]),

@@ -181,7 +181,7 @@ class Status:
     requests the generator has issued in the QP's current run (or its last,
     until the QP is closed); ``runs`` counts the starts the generator took
     for the QP (low 24 bits), so a host can tell whether its start was taken.
-    Error-NAK counters carry their low 16 bits.
+    Error-NAK, timeout and CNP counters carry their low 16 bits.
     """
     open: bool = False
     running: bool = False           # a generator run is in progress
@@ -197,7 +197,8 @@ class Status:
     naks_rnr: int = 0
     rnr_waits: int = 0
     timeouts: int = 0
-    acks_dropped: int = 0           # duplicate, ghost, wrong source, queue full
+    cnps: int = 0                   # RoCEv2 congestion notifications for the QP
+    acks_dropped: int = 0           # duplicate, ghost, no news, wrong source
     icrc_errors: int = 0            # acknowledgements dropped for a bad ICRC
     naks_invalid: int = 0
     naks_access: int = 0
@@ -207,7 +208,8 @@ class Status:
     #: Byte layout after the flags byte and loc_qpn: (field, struct code), big-endian.
     LAYOUT = (("flags", "B"), ("outstanding", "3s"), ("messages", "I"), ("packets", "I"),
               ("bytes", "6s"), ("retransmitted", "I"), ("acks", "I"), ("naks_sequence", "I"),
-              ("naks_rnr", "I"), ("rnr_waits", "I"), ("timeouts", "I"), ("acks_dropped", "I"),
+              ("naks_rnr", "I"), ("rnr_waits", "I"), ("timeouts", "H"), ("cnps", "H"),
+              ("acks_dropped", "I"),
               ("icrc_errors", "I"), ("naks_invalid", "H"), ("naks_access", "H"),
               ("naks_operational", "H"), ("runs", "3s"))
 

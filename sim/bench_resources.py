@@ -82,6 +82,8 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "IcrcInserter": lambda: _load("gateware.roce.icrc.IcrcInserter")(width=WIDTH),
     "RequesterTransmitter (16 QPs)": lambda: _load("gateware.roce.tx.RequesterTransmitter")(
         qps=16, width=WIDTH),
+    "ReliabilityEngine (16 QPs)": lambda: _load("gateware.roce.reliability.ReliabilityEngine")(
+        qps=16, width=WIDTH),
     "TrafficGenerator": lambda: _load("gateware.roce.generator.TrafficGenerator")(width=WIDTH),
     "RequestArbiter (2 inputs)": lambda: _load("gateware.roce.request_arbiter.RequestArbiter")(
         inputs=2, width=WIDTH),

@@ -9,6 +9,7 @@ import sys
 from amaranth import Shape
 
 from gateware.cm.manager import CM_ENTRY
+from gateware.roce.ack_intake import AckIntake
 from gateware.roce.descriptor import MESSAGE
 from gateware.roce.qp_table import QP_PATH
 from gateware.roce.reliability import ReliabilityEngine
@@ -17,7 +18,7 @@ from gateware.stream import BEAT_BYTES
 
 #: The generator pool keeps the message count of each QP's last run.
 GENERATOR_BITS = 32
-COUNTERS = ("sent_counters", "event_counters", "icrc_errors", "overflows")
+COUNTERS = ("sent_counters", "event_counters", "intake_counters", "icrc_errors", "cnps")
 
 
 Row = tuple[str, str, int]
@@ -32,8 +33,10 @@ def rows(messages: int, ring_beats: int) -> tuple[list[Row], list[Row]]:
         ("reliability engine (`roce/reliability.py`)",
          "PSNs, ring and slot positions, timer, retries, error, settings, flags",
          sum(bits for name, bits in engine.items() if name not in COUNTERS)),
-        ("reliability engine", "13 counters (STATUS bytes 13-60)",
+        ("reliability engine", "14 counters (STATUS bytes 13-60)",
          sum(engine[name] for name in COUNTERS)),
+        ("acknowledgement intake (`roce/ack_intake.py`)",
+         "newest ACK and NAK (PSN, syndrome), flags", sum(AckIntake.qp_state_bits().values())),
         ("connection manager (`cm/manager.py`)",
          "open, the host's IPv4 and QPN, first PSN, path MTU, buffer address, runs",
          CM_ENTRY.size),

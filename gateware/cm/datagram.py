@@ -87,7 +87,8 @@ CM_STATUS = NetworkLayout({
     "naks_sequence": 32,
     "naks_rnr": 32,
     "rnr_waits": 32,
-    "timeouts": 32,
+    "timeouts": 16,             # low 16 bits
+    "cnps": 16,                 # low 16 bits
     "acks_dropped": 32,
     "icrc_errors": 32,
     "naks_invalid": 16,         # low 16 bits

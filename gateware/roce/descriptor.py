@@ -84,6 +84,7 @@ QP_VIEW = data.StructLayout({
     "slot_free": 1,
     "error": 1,                 # the QP is in ERROR
     "blocked": 1,               # a resend or an RNR wait is due: no new packets
+    "rnr_wait": 1,              # an RNR wait: no packets at all, resent ones included
 })
 
 #: Read a packet's payload from the retransmit buffer.

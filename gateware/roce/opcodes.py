@@ -19,3 +19,4 @@ class Opcode(enum.Enum, shape=8):
     RDMA_WRITE_ONLY = 0x0A
     RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0x0B
     ACKNOWLEDGE = 0x11
+    CNP = 0x81                  # RoCEv2 congestion notification (IBTA annex A17.9.3)

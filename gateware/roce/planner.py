@@ -125,7 +125,8 @@ class PacketPlanner(wiring.Component):
     packet requests an ACK when it is the last of its message, when its
     payload crosses a quarter of the QP's ring (so a ring never fills without
     an ACK on its way), and when it ends a resend. A resent packet is
-    otherwise the same as its original.
+    otherwise the same as its original. A resend stops when its QP starts an
+    RNR wait (the engine resends again after it).
 
     A request for a QP index past ``qps``, longer than 2^31 bytes, or for a QP
     without a valid path MTU yields one ``drop`` descriptor that completes it
@@ -191,7 +192,9 @@ class PacketPlanner(wiring.Component):
         replay_more = Signal()
         replay_psn_next = Signal(24)            # replay.psn + 1
         replay_index_next = Signal(24)          # replay.index + 1
-        replay_has_packet = replay_more & ~replay_view.error
+        # During an RNR wait the QP sends nothing (IBTA 9.7.5.2.8): a resend under way
+        # ends, the resend after the wait starts again from the RNR NAK's PSN.
+        replay_has_packet = replay_more & ~replay_view.error & ~replay_view.rnr_wait
         replay_go = replaying & replay_has_packet
 
         # Each context after its next packet.

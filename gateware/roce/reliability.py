@@ -2,11 +2,12 @@
 acknowledged, when to resend, and when a QP has failed."""
 
 from amaranth import *
-from amaranth.lib import data, fifo, memory, stream, wiring
+from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..stream import BEAT_BYTES
-from .ack import ACK_EVENT
+from .ack import ACK_EVENT, AETH_ACK, AETH_NAK, AETH_RNR_NAK, NAK_SEQUENCE
+from .ack_intake import ACK_TAKEN, AckIntake, lowest_set
 from .descriptor import (
     MESSAGE,
     MESSAGE_END,
@@ -15,10 +16,12 @@ from .descriptor import (
     POINTER_BITS,
     QP_VIEW,
     REPLAY,
+    SLOT_BITS,
 )
 from .planner import TRANSMIT_CONFIG
 from .requests import (
     COMPLETION,
+    MAX_MESSAGE_BYTES,
     QP_COUNTERS,
     QP_INDEX_BITS,
     QP_STATE,
@@ -31,38 +34,49 @@ from .timers import rnr_delay_ticks
 
 __all__ = ["ReliabilityEngine", "RNR_RETRY_FOREVER", "STATUS_PORTS"]
 
+#: Packets of the longest message (2^31 bytes at path MTU 256).
+MAX_PACKETS = MAX_MESSAGE_BYTES // PathMtu.MTU_256.bytes
+
 #: Read ports of the QP status (user logic, the connection manager).
 STATUS_PORTS = 2
 
 #: An RNR retry count of 7 retries without limit (IBTA 9.7.5.2.8).
 RNR_RETRY_FOREVER = 7
 
-#: Half the PSN space: a PSN this far or farther ahead counts as behind.
-_PSN_HALF = 1 << 23
-
-#: AETH syndrome bits 6:5 (IBTA table 41).
-_ACK, _RNR_NAK, _NAK = 0, 1, 3
+#: Packets a QP may have outstanding, at most: a packet with payload takes a beat or more
+#: of the QP's retransmit ring (under 2^21 beats), an empty one a message slot. Below half
+#: the PSN space (IBTA 9.7.1: the PSNs outstanding and those acknowledged must not alias),
+#: so ``nxt - una`` never wraps, and ``una - first_psn`` of the QP's oldest message is
+#: either up to its packets and those outstanding after it (``una`` reached it) or, in
+#: ERROR, down to minus those outstanding: below 3 * 2^22, or above it, modulo 2^24.
+_MAX_OUTSTANDING = (1 << POINTER_BITS - 1) + (1 << SLOT_BITS)
+assert MAX_PACKETS + _MAX_OUTSTANDING < 3 << 22 and _MAX_OUTSTANDING < 1 << 22
 
 #: NAK codes (AETH syndrome bits 4:0) and what the work request completes with.
-_NAK_SEQUENCE = 0
 _NAK_STATUS = {
     1: CompletionStatus.REMOTE_INVALID_REQUEST,
     2: CompletionStatus.REMOTE_ACCESS_ERROR,
     3: CompletionStatus.REMOTE_OPERATIONAL_ERROR,
     4: CompletionStatus.REMOTE_INVALID_REQUEST,     # invalid RD request
 }
-_NAK_COUNTERS = {1: "naks_invalid", 2: "naks_access", 3: "naks_operational", 4: "naks_invalid"}
+_NAK_COUNTERS = {0: "naks_sequence", 1: "naks_invalid", 2: "naks_access",
+                 3: "naks_operational", 4: "naks_invalid"}
 
 #: Bits of the tick count the timers are stamped with: an ACK timeout is up to 2^31 ticks.
 _TIME_BITS = 32
 
-#: The counters each packet sent adds to, and those an ACK event or a timeout adds to
-#: (``acks_dropped`` also counts, apart, the acknowledgements the ACK queue had no room for).
+#: The counters each packet sent adds to, each acknowledgement's verdict, and the engine's
+#: acting on an acknowledgement or a timeout; ICRC errors and CNPs are counted apart.
 _SENT_COUNTERS = data.StructLayout({name: QP_COUNTERS.members[name]
                                     for name in ("packets", "bytes", "retransmitted")})
+_INTAKE_COUNTERS = data.StructLayout({
+    name: QP_COUNTERS.members[name]
+    for name in ("acks", "acks_dropped", "naks_sequence", "naks_rnr", "naks_invalid",
+                 "naks_access", "naks_operational")})
 _EVENT_COUNTERS = data.StructLayout({
     name: shape for name, shape in QP_COUNTERS.members.items()
-    if name not in (*_SENT_COUNTERS.members, "icrc_errors")})
+    if name not in (*_SENT_COUNTERS.members, *_INTAKE_COUNTERS.members, "icrc_errors",
+                    "cnps")})
 
 #: A QP's settings as the reliability engine keeps them.
 _PEER = data.StructLayout({name: QP_STATE.members[name]
@@ -82,7 +96,8 @@ _TIMER = data.StructLayout({"start": _TIME_BITS, "rnr_code": 5})
 
 
 #: The 1-bit flags of every QP, kept in registers (bit vectors over the QPs).
-_FLAGS = ("error", "resend", "rnr_wait", "from_sent", "icrc_cleared", "overflow_cleared")
+_FLAGS = ("error", "resend", "rnr_wait", "retrying", "from_sent", "icrc_cleared",
+          "cnp_cleared", "intake_cleared")
 
 
 def _per_qp_layouts(slot_bits):
@@ -103,20 +118,10 @@ def _per_qp_layouts(slot_bits):
         # counters, each memory with one writer
         "sent_counters": _SENT_COUNTERS,
         "event_counters": _EVENT_COUNTERS,
+        "intake_counters": _INTAKE_COUNTERS,
         "icrc_errors": 32,
-        "overflows": 32,
+        "cnps": 32,
     }
-
-
-def _lowest(flags):
-    """Whether any bit of ``flags`` (a power of 2 of them, 2 or more) is set, and the index
-    of the lowest one that is: a tree, log2(len(flags)) multiplexers deep."""
-    if len(flags) == 2:
-        return flags.any(), ~flags[0]
-    half = len(flags) // 2
-    low_any, low_index = _lowest(flags[:half])
-    high_any, high_index = _lowest(flags[half:])
-    return low_any | high_any, Mux(low_any, Cat(low_index, C(0, 1)), Cat(high_index, C(1, 1)))
 
 
 class ReliabilityEngine(wiring.Component):
@@ -130,22 +135,36 @@ class ReliabilityEngine(wiring.Component):
     message loaded or a packet sent, which pass a register first, from the
     second), and hands it the messages to resend (``o_replay``).
 
-    Acknowledgements (``i_ack``, queued ``acks`` deep; beyond that counted as
-    dropped) from the QP's peer address inside the window of outstanding PSNs
-    are taken: an ACK for PSN p acknowledges every packet up to p; a NAK or
-    RNR NAK for p every packet before p. Others are dropped and counted. Every
+    Acknowledgements (``i_ack``, one a cycle at any rate) go through an
+    :class:`AckIntake`: from the QP's peer address, inside the window of
+    outstanding PSNs and beyond what the QP's acknowledgements acknowledged
+    so far, they are taken (and counted as ``acks`` and, a NAK, by its kind),
+    the others dropped (``acks_dropped``: duplicates, ghosts, strangers); per
+    QP the newest ACK and the NAK that says most wait for the engine, the NAK
+    first. Acknowledgements are cumulative, so nothing taken is ever lost:
+    there is no queue to overflow. An ACK for PSN p acknowledges
+    every packet up to p; a NAK or RNR NAK for p every packet before p. Every
     message whose last packet is acknowledged completes (``o_completion``) in
     order, with the status its payload ended with; its ring room is freed
-    packet by packet. The engine takes 4 cycles per acknowledgement (3 for one
-    it drops), and 2 more per message it completes.
+    packet by packet, so a message longer than the ring (up to 2^23 packets:
+    2^31 bytes at path MTU 256) completes as it is acknowledged. Latency: the
+    engine acts on an acknowledgement 4 cycles after ``i_ack`` at the
+    earliest, takes 4 cycles for it (3 for one that says nothing new by then),
+    and 1 more per message it completes; a completion leaves 7 cycles after
+    the ``i_ack`` that finished its message, when the engine is idle. An
+    acknowledgement counts against the packets sent up to 2 cycles before it.
 
-    - NAK sequence error: resend from p (go-back-N). ACK timeout (2^timeout
-      ticks after the last packet sent or the last progress, with packets
-      outstanding): resend from the oldest unacknowledged packet.
-      Each uses one of ``retry_count`` retries; none left: ERROR,
+    - NAK sequence error for p: resend from p (go-back-N), one of
+      ``retry_count`` retries, unless a resend from p is already under way
+      (after a NAK, RNR NAK or timeout for p, nothing acknowledged since: the
+      responder's next NAK repeats the news; IBTA 9.7.5.2, as rxe). ACK
+      timeout (2^timeout ticks, IBTA 9.7.6.1.3: started by a packet sent when
+      none was outstanding, restarted by progress and by each retry): resend
+      from the oldest unacknowledged packet, one retry. None left: ERROR,
       RETRY_EXCEEDED.
-    - RNR NAK: wait the AETH's RNR time (IBTA table 45), then resend from p;
-      ``rnr_retry`` times (7: always), then ERROR, RNR_RETRY_EXCEEDED.
+    - RNR NAK: wait the AETH's RNR time (IBTA table 45), sending nothing, then
+      resend from p; ``rnr_retry`` times (7: always), then ERROR,
+      RNR_RETRY_EXCEEDED.
     - NAK invalid request, remote access or remote operational error: ERROR
       with that status.
 
@@ -168,18 +187,20 @@ class ReliabilityEngine(wiring.Component):
     Each QP's state lives in memories (distributed RAM where a view reads it
     combinationally; the engine's own reads are registered, addressed a cycle
     ahead), its 1-bit flags in registers. The timers are start times on a
-    count of ticks, checked by a sweep of one QP per cycle: a timer expires
-    up to ``qps`` cycles after its time (later while acknowledgements wait).
+    count of ticks, checked by a sweep of one QP per cycle and served before
+    acknowledgements: a timer expires up to ``qps`` cycles after its time, plus
+    at most one acknowledgement's work (4 cycles and 1 per message it
+    completes). ``i_icrc_error`` and ``i_cnp`` (a QP index each) count the
+    acknowledgements dropped for their ICRC and the CNPs of a QP.
     """
 
-    def __init__(self, *, qps, messages=128, acks=16, width=BEAT_BYTES):
+    def __init__(self, *, qps, messages=128, width=BEAT_BYTES):
         if not isinstance(qps, int) or not 1 <= qps <= 1 << QP_INDEX_BITS:
             raise ValueError(f"QP count must be 1..{1 << QP_INDEX_BITS}, not {qps!r}")
         if messages < 2 or messages & (messages - 1) or messages > 128:
             raise ValueError(f"Messages per QP must be a power of 2, 2..128, not {messages!r}")
         self._qps = qps
         self._messages = messages
-        self._acks = acks
         self._width = width
         super().__init__({
             "i_reset": In(stream.Signature(QP_WRITE)),
@@ -187,6 +208,7 @@ class ReliabilityEngine(wiring.Component):
             "i_config": In(TRANSMIT_CONFIG),
             "i_ack": In(stream.Signature(ACK_EVENT, always_ready=True)),
             "i_icrc_error": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "i_cnp": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "new_qp": In(QP_INDEX_BITS),
             "new_view": Out(QP_VIEW),
             "replay_qp": In(QP_INDEX_BITS),
@@ -239,15 +261,18 @@ class ReliabilityEngine(wiring.Component):
         def flags(name):
             return Signal(entries, name=name)
 
-        error, resend, rnr_wait, from_sent, icrc_cleared, overflow_cleared = map(flags, _FLAGS)
+        (error, resend, rnr_wait, retrying, from_sent,
+         icrc_cleared, cnp_cleared, intake_cleared) = map(flags, _FLAGS)
         # resend: a go-back-N resend is due; rnr_wait: the timer is an RNR wait, not the
-        # ACK timeout; from_sent: the ACK timer runs from the last packet sent;
-        # icrc_cleared (overflow_cleared): set again since its count of ICRC errors (of
-        # ACK queue overflows) was last written, so the count reads as 0.
+        # ACK timeout; retrying: a resend from the oldest unacknowledged packet started
+        # (after a NAK, an RNR NAK or a timeout) and nothing was acknowledged since;
+        # from_sent: the ACK timer runs from the packet sent when none was outstanding;
+        # icrc_cleared (cnp_cleared, intake_cleared): set again since its count of ICRC
+        # errors (of CNPs, of acknowledgements) was last written, so the count reads as 0.
         # What the engine's FSM writes to the flags of its QP.
         fsm_flags = {flag.name: (Signal(name=f"fsm_{flag.name}_write"),
                                  Signal(name=f"fsm_{flag.name}"))
-                     for flag in (error, resend, rnr_wait, from_sent)}
+                     for flag in (error, resend, rnr_wait, retrying, from_sent)}
 
         def fsm_flag(flag, value):
             write, bit = fsm_flags[flag.name]
@@ -271,8 +296,8 @@ class ReliabilityEngine(wiring.Component):
             m.d.sync += now.eq(now + 1)
 
         # The planner's side: next PSN and ring tail (written by each new packet sent),
-        # the next free message slot (by each message loaded), and the time of the last
-        # packet sent (by every one).
+        # the next free message slot (by each message loaded), and the time of the packet
+        # sent when none was outstanding (it starts the ACK timer).
         nxt, nxt_write = per_qp("nxt")
         tail, tail_write = per_qp("tail")
         end, end_write = per_qp("end")
@@ -288,8 +313,9 @@ class ReliabilityEngine(wiring.Component):
         # Counters, each memory with one writer.
         sent_counters, sent_counters_write = per_qp("sent_counters")
         event_counters, event_counters_write = per_qp("event_counters")
+        intake_counters, intake_counters_write = per_qp("intake_counters")
         icrc_errors, icrc_errors_write = per_qp("icrc_errors")
-        overflows, overflows_write = per_qp("overflows")
+        cnps, cnps_write = per_qp("cnps")
 
         # Outstanding messages, and the status each one's payload ended with.
         depth = messages << qp_bits
@@ -310,10 +336,18 @@ class ReliabilityEngine(wiring.Component):
             m.d.comb += port.addr.eq(qp_next)
             return port.data
 
-        # Messages loaded and packets sent.
+        # Messages loaded and packets sent. A new packet sent while none is outstanding
+        # starts the ACK timer; the others leave it running (IBTA 9.7.6.1.3: the timer
+        # measures from the oldest unacknowledged packet; progress restarts it).
         end_loaded = end.read_port(domain="comb")
         counted_sent = sent_counters.read_port(domain="comb")
+        una_sent = una.read_port(domain="comb")
+        nxt_sent = nxt.read_port(domain="comb")
+        timer_starts = Signal()
         m.d.comb += [
+            una_sent.addr.eq(sent.p.qp),
+            nxt_sent.addr.eq(sent.p.qp),
+            timer_starts.eq(sent.valid & ~sent.p.replay & (una_sent.data == nxt_sent.data)),
             end_loaded.addr.eq(loaded.p.qp),
             ring_write.addr.eq(slot_address(loaded.p.qp, end_loaded.data)),
             ring_write.data.eq(loaded.p.message),
@@ -324,7 +358,7 @@ class ReliabilityEngine(wiring.Component):
             counted_sent.addr.eq(sent.p.qp),
             sent_time_write.addr.eq(sent.p.qp),
             sent_time_write.data.eq(now),
-            sent_time_write.en.eq(sent.valid),
+            sent_time_write.en.eq(timer_starts),
         ]
         with m.If(reset_write):
             m.d.comb += [
@@ -362,26 +396,62 @@ class ReliabilityEngine(wiring.Component):
                     sent_counters_write.data.bytes.eq(counted_sent.data.bytes + sent.p.bytes),
                 ]
 
-        # Acknowledgements wait in a queue for the engine. Those it has no room for, and
-        # those dropped for their ICRC, are counted at once: a QP's count reads as 0 while
-        # the QP was set again after its last write.
-        m.submodules.acks = acks = fifo.SyncFIFOBuffered(width=ACK_EVENT.size, depth=self._acks)
+        # Acknowledgements go through the intake, which checks each against its QP's
+        # window at once and keeps per QP the newest ACK and NAK for the FSM. Its verdicts,
+        # the acknowledgements dropped for their ICRC and the CNPs are counted at once: a
+        # QP's count reads as 0 while the QP was set again after its last write.
+        m.submodules.intake = intake = AckIntake(qps=qps)
+        wiring.connect(m, wiring.flipped(self.i_ack), intake.i)
+        window_una = una.read_port(domain="comb")
+        window_nxt = nxt.read_port(domain="comb")
+        window_peer = peer.read_port(domain="comb")
         m.d.comb += [
-            acks.w_data.eq(self.i_ack.p),
-            acks.w_en.eq(self.i_ack.valid),
+            window_una.addr.eq(intake.window_qp),
+            window_nxt.addr.eq(intake.window_qp),
+            window_peer.addr.eq(intake.window_qp),
+            intake.window.una.eq(window_una.data),
+            intake.window.nxt.eq(window_nxt.data),
+            intake.window.remote_ip.eq(window_peer.data.remote_ip),
+            intake.window.error.eq(flag_of(error, intake.window_qp)),
+            intake.i_clear.valid.eq(reset_write),
+            intake.i_clear.p.eq(reset.qp),
         ]
-        icrc_error = self.i_icrc_error
-        overflow = self.i_ack.valid & ~acks.w_rdy
+        icrc_error, cnp, verdict = self.i_icrc_error, self.i_cnp, intake.o_verdict
+        # What each verdict adds to: taken or dropped, and a NAK taken by its kind.
+        nak_kind, nak_code = verdict.p.syndrome[5:7], verdict.p.syndrome[:5]
+        verdict_counts = {name: Signal(name=f"verdict_{name}")
+                          for name in _INTAKE_COUNTERS.members}
+        nak_codes = {name: [code for code, counter in _NAK_COUNTERS.items() if counter == name]
+                     for name in set(_NAK_COUNTERS.values())}
+        m.d.comb += [
+            verdict_counts["acks"].eq(verdict.p.taken),
+            verdict_counts["acks_dropped"].eq(~verdict.p.taken),
+            verdict_counts["naks_rnr"].eq(verdict.p.taken & (nak_kind == AETH_RNR_NAK)),
+        ]
+        for name, codes in nak_codes.items():
+            matches = [nak_code == code for code in codes]
+            if name == "naks_operational":      # and the codes IBTA reserves
+                matches.append(nak_code > max(_NAK_COUNTERS))
+            m.d.comb += verdict_counts[name].eq(
+                verdict.p.taken & (nak_kind == AETH_NAK) & Cat(matches).any())
         for count, write, cleared, counted, qp in (
                 (icrc_errors, icrc_errors_write, icrc_cleared, icrc_error.valid, icrc_error.p),
-                (overflows, overflows_write, overflow_cleared, overflow, self.i_ack.p.qp)):
+                (cnps, cnps_write, cnp_cleared, cnp.valid, cnp.p),
+                (intake_counters, intake_counters_write, intake_cleared, verdict.valid,
+                 verdict.p.qp)):
             before = count.read_port(domain="comb")
+            counts_before = Mux(flag_of(cleared, qp), 0, before.data)
             m.d.comb += [
                 before.addr.eq(qp),
                 write.addr.eq(qp),
-                write.data.eq(Mux(flag_of(cleared, qp), 0, before.data) + 1),
                 write.en.eq(counted),
             ]
+            if count is intake_counters:
+                counts_before = data.View(_INTAKE_COUNTERS, counts_before)
+                for name, strobe in verdict_counts.items():
+                    m.d.comb += write.data[name].eq(counts_before[name] + strobe)
+            else:
+                m.d.comb += write.data.eq(counts_before + 1)
 
         # The planner's views.
         walking = Signal()
@@ -404,6 +474,7 @@ class ReliabilityEngine(wiring.Component):
                 view.slot_free.eq(((shown["end"] - shown["positions"].first)[:slot_bits + 1]
                                    != messages) & ~reset_waiting),
                 view.error.eq(flag_of(error, qp)),
+                view.rnr_wait.eq(flag_of(rnr_wait, qp)),
                 view.blocked.eq(flag_of(resend, qp) | flag_of(rnr_wait, qp)
                                 | (walking & (walk_qp == qp)) | reset_waiting),
             ]
@@ -422,7 +493,7 @@ class ReliabilityEngine(wiring.Component):
         s_peer = current(peer, peer_write, qp_next)
         s_counters = current(event_counters, event_counters_write, qp_next)
         s_error = flag_of(error, qp)
-        s_rnr_wait = flag_of(rnr_wait, qp)
+        s_retrying = flag_of(retrying, qp)
         # What the FSM writes; fields it leaves alone keep their value.
         for write, kept in ((una_write, None), (positions_write, s_positions),
                             (retry_write, s_retry), (timer_write, None),
@@ -447,6 +518,7 @@ class ReliabilityEngine(wiring.Component):
         w_sent_time = current(sent_time, sent_time_write, sweep_next)
         w_peer = current(peer, peer_write, sweep_next)
         w_rnr_wait = flag_of(rnr_wait, sweep)
+        expired_rnr_wait = Signal()         # the timer taken is an RNR wait
         started = Mux(flag_of(from_sent, sweep) & ~w_rnr_wait, w_sent_time, w_timer.start)
         elapsed = (now - started)[:_TIME_BITS]
         rnr_delays = Array(C(rnr_delay_ticks(code), _TIME_BITS) for code in range(32))
@@ -456,11 +528,14 @@ class ReliabilityEngine(wiring.Component):
             (w_una != w_nxt) & (w_peer.timeout != 0)
             & (elapsed >= (C(1, _TIME_BITS) << w_peer.timeout)[:_TIME_BITS])))
 
-        event = Signal(ACK_EVENT)
+        event = Signal(ACK_TAKEN)
         record = Signal(MESSAGE)
+        # The oldest message's slot is read a cycle ahead; while the FSM retires messages,
+        # the one after it (so that it retires one a cycle; it reads again after a stall).
+        retire_slot = Signal(slot_bits + 1)
         m.d.comb += [
-            retire_read.addr.eq(slot_address(qp, s_positions.first)),
-            status_read.addr.eq(slot_address(qp, s_positions.first)),
+            retire_read.addr.eq(slot_address(qp, retire_slot)),
+            status_read.addr.eq(slot_address(qp, retire_slot)),
             record.eq(retire_read.data),
         ]
 
@@ -468,6 +543,7 @@ class ReliabilityEngine(wiring.Component):
             fsm_flag(error, 1)
             fsm_flag(resend, 0)
             fsm_flag(rnr_wait, 0)
+            fsm_flag(retrying, 0)
             m.d.comb += [
                 retry_write.en.eq(1),
                 retry_write.data.error_status.eq(status),
@@ -476,6 +552,7 @@ class ReliabilityEngine(wiring.Component):
 
         def resend_from(psn):
             fsm_flag(resend, 1)
+            fsm_flag(retrying, 1)
             m.d.comb += [resend_psn_write.en.eq(1), resend_psn_write.data.eq(psn)]
 
         def restart_timer(rnr_code=0):
@@ -511,16 +588,16 @@ class ReliabilityEngine(wiring.Component):
                     m.d.comb += [self.i_close.ready.eq(1), qp_next.eq(self.i_close.p)]
                     with m.If(self.i_close.p < qps):
                         m.next = "CLOSE"
-                with m.Elif(acks.r_rdy):
-                    m.d.comb += acks.r_en.eq(1)
-                    queued = data.View(ACK_EVENT, acks.r_data)
-                    m.d.comb += qp_next.eq(queued.qp)
-                    m.d.sync += event.eq(queued)
-                    m.next = "ACK"
-                # A packet sent in this cycle restarts the timer.
+                # A timer expired goes first, so that acknowledgements streaming in do
+                # not hold it (a packet sent in this cycle may start the timer).
                 with m.Elif(sweep_expired & ~(sent.valid & (sent.p.qp == sweep))):
                     m.d.comb += [qp_next.eq(sweep), sweep_taken.eq(1)]
+                    m.d.sync += expired_rnr_wait.eq(w_rnr_wait)
                     m.next = "EXPIRE"
+                with m.Elif(intake.o.valid):
+                    m.d.comb += [intake.o.ready.eq(1), qp_next.eq(intake.o.p.qp)]
+                    m.d.sync += event.eq(intake.o.p)
+                    m.next = "ACK"
 
             # An acknowledgement in two steps: what it means (kept in registers), then
             # what the engine does about it.
@@ -532,14 +609,15 @@ class ReliabilityEngine(wiring.Component):
             retries = Signal.like(s_retry.retries)
             rnr_retries = Signal.like(s_retry.rnr_retries)
 
+            # The intake checked the acknowledgement; checked again here, as the QP may
+            # have moved on since (one behind ``una`` says nothing new).
             with m.State("ACK"):
                 ahead = (event.psn - s_una)[:24]
                 window = (s_nxt - s_una)[:24]
-                una_after = Mux(kind == _ACK, event.psn + 1, event.psn)[:24]
+                una_after = Mux(kind == AETH_ACK, event.psn + 1, event.psn)[:24]
                 advances = una_after != s_una
                 m.d.sync += [
-                    taken.eq((event.src_ip == s_peer.remote_ip) & (ahead < window) & ~s_error
-                             & (kind != 2)),
+                    taken.eq((ahead < window) & ~s_error),
                     progress.eq(advances),
                     new_una.eq(una_after),
                     retries.eq(Mux(advances, s_peer.retry_count, s_retry.retries)),
@@ -552,11 +630,9 @@ class ReliabilityEngine(wiring.Component):
                 # change in this state), and the writes of this state show from the next.
                 m.next = "RETIRE"
                 with m.If(~taken):
-                    m.d.comb += counts["acks_dropped"].eq(1)
                     m.next = "IDLE"
                 with m.Else():
                     m.d.comb += [
-                        counts["acks"].eq(1),
                         una_write.en.eq(1), una_write.data.eq(new_una),
                         retry_write.en.eq(1),
                         retry_write.data.retries.eq(retries),
@@ -564,9 +640,9 @@ class ReliabilityEngine(wiring.Component):
                     ]
                     with m.If(progress):
                         restart_timer()
+                        fsm_flag(retrying, 0)
                     with m.Switch(kind):
-                        with m.Case(_RNR_NAK):
-                            m.d.comb += counts["naks_rnr"].eq(1)
+                        with m.Case(AETH_RNR_NAK):
                             forever = s_peer.rnr_retry == RNR_RETRY_FOREVER
                             with m.If((rnr_retries == 0) & ~forever):
                                 fail(CompletionStatus.RNR_RETRY_EXCEEDED)
@@ -579,26 +655,31 @@ class ReliabilityEngine(wiring.Component):
                                 restart_timer(rnr_code=code)
                                 fsm_flag(rnr_wait, 1)
                                 resend_from(event.psn)
-                        with m.Case(_NAK):
-                            with m.If(code == _NAK_SEQUENCE):
-                                m.d.comb += counts["naks_sequence"].eq(1)
-                                with m.If(retries == 0):
+                        with m.Case(AETH_NAK):
+                            with m.If(code == NAK_SEQUENCE):
+                                # A resend from p under way (after a NAK, an RNR NAK or a
+                                # timeout, nothing acknowledged since): the responder's NAK
+                                # for p is no news and starts no retry (IBTA 9.7.5.2; rxe
+                                # ignores NAKs while ``started_retry``). Else go back to p
+                                # (IBTA 9.7.5.2), one retry of ``retry_count``.
+                                with m.If(s_retrying & ~progress):
+                                    pass
+                                with m.Elif(retries == 0):
                                     fail(CompletionStatus.RETRY_EXCEEDED)
                                 with m.Else():
                                     m.d.comb += retry_write.data.retries.eq(retries - 1)
                                     resend_from(event.psn)
+                                    restart_timer()
                             for nak_code, status in _NAK_STATUS.items():
                                 with m.Elif(code == nak_code):
-                                    m.d.comb += counts[_NAK_COUNTERS[nak_code]].eq(1)
                                     fail(status)
                             with m.Else():
-                                m.d.comb += counts["naks_operational"].eq(1)
                                 fail(CompletionStatus.REMOTE_OPERATIONAL_ERROR)
 
             with m.State("EXPIRE"):
                 m.next = "IDLE"
                 restart_timer()
-                with m.If(s_rnr_wait):
+                with m.If(expired_rnr_wait):
                     fsm_flag(rnr_wait, 0)
                 with m.Else():
                     m.d.comb += counts["timeouts"].eq(1)
@@ -621,8 +702,11 @@ class ReliabilityEngine(wiring.Component):
                 m.next = "RETIRE"
 
             with m.State("RETIRE"):
+                # Whether ``una`` reached the oldest message, and how far (see
+                # ``_MAX_OUTSTANDING``): a message of 2^23 packets completes too.
                 covered = (s_una - record.first_psn)[:24]
-                done = (covered >= record.packets) & (covered < _PSN_HALF)
+                reached = ~(covered[22] & covered[23])
+                done = reached & (covered >= record.packets)
                 completion = self.o_completion.p
                 m.d.comb += [
                     completion.qp.eq(qp),
@@ -646,16 +730,21 @@ class ReliabilityEngine(wiring.Component):
                             retry_write.en.eq(1),
                             retry_write.data.error_reported.eq(s_error),
                         ]
-                        m.next = "RETIRE_READ"
+                        m.next = "RETIRE"
+                    with m.Else():
+                        m.next = "RETIRE_READ"      # read the slot again
                 with m.Else():
                     m.d.comb += [
                         positions_write.en.eq(1),
                         positions_write.data.head.eq(
-                            ring_room_after(Mux(covered < _PSN_HALF, covered, 0))),
+                            ring_room_after(Mux(reached, covered, 0))),
                     ]
                     m.next = "IDLE"
 
-        m.d.comb += engine_idle.eq(engine.ongoing("IDLE"))
+        m.d.comb += [
+            engine_idle.eq(engine.ongoing("IDLE")),
+            retire_slot.eq(s_positions.first + engine.ongoing("RETIRE")),
+        ]
 
         # The FSM's counts, and a reset of what it owns.
         m.d.comb += [
@@ -710,7 +799,7 @@ class ReliabilityEngine(wiring.Component):
             with m.State("IDLE"):
                 due = Signal(entries)
                 m.d.comb += due.eq(resend & ~rnr_wait & ~error)
-                any_due, first_due = _lowest(due)
+                any_due, first_due = lowest_set(due)
                 with m.If(any_due & ~self.i_reset.valid):
                     m.d.comb += walk_next.eq(first_due)
                     m.next = "START"
@@ -760,10 +849,13 @@ class ReliabilityEngine(wiring.Component):
                 (resend, (walk_clear, 0, walk_qp), (*fsm_flags["resend"], qp),
                  (reset_write, 0, reset.qp)),
                 (rnr_wait, (*fsm_flags["rnr_wait"], qp), (reset_write, 0, reset.qp)),
-                (from_sent, (sent.valid, 1, sent.p.qp), (*fsm_flags["from_sent"], qp),
+                (retrying, (*fsm_flags["retrying"], qp), (reset_write, 0, reset.qp)),
+                (from_sent, (timer_starts, 1, sent.p.qp), (*fsm_flags["from_sent"], qp),
                  (reset_write, 0, reset.qp)),
                 (icrc_cleared, (icrc_error.valid, 0, icrc_error.p), (reset_write, 1, reset.qp)),
-                (overflow_cleared, (overflow, 0, self.i_ack.p.qp), (reset_write, 1, reset.qp))):
+                (cnp_cleared, (cnp.valid, 0, cnp.p), (reset_write, 1, reset.qp)),
+                (intake_cleared, (verdict.valid, 0, verdict.p.qp),
+                 (reset_write, 1, reset.qp))):
             value = flag
             for enable, bit, index in writes:
                 mask = Mux(enable, (C(1, entries) << index[:qp_bits])[:entries], 0)
@@ -775,30 +867,32 @@ class ReliabilityEngine(wiring.Component):
         for select, status in zip(self.status_qp, self.status, strict=True):
             shown = {}
             for name, store in (("una", una), ("nxt", nxt), ("retry", retry),
-                                ("sent", sent_counters), ("events", event_counters),
-                                ("icrc_errors", icrc_errors), ("overflows", overflows)):
+                                ("sent", sent_counters), ("events", event_counters)):
                 port = store.read_port()
                 m.d.comb += port.addr.eq(select)
                 shown[name] = port.data
             shown_error = Signal()
-            icrc_zero = Signal()
-            overflow_zero = Signal()
-            m.d.sync += [
-                shown_error.eq(flag_of(error, select)),
-                icrc_zero.eq(flag_of(icrc_cleared, select)),
-                overflow_zero.eq(flag_of(overflow_cleared, select)),
-            ]
+            m.d.sync += shown_error.eq(flag_of(error, select))
             counters = status.counters
             m.d.comb += [
                 status.error.eq(shown_error),
                 status.error_status.eq(shown["retry"].error_status),
                 status.outstanding.eq(shown["nxt"] - shown["una"]),
-                counters.icrc_errors.eq(Mux(icrc_zero, 0, shown["icrc_errors"])),
             ]
             for name in _SENT_COUNTERS.members:
                 m.d.comb += counters[name].eq(shown["sent"][name])
             for name in _EVENT_COUNTERS.members:
                 m.d.comb += counters[name].eq(shown["events"][name])
-            m.d.comb += counters.acks_dropped.eq(
-                shown["events"].acks_dropped + Mux(overflow_zero, 0, shown["overflows"]))
+            # Counts kept apart, 0 while the QP was set again since their last write.
+            for store, cleared, names in ((icrc_errors, icrc_cleared, ["icrc_errors"]),
+                                          (cnps, cnp_cleared, ["cnps"]),
+                                          (intake_counters, intake_cleared,
+                                           list(_INTAKE_COUNTERS.members))):
+                port = store.read_port()
+                zero = Signal()
+                m.d.comb += port.addr.eq(select)
+                m.d.sync += zero.eq(flag_of(cleared, select))
+                for name in names:
+                    value = port.data[name] if len(names) > 1 else port.data
+                    m.d.comb += counters[name].eq(Mux(zero, 0, value))
         return m

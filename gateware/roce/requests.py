@@ -13,6 +13,7 @@ from amaranth.lib import data, enum
 __all__ = [
     "QP_INDEX_BITS", "FIRST_QPN", "MAX_MESSAGE_BYTES", "Verb", "PathMtu", "WORK_REQUEST",
     "CompletionStatus", "COMPLETION", "QP_STATE", "QP_WRITE", "QP_COUNTERS", "QP_STATUS",
+    "check_qp_count",
 ]
 
 #: Bits of a QP index: up to 256 QPs.
@@ -20,6 +21,13 @@ QP_INDEX_BITS = 8
 
 #: QPN of QP index 0 (CM_PROTOCOL: "QPNs start at 256"); index i is QPN 256 + i.
 FIRST_QPN = 256
+
+def check_qp_count(qps):
+    """``qps`` when it is a QP count a block can be built for, else ``ValueError``."""
+    if not isinstance(qps, int) or not 1 <= qps <= 1 << QP_INDEX_BITS:
+        raise ValueError(f"QP count must be 1..{1 << QP_INDEX_BITS}, not {qps!r}")
+    return qps
+
 
 #: Longest message (IBTA: a DMA length is at most 2^31 bytes).
 MAX_MESSAGE_BYTES = 1 << 31
@@ -117,7 +125,9 @@ QP_COUNTERS = data.StructLayout({
     "rnr_waits": 32,            # RNR timer waits started
     "timeouts": 32,             # ACK timeouts
     "icrc_errors": 32,          # acknowledgements for this QP dropped for a bad ICRC
-    "acks_dropped": 32,         # dropped: outside the window (duplicate or ghost), wrong source
+    "acks_dropped": 32,         # dropped: outside the window (duplicate or ghost), no news
+                                # (not ahead of the one kept), wrong source, QP in ERROR
+    "cnps": 32,                 # RoCEv2 congestion notification packets (BTH opcode 0x81)
 })
 
 #: A QP's reliability state and counters, as the core reports them.

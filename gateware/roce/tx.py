@@ -34,9 +34,9 @@ class RequesterTransmitter(wiring.Component):
     ``i_request`` takes one work request per message and ``i_payload`` its
     payload as one packet; ``o_completion`` reports each message once the
     responder has acknowledged it (or its QP failed). ``i_ack`` takes the ACK
-    receiver's acknowledgements. ``i_qp_write`` sets a QP (once no message of
-    it is being planned, in a cycle the reliability engine is free: new
-    messages pause while it waits); ``i_qp_close`` flushes it (see
+    receiver's acknowledgements (``i_cnp`` its CNPs, counted). ``i_qp_write``
+    sets a QP (once no message of it is being planned, in a cycle the
+    reliability engine is free: new messages pause while it waits); ``i_qp_close`` flushes it (see
     :class:`ReliabilityEngine`); ``status_qp[n]`` → ``status[n]`` reads a QP's
     state and counters a cycle later. Each QP keeps the
     payload of its unacknowledged packets in a ring of ``ring_beats`` beats
@@ -69,6 +69,7 @@ class RequesterTransmitter(wiring.Component):
             "i_config": In(TRANSMIT_CONFIG),
             "i_ack": In(stream.Signature(ACK_EVENT, always_ready=True)),
             "i_icrc_error": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "i_cnp": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "o": Out(packet_signature(UDP_TX_META, width=width)),
             "o_completion": Out(stream.Signature(COMPLETION)),
             "status_qp": In(QP_INDEX_BITS).array(STATUS_PORTS),
@@ -139,6 +140,7 @@ class RequesterTransmitter(wiring.Component):
         connect(m, qp_close_in.o, reliability.i_close)
         connect(m, flipped(self.i_ack), reliability.i_ack)
         connect(m, flipped(self.i_icrc_error), reliability.i_icrc_error)
+        connect(m, flipped(self.i_cnp), reliability.i_cnp)
         connect(m, planner.o_loaded, reliability.i_loaded)
         connect(m, planner.o_sent, reliability.i_sent)
         connect(m, reliability.o_replay, planner.i_replay)

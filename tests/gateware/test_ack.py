@@ -1,9 +1,9 @@
-"""AckReceiver against acknowledgements built by Scapy, the ACK captured from Linux
-Soft-RoCE, and every kind of datagram it must drop."""
+"""AckReceiver against acknowledgements and CNPs built by Scapy, the ACK captured from
+Linux Soft-RoCE, and every kind of datagram it must drop."""
 
 import random
 
-from scapy.contrib.roce import AETH, BTH
+from scapy.contrib.roce import AETH, BTH, CNP_OPCODE, CNPPadding
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
@@ -32,16 +32,30 @@ def ack_frame(*, qpn, psn, syndrome=0x1F, msn=1, src="10.77.0.1", ip_id=7, corru
     return frame
 
 
-def run(cases, *, gaps):
-    """Feed ``cases`` [(frame, expected event or None)]; return the events and counters."""
-    dut = AckReceiver(qps=QPS, width=WIDTH)
+def cnp_frame(*, qpn, corrupt=False, payload=b""):
+    """A RoCEv2 CNP (BECN set, as ConnectX sends them), its ICRC by Scapy."""
+    frame = bytes(Ether(src="52:54:00:12:34:56", dst="02:00:00:00:00:02")
+                  / IP(src="10.77.0.1", dst="10.77.0.2", flags="DF", ttl=64, tos=0x02)
+                  / UDP(sport=0xC001, dport=4791, chksum=0)
+                  / BTH(opcode=CNP_OPCODE, dqpn=qpn, becn=1, psn=0)
+                  / CNPPadding() / Raw(payload))
+    if corrupt:
+        frame = frame[:-1] + bytes([frame[-1] ^ 0x40])
+    return frame
+
+
+def run(cases, *, gaps, width=WIDTH):
+    """Feed ``cases`` [(frame, expected event or None)]; return the events, the counters
+    and the QPs of the CNPs."""
+    dut = AckReceiver(qps=QPS, width=width)
     events = []
+    cnps = []
 
     async def source(ctx):
         rng = random.Random(1)
         for frame, _ in cases:
             meta, payload = udp_delivery(frame)
-            for beat_data, keep, last in to_beats(payload, WIDTH):
+            for beat_data, keep, last in to_beats(payload, width):
                 while gaps and rng.random() < 0.3:
                     await ctx.tick()
                 ctx.set(dut.i.valid, 1)
@@ -53,10 +67,13 @@ def run(cases, *, gaps):
             await ctx.tick()
 
     async def sink(ctx):
-        async for _, _, valid, event in ctx.tick().sample(dut.o.valid, dut.o.payload):
+        async for _, _, valid, event, cnp, qp in ctx.tick().sample(
+                dut.o.valid, dut.o.payload, dut.o_cnp.valid, dut.o_cnp.payload):
             if valid:
                 events.append({name: int(getattr(event, name))
                                for name in ("qp", "src_ip", "psn", "syndrome", "msn")})
+            if cnp:
+                cnps.append(qp)
 
     counters = {}
 
@@ -66,7 +83,7 @@ def run(cases, *, gaps):
             counters[name] = ctx.get(getattr(dut.o_counters, name))
 
     run_testbenches(dut, main, sink)
-    return events, counters
+    return events, counters, cnps
 
 
 def event(qpn, psn, syndrome=0x1F, msn=1, src="10.77.0.1"):
@@ -75,7 +92,7 @@ def event(qpn, psn, syndrome=0x1F, msn=1, src="10.77.0.1"):
 
 
 def test_soft_roce_ack_vector():
-    events, counters = run([(RXE_ACKNOWLEDGE, None)], gaps=False)
+    events, counters, _ = run([(RXE_ACKNOWLEDGE, None)], gaps=False)
     assert events == [event(0x123, 0x1000, 0x1F, 1)]
     assert counters == {"acks": 1, "icrc_errors": 0, "unsupported": 0, "unknown_qp": 0}
 
@@ -105,7 +122,25 @@ def test_acks_naks_and_drops_back_to_back_and_with_gaps():
         for frame in frames:
             cases.insert(rng.randrange(len(cases) + 1), (frame, None))
     for gaps in (False, True):
-        events, counters = run(cases, gaps=gaps)
+        events, counters, _ = run(cases, gaps=gaps)
         assert events == [expected for _, expected in cases if expected is not None]
         assert counters == {"acks": len(good),
                             **{reason: len(frames) for reason, frames in bad.items()}}
+
+
+def test_cnps_are_told_apart_from_acknowledgements():
+    """A CNP for one of our QPs comes out on ``o_cnp`` (32 bytes after the UDP header: at
+    beat widths 64 and 32, the least that holds one); a bad one is dropped like an
+    acknowledgement, and neither is ``unsupported``."""
+    cases = [(cnp_frame(qpn=FIRST_QPN + 9), None),
+             (ack_frame(qpn=FIRST_QPN + 1, psn=7), event(FIRST_QPN + 1, 7)),
+             (cnp_frame(qpn=FIRST_QPN), None),
+             (cnp_frame(qpn=FIRST_QPN + 3, corrupt=True), None),
+             (cnp_frame(qpn=FIRST_QPN + QPS), None),
+             (cnp_frame(qpn=FIRST_QPN, payload=bytes(4)), None),
+             (cnp_frame(qpn=FIRST_QPN + QPS - 1), None)]
+    for width, gaps in ((WIDTH, False), (32, True)):
+        events, counters, cnps = run(cases, gaps=gaps, width=width)
+        assert events == [event(FIRST_QPN + 1, 7)]
+        assert cnps == [9, 0, QPS - 1]
+        assert counters == {"acks": 1, "icrc_errors": 1, "unsupported": 1, "unknown_qp": 1}

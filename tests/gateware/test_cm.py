@@ -39,12 +39,12 @@ class Host:
 
 def fake_status(index):
     """The engine's status of QP ``index``, as the bench drives it (values above 16 bits
-    in the error-NAK counters, to see them cut)."""
+    in the error-NAK, timeout and CNP counters, to see them cut)."""
     rng = random.Random(index)
     counters = {name: rng.getrandbits(32) for name in (
         "packets", "retransmitted", "acks", "naks_sequence", "naks_rnr", "naks_invalid",
         "naks_access", "naks_operational", "rnr_waits", "timeouts", "icrc_errors",
-        "acks_dropped")}
+        "acks_dropped", "cnps")}
     counters["bytes"] = rng.getrandbits(48)
     return {"error": index % 2, "error_status": CompletionStatus(index % 10),
             "outstanding": rng.getrandbits(24), "counters": counters}
@@ -57,7 +57,7 @@ def fake_run(index):
 def expected_status(index, *, open_, runs=0):
     status, run = fake_status(index), fake_run(index)
     counters = dict(status["counters"])
-    for name in ("naks_invalid", "naks_access", "naks_operational"):
+    for name in ("naks_invalid", "naks_access", "naks_operational", "timeouts", "cnps"):
         counters[name] &= 0xFFFF
     return Status(open=open_, running=run["running"], error=bool(status["error"]),
                   error_status=status["error_status"].value, outstanding=status["outstanding"],

@@ -24,12 +24,12 @@ async def status_of(ctx, dut, qp):
 
 
 def test_every_event_is_counted():
-    """Packets sent, ICRC errors and ACKs (from a stranger: dropped by the engine or, the
-    queue full, at once) every cycle, for any QPs, the same one back to back."""
-    dut = ReliabilityEngine(qps=QPS, messages=4, acks=4)
+    """Packets sent, ICRC errors, CNPs and ACKs (from a stranger: dropped) every cycle, for
+    any QPs, the same one back to back."""
+    dut = ReliabilityEngine(qps=QPS, messages=4)
     rng = random.Random(1)
     expected = {qp: {"packets": 0, "bytes": 0, "retransmitted": 0, "icrc_errors": 0,
-                     "acks_dropped": 0} for qp in range(QPS)}
+                     "cnps": 0, "acks_dropped": 0} for qp in range(QPS)}
 
     async def main(ctx):
         ctx.set(dut.i_config, {"tos": 0, "tick": 100})
@@ -46,13 +46,18 @@ def test_every_event_is_counted():
             ctx.set(dut.i_icrc_error.p, qp if rng.random() < 0.5 else rng.randrange(QPS))
             if icrc:
                 expected[ctx.get(dut.i_icrc_error.p)]["icrc_errors"] += 1
+            cnp = rng.random() < 0.5
+            ctx.set(dut.i_cnp.valid, cnp)
+            ctx.set(dut.i_cnp.p, rng.randrange(QPS))
+            if cnp:
+                expected[ctx.get(dut.i_cnp.p)]["cnps"] += 1
             ack_qp = rng.randrange(QPS)
             ctx.set(dut.i_ack.valid, 1)
             ctx.set(dut.i_ack.p, {"qp": ack_qp, "src_ip": PEER_IP + 1, "psn": 0,
                                   "syndrome": 0x1F})
             expected[ack_qp]["acks_dropped"] += 1
             await ctx.tick()
-        for stream in (dut.i_sent, dut.i_icrc_error, dut.i_ack):
+        for stream in (dut.i_sent, dut.i_icrc_error, dut.i_cnp, dut.i_ack):
             ctx.set(stream.valid, 0)
         for _ in range(20):
             await ctx.tick()

@@ -127,7 +127,7 @@ def test_status_byte_positions():
                     outstanding=0x010203, messages=0x04050607, packets=0x08090A0B,
                     bytes=0x0C0D0E0F1011, retransmitted=0x12131415, acks=0x16171819,
                     naks_sequence=0x1A1B1C1D, naks_rnr=0x1E1F2021, rnr_waits=0x22232425,
-                    timeouts=0x26272829, acks_dropped=0x2A2B2C2D, icrc_errors=0x2E2F3031,
+                    timeouts=0x2627, cnps=0x2829, acks_dropped=0x2A2B2C2D, icrc_errors=0x2E2F3031,
                     naks_invalid=0x3233, naks_access=0x3435, naks_operational=0x3637,
                     runs=0x38393A)
     raw = status.reply(0x123456)
@@ -137,8 +137,8 @@ def test_status_byte_positions():
     assert raw[5] == 1 | 1 << 2 | 9 << 4
     assert raw[6:9] == bytes([1, 2, 3])
     expected = struct.pack(">II", 0x04050607, 0x08090A0B) + bytes.fromhex("0c0d0e0f1011")
-    expected += struct.pack(">8I", 0x12131415, 0x16171819, 0x1A1B1C1D, 0x1E1F2021,
-                            0x22232425, 0x26272829, 0x2A2B2C2D, 0x2E2F3031)
+    expected += struct.pack(">5I2H2I", 0x12131415, 0x16171819, 0x1A1B1C1D, 0x1E1F2021,
+                            0x22232425, 0x2627, 0x2829, 0x2A2B2C2D, 0x2E2F3031)
     expected += struct.pack(">3H", 0x3233, 0x3435, 0x3637) + bytes([0x38, 0x39, 0x3A])
     assert raw[9:] == expected
     assert Status.from_reply(raw) == status
@@ -146,8 +146,8 @@ def test_status_byte_positions():
 
 
 def test_status_every_field_round_trips_at_maximum():
-    widths = {"outstanding": 24, "bytes": 48, "naks_invalid": 16, "naks_access": 16,
-              "naks_operational": 16, "error_status": 4, "runs": 24}
+    widths = {"outstanding": 24, "bytes": 48, "timeouts": 16, "cnps": 16, "naks_invalid": 16,
+              "naks_access": 16, "naks_operational": 16, "error_status": 4, "runs": 24}
     fields = {}
     for field in dataclasses.fields(Status):
         if field.type in ("bool", bool):
