@@ -76,7 +76,7 @@ def rate_table(design):
     print("Message rate: 64-byte messages back to back, each acknowledged by its peer "
           f"(ConnectX-like, round trip in cycles); {RATE_MESSAGES} messages per row.")
     print("| verb | QPs | round trip | frame B | line cycles/msg | cycles | Mmsg/s | "
-          "line Mmsg/s | of line | resent | timeouts | ACKs lost | last ACK → completion |")
+          "line Mmsg/s | of line | resent | timeouts | ACKs dropped | last ACK → completion |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     worst = 1.0
     for row in measure(design, "rate", rows):
@@ -89,7 +89,7 @@ def rate_table(design):
         print(f"| {row['verb']} | {row['qps']} | {row['round_trip']} | {frame} | "
               f"{per_message:.2f} | {row['line_cycles']:.0f} | {rate:.1f} | "
               f"{CLOCK_HZ / per_message / 1e6:.1f} | {fraction:.2%} | {row['retransmitted']} | "
-              f"{row['timeouts']} | {row['acks_lost']} | {row['tail']} |")
+              f"{row['timeouts']} | {row['acks_dropped']} | {row['tail']} |")
     print(f"\nWorst fraction of the line (1 µs, and 16 QPs at 2 µs): {worst:.2%} "
           f"(target ≥ {RATE_TARGET:.0%}).")
     return worst >= RATE_TARGET

@@ -91,7 +91,7 @@ class Run:
         counters = (await self.bench.qp_status(index))["counters"]
         peer = self.peers[index]
         return {"retransmitted": counters["retransmitted"], "timeouts": counters["timeouts"],
-                "acks_lost": counters.get("acks_lost", counters["acks_dropped"]),
+                "acks_dropped": counters["acks_dropped"],
                 "frames": peer.stats["frames_received"],
                 "lost": peer.stats["packets_dropped_fault"]}
 

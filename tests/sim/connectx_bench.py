@@ -40,23 +40,22 @@ def qp(index, **kwargs):
               **kwargs)
 
 
-def lost_acknowledgements(counters):
-    """What the engine lost of the acknowledgements it was given: must be 0."""
-    return counters["acks_lost"] if "acks_lost" in counters else counters["acks_dropped"]
+def check_every_answer_taken(counters, model, context):
+    """Every ACK and NAK the peer sent was taken: none lost, and none dropped (nothing
+    was executed twice, so there are no duplicates); every CNP was counted."""
+    assert counters["acks"] == model["frames_sent"] - model["cnps_sent"], context
+    assert counters["acks_dropped"] == 0, context
+    assert counters["cnps"] == model["cnps_sent"], context
 
 
-async def check_peer_answers_taken(run, qp):
-    """Every ACK, NAK and CNP the peer sent reached the core and was taken (nothing
-    resent: no duplicates); returns the QP's status."""
+async def check_clean_run(run, qp):
+    """A QP whose peer lost nothing: every answer taken, nothing timed out."""
     status = await run.bench.qp_status(qp.index)
     counters, model = status["counters"], qp.responder.stats
     context = f"QP {qp.index}: {counters}\nmodel: {model}"
     assert (status["error"], status["outstanding"]) == (0, 0), context
-    assert lost_acknowledgements(counters) == 0, context
-    assert counters["acks"] == model["frames_sent"] - model["cnps_sent"], context
+    check_every_answer_taken(counters, model, context)
     assert counters["timeouts"] == 0, context
-    assert counters.get("cnps", model["cnps_sent"]) == model["cnps_sent"], context
-    return status
 
 
 def answer_kind(frame):
@@ -91,7 +90,7 @@ async def sixteen_qps_of_64_byte_messages_acknowledged_at_once(dut):
             tag += 1
     await run.finish(timeout_cycles=20_000)
     for each in qps:
-        await check_peer_answers_taken(run, each)
+        await check_clean_run(run, each)
     assert sum(each.responder.stats["cnps_sent"] for each in qps) >= 16 * 24 // 8
     last_ack = max(cycle for cycle, frame in bench.answers if answer_kind(frame) == "ACK")
     tail = max(bench.completion_cycles) - last_ack
@@ -123,7 +122,7 @@ async def ten_rounds_of_rnr_and_sequence_naks_with_one_retry(dut):
     assert (status["error"], status["outstanding"]) == (0, 0), status
     assert (counters["naks_rnr"], counters["rnr_waits"], counters["timeouts"]) == (10, 10, 0), \
         counters
-    assert lost_acknowledgements(counters) == 0, counters
+    check_every_answer_taken(counters, model, f"{counters}\nmodel: {model}")
     # No packet of the QP leaves during an RNR wait (ticks round it down by one).
     wait = (rnr_delay_ticks(1) - 1) * TICK
     for cycle, frame in bench.answers:
@@ -176,23 +175,24 @@ async def timer_expires_on_time_while_other_qps_are_acknowledged(dut):
         await run.open(each, connectx=ConnectX(round_trip=ROUND_TRIP))
     await run.open(quiet, connectx=ConnectX(round_trip=ROUND_TRIP),
                    faults=Faults(packet_drop_at=(0,)))
+    quiet_psn = quiet.psn
+    run.post(quiet, run.message(quiet, "RDMA_WRITE", bytes(64)), 5000)
     for tag in range(1200):
         each = busy[tag % len(busy)]
         run.post(each, run.message(each, "RDMA_WRITE", bytes([tag % 256]) * 64), tag)
-    await bench.idle(2 * ROUND_TRIP)
-    quiet_psn = quiet.psn
-    run.post(quiet, run.message(quiet, "RDMA_WRITE", bytes(64)), 5000)
     await run.finish(timeout_cycles=30_000, retransmissions=True)
     sends = sent_cycles(bench, quiet, quiet_psn)
     assert len(sends) == 2, sends
-    acks = [cycle for cycle, frame in bench.answers if Ether(frame)[BTH].dqpn != quiet.qpn]
-    assert acks[0] < sends[0] and acks[-1] > sends[1] + ROUND_TRIP, \
-        "the other QPs' ACKs did not stream in throughout"
+    # The others' ACKs arrive every few cycles while the timer runs out.
+    expiry = sends[0] + TIMEOUT_CYCLES
+    acks = [cycle for cycle, frame in bench.answers
+            if Ether(frame)[BTH].dqpn != quiet.qpn and expiry - 400 <= cycle < expiry]
+    assert len(acks) >= 400 // 8, f"only {len(acks)} ACKs in the 400 cycles before the expiry"
     delay = sends[1] - sends[0]
     assert abs(delay - TIMEOUT_CYCLES) <= TIMER_SLACK, \
         f"resent {delay} cycles after it was sent (timeout {TIMEOUT_CYCLES})"
     for each in busy:
-        await check_peer_answers_taken(run, each)
+        await check_clean_run(run, each)
     counters = (await bench.qp_status(quiet.index))["counters"]
     assert (counters["timeouts"], counters["retransmitted"]) == (1, 1), counters
     bench.close()
