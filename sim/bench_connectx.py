@@ -1,7 +1,8 @@
 """The whole core against ConnectX-like peers on a 100GbE line: message rate with every
 message acknowledged, and goodput under packet loss. Prints two tables; ``make bench``.
 
-The core runs under Verilator (sim/bench_connectx_runs.py, cocotb); its MAC side takes
+The core (the tests' build: retransmit rings of 512 beats, 32 KiB per QP) runs under
+Verilator (sim/bench_connectx_runs.py, cocotb); its MAC side takes
 beats at the rate of a 100 Gb/s line, and a responder model in ConnectX mode
 (sim/responder.py) answers every packet that asks at once, a round trip later. All
 figures are counted in cycles of the 322.265625 MHz core clock.
@@ -26,10 +27,6 @@ from .bench_roce_goodput import LINE_BYTES_PER_CYCLE, LINE_OVERHEAD, theoretical
 from .responder import CLOCK_HZ, round_trip_cycles
 from .rocev2 import Message, message_packets, roce_frame
 from .runner import BUILD, build, run, simulator
-
-#: The core as the board builds it (retransmit rings of 2048 beats, 128 KiB per QP),
-#: with the benches' short ARP timers.
-BENCH_CORE = {**CORE_PARAMS, "retransmit_beats": 2048}
 
 RATE_MESSAGES = 1024
 RATE_TARGET = 0.99
@@ -129,7 +126,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1, help="seed of the loss pattern")
     args = parser.parse_args()
     print(f"Building the core with {simulator()} (cached after the first run)...", flush=True)
-    design = build("core", lambda: NetworkCore(**BENCH_CORE), key=repr(BENCH_CORE))
+    design = build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
     os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     ok = True
