@@ -109,6 +109,7 @@ class NetworkBench:
         self.tx_cycles_valid = 0
         self.line = line
         self._line_credit = 0.0           # bytes the line may take (negative: it is behind)
+        self._line_debt = 0.0             # bytes the line still had to send at the last beat
         self.tx_first_cycle = None        # the cycles of the first and the last beat sent
         self.tx_last_cycle = None
         self.roce_sent = []               # (cycle, dest QP, PSN) of every RoCEv2 frame sent
@@ -315,8 +316,8 @@ class NetworkBench:
     def line_cycles(self):
         """Cycles the line was busy from the first beat on until it has sent the last
         frame, its FCS and gap included (``line=True``)."""
-        debt = max(0.0, -self._line_credit)
-        return self.tx_last_cycle - self.tx_first_cycle + 1 + debt / LINE_BYTES_PER_CYCLE
+        return self.tx_last_cycle - self.tx_first_cycle + 1 + \
+            self._line_debt / LINE_BYTES_PER_CYCLE
 
     def counters(self):
         return _decode(NetworkCore.counters_layout(), self.dut.counters.value.to_unsigned())
@@ -346,6 +347,7 @@ class NetworkBench:
                     frame += beat[:count]
                     last = dut.tx__tlast.value == 1
                     self._line_credit -= count + (LINE_OVERHEAD if last else 0)
+                    self._line_debt = max(0.0, -self._line_credit)
                     if last:
                         self._deliver(bytes(frame))
                         frame = bytearray()
