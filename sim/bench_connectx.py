@@ -92,11 +92,11 @@ def rate_table(design):
     return worst >= RATE_TARGET
 
 
-def goodput_table(design, seed):
+def goodput_table(design, seed, losses):
     round_trip = round_trip_cycles(2)
     rows = [{"length": GOODPUT_LENGTH, "path_mtu": GOODPUT_MTU, "loss": loss,
              "messages": goodput_messages(loss), "round_trip": round_trip, "seed": seed}
-            for loss in LOSSES]
+            for loss in losses]
     theory = theoretical_gbps(GOODPUT_LENGTH, GOODPUT_MTU)
     print(f"\nGoodput under loss: one QP, {GOODPUT_LENGTH // 1024} KiB RDMA WRITEs, path MTU "
           f"{GOODPUT_MTU}, round trip {round_trip} cycles (2 µs); packets lost on the way "
@@ -124,6 +124,8 @@ def main() -> int:
     parser.add_argument("--tables", nargs="*", default=["rate", "goodput"],
                         choices=["rate", "goodput"])
     parser.add_argument("--seed", type=int, default=1, help="seed of the loss pattern")
+    parser.add_argument("--losses", type=float, nargs="*", default=LOSSES, choices=LOSSES,
+                        help="loss rates of the goodput rows (default: all)")
     args = parser.parse_args()
     print(f"Building the core with {simulator()} (cached after the first run)...", flush=True)
     design = build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
@@ -133,7 +135,7 @@ def main() -> int:
     if "rate" in args.tables:
         ok = rate_table(design) and ok
     if "goodput" in args.tables:
-        ok = goodput_table(design, args.seed) and ok
+        ok = goodput_table(design, args.seed, args.losses) and ok
     return 0 if ok else 1
 
 

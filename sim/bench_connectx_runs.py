@@ -113,6 +113,7 @@ async def fresh(dut):
 
 
 def write_rows(name, rows):
+    """The rows measured so far (after each: a long run shows its progress)."""
     with open(PARAMS["results"][name], "w") as file:
         json.dump(rows, file, indent=1)
 
@@ -141,8 +142,8 @@ async def message_rate(dut):
             for name, value in (await run.summary(index)).items():
                 totals[name] = totals.get(name, 0) + value
         rows.append({**row, **totals, "line_cycles": bench.line_cycles(), "tail": run.tail()})
+        write_rows("rate", rows)
     bench.close()
-    write_rows("rate", rows)
 
 
 @cocotb.test()
@@ -172,5 +173,5 @@ async def goodput_under_loss(dut):
         summary["frames"] -= 1
         rows.append({**row, **summary, "packets": packets, "line_cycles": bench.line_cycles(),
                      "naks": peer.stats["naks_sequence"], "tail": run.tail()})
+        write_rows("goodput", rows)
     bench.close()
-    write_rows("goodput", rows)
