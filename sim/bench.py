@@ -9,6 +9,7 @@ source with optional random gaps), generator starts, the completions and
 the per-QP status. Responder models (:class:`sim.responder.Responder`) can be
 attached: they receive the core's packets for their QPN and their answers
 are sent back into the core, in a time counted in clock cycles (``cycle``).
+With ``line=True`` the MAC side takes beats at a 100GbE line's rate, as the CMAC does.
 """
 
 import enum
@@ -32,6 +33,7 @@ from gateware.core import NetworkCore
 from gateware.roce.planner import TRANSMIT_CONFIG
 from gateware.roce.requests import COMPLETION, QP_STATUS, QP_WRITE, WORK_REQUEST
 
+from .bench_roce_goodput import LINE_BYTES_PER_CYCLE, LINE_OVERHEAD
 from .pcap import PcapWriter
 
 __all__ = ["NetworkBench", "CLOCK_PERIOD_PS", "MIN_FRAME", "CORE_PARAMS"]
@@ -81,10 +83,13 @@ class NetworkBench:
         the core's ARP requests for them.
     forward : when given, a function that takes every frame the core sends
         (after the pcap), and the bench neither answers ARP nor keeps frames.
+    line : the MAC side takes beats at the rate of a 100GbE line (each frame costs
+        its bytes, FCS, preamble and gap), instead of ``tx_ready``; ``line_cycles``
+        then tells how long the line was busy.
     """
 
     def __init__(self, dut, *, pcap, tx_ready=1.0, peers=None, seed=0, payload_gaps=0.0,
-                 forward=None):
+                 forward=None, line=False):
         self.dut = dut
         self.forward = forward            # takes every frame from the core, instead of the peers
         self.rng = random.Random(seed)
@@ -102,6 +107,14 @@ class NetworkBench:
         self._responder_due = None        # the earliest next_due of any of them
         self.tx_beats = 0
         self.tx_cycles_valid = 0
+        self.line = line
+        self._line_credit = 0.0           # bytes the line may take (negative: it is behind)
+        self._line_debt = 0.0             # bytes the line still had to send at the last beat
+        self.tx_first_cycle = None        # the cycles of the first and the last beat sent
+        self.tx_last_cycle = None
+        self.roce_sent = []               # (cycle, dest QP, PSN) of every RoCEv2 frame sent
+        self.answers = []                 # (cycle, frame) of every responder frame sent in
+        self.completion_cycles = []       # the cycle of each completion
         self.pcap = PcapWriter(pcap)
         self.width = len(dut.tx__tkeep)
         self.source = AxiStreamSource(AxiStreamBus.from_prefix(dut, "rx_"), dut.clk, dut.rst)
@@ -240,6 +253,7 @@ class NetworkBench:
             if dut.completion__valid.value == 1 and dut.completion__ready.value == 1:
                 self.completions.append(
                     _decode(COMPLETION, dut.completion__payload.value.to_unsigned()))
+                self.completion_cycles.append(self.cycle)
                 self._completion.set()
 
     async def wait_completions(self, count, timeout_cycles=20_000):
@@ -279,6 +293,7 @@ class NetworkBench:
     def _serve(self, responder):
         """Send the responder's frames that are due, and note when it is due next."""
         for frame in responder.poll(self.cycle):
+            self.answers.append((self.cycle, frame))
             self.source.send_nowait(self._rx_frame(frame))
         times = [due for due in (r.next_due for r in self._responders.values())
                  if due is not None]
@@ -299,6 +314,12 @@ class NetworkBench:
     async def idle(self, cycles):
         await ClockCycles(self.dut.clk, cycles)
 
+    def line_cycles(self):
+        """Cycles the line was busy from the first beat on until it has sent the last
+        frame, its FCS and gap included (``line=True``)."""
+        return self.tx_last_cycle - self.tx_first_cycle + 1 + \
+            self._line_debt / LINE_BYTES_PER_CYCLE
+
     def counters(self):
         return _decode(NetworkCore.counters_layout(), self.dut.counters.value.to_unsigned())
 
@@ -317,17 +338,27 @@ class NetworkBench:
                 self.tx_cycles_valid += 1
                 if dut.tx__tready.value == 1:
                     self.tx_beats += 1
+                    if self.tx_first_cycle is None:
+                        self.tx_first_cycle = self.cycle
+                    self.tx_last_cycle = self.cycle
                     keep = dut.tx__tkeep.value.to_unsigned()
                     count = bin(keep).count("1")
                     assert keep == (1 << count) - 1, f"tkeep {keep:#x} is not contiguous"
                     beat = dut.tx__tdata.value.to_unsigned().to_bytes(width, "little")
                     frame += beat[:count]
-                    if dut.tx__tlast.value == 1:
+                    last = dut.tx__tlast.value == 1
+                    self._line_credit -= count + (LINE_OVERHEAD if last else 0)
+                    self._line_debt = max(0.0, -self._line_credit)
+                    if last:
                         self._deliver(bytes(frame))
                         frame = bytearray()
                     else:
                         assert count == width, "a beat before the last is not full"
-            ready = self.tx_ready >= 1 or self.rng.random() < self.tx_ready
+            if self.line:
+                self._line_credit = min(self._line_credit + LINE_BYTES_PER_CYCLE, width)
+                ready = self._line_credit > 0
+            else:
+                ready = self.tx_ready >= 1 or self.rng.random() < self.tx_ready
             dut.tx__tready.value = int(ready)
 
     def _deliver(self, frame):
@@ -355,7 +386,8 @@ class NetworkBench:
             return
         self.received.append(frame)
         self._arrival.set()
-        if self._responders and BTH in packet:     # Scapy's BTH: UDP port 4791
+        if BTH in packet:                           # Scapy's BTH: UDP port 4791
+            self.roce_sent.append((self.cycle, packet[BTH].dqpn, packet[BTH].psn))
             responder = self._responders.get(packet[BTH].dqpn)
             if responder is not None:
                 responder.receive(frame, self.cycle)

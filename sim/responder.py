@@ -7,7 +7,8 @@ and answers with ACKNOWLEDGE frames byte-identical to the ones rxe sends. A
 :class:`Faults` description makes it misbehave on purpose: lose, duplicate, delay,
 reorder or corrupt packets on their way in and ACKs on their way out, invent ACKs,
 answer RNR, stall or never answer. Every random choice comes from one
-``random.Random(seed)``, so a run is reproducible.
+``random.Random(seed)``, so a run is reproducible. A :class:`ConnectX` description
+makes it answer as a ConnectX-class NIC does instead (see below).
 
 The model knows nothing about its transport: :meth:`Responder.receive` takes a frame
 and the time it arrived, :meth:`Responder.poll` returns the frames due by a time.
@@ -40,6 +41,18 @@ Responder rules (IBTA vol. 1 ch. 9.7, as rxe implements them), in rxe's order:
 
 A class C error sends its NAK with the packet's PSN and moves the QP to ``"ERROR"``,
 where every later packet is dropped.
+
+Two answers come from these rules in both modes and are what a fast requester finds
+hardest: a duplicate packet (one resent after a NAK or a timeout) is answered with an
+ACK whether or not it asks for one (IBTA C9-105: a duplicate ACK follows every resent
+duplicate), and with an empty receive queue a SEND at PSN p gets an RNR NAK for p while
+the packets in flight behind it get one NAK PSN sequence error for p right after (rule 2:
+p was not executed).
+
+The ConnectX-like mode (``connectx=ConnectX(...)``) differs from rxe where a ConnectX-5
+at 100 Gb/s does: every answer arrives a configurable round trip after its packet left;
+besides the ACK of every AckReq packet, one ACK covers every ``coalesce`` packets that
+did not ask; and congestion-marked packets (ECN CE) get CNPs (RoCEv2 annex A17.9.3).
 """
 
 import heapq
@@ -48,7 +61,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, fields
 
-from scapy.contrib.roce import AETH, BTH
+from scapy.contrib.roce import AETH, BTH, cnp
 from scapy.layers.inet import IP, UDP, in4_chksum
 from scapy.layers.l2 import Ether
 from scapy.packet import Padding
@@ -56,11 +69,17 @@ from scapy.utils import checksum
 
 from sim.rocev2 import PKEY, RETH, ROCEV2_PORT, ImmDt
 
-__all__ = ["Faults", "Completion", "Responder", "COUNTERS", "rxe_udp_source_port",
-           "ACK_UNLIMITED", "RNR_NAK", "NAK_SEQUENCE", "NAK_INVALID_REQUEST",
-           "NAK_REMOTE_ACCESS", "OP_ACKNOWLEDGE"]
+__all__ = ["Faults", "ConnectX", "Completion", "Responder", "COUNTERS", "rxe_udp_source_port",
+           "spread_losses", "round_trip_cycles", "ACK_UNLIMITED", "RNR_NAK", "NAK_SEQUENCE",
+           "NAK_INVALID_REQUEST", "NAK_REMOTE_ACCESS", "OP_ACKNOWLEDGE", "OP_CNP",
+           "CNP_DSCP", "CLOCK_HZ"]
 
 OP_ACKNOWLEDGE = 0x11
+OP_CNP = 0x81                   # RoCEv2 annex A17.9.3: congestion notification packet
+CNP_DSCP = 48                   # mlx5's default DSCP of the CNPs it sends (cnp_dscp)
+
+#: The bench's clock: the CMAC's user clock of the core, 322.265625 MHz.
+CLOCK_HZ = 322_265_625
 ACK_UNLIMITED = 0x1F            # ACK, credit count 31: no end-to-end credit limit
 RNR_NAK = 0x20                  # | the 5-bit RNR timer code
 NAK_SEQUENCE = 0x60
@@ -80,6 +99,7 @@ _ICRC_LEN = len(BTH.pack_icrc(0))
 _BTH_LEN = len(BTH(icrc=0)) - _ICRC_LEN
 _RETH_LEN = len(RETH())
 _IMMDT_LEN = len(ImmDt())
+_ECN_CE = 0b11                  # the IPv4 TOS's ECN bits of a congestion-marked packet
 
 # IBTA vol. 1 table 38, RC requests this model executes: opcode -> (kind, position, ImmDt).
 _REQUESTS = {
@@ -106,8 +126,10 @@ COUNTERS = (
     "packets_received", "dropped_error_state", "executed", "duplicates",
     "out_of_sequence", "out_of_sequence_dropped", "messages", "completions",
     "bytes_written", "bytes_sent_to_receives", "rnr_by_fault",
-    # answers the responder decided to send (NAKs are ACKNOWLEDGE packets too)
+    # answers the responder decided to send (NAKs are ACKNOWLEDGE packets too); of the
+    # ACKs, those for a packet that did not ask (coalesced); congestion notification
     "acks_sent", "naks_sequence", "naks_rnr", "naks_invalid_request", "naks_remote_access",
+    "acks_coalesced", "ce_marked", "cnps_sent",
     # faults on the way out, applied to every ACKNOWLEDGE frame
     "acks_dropped_fault", "acks_duplicated_fault", "acks_corrupted_fault",
     "acks_reordered_fault", "ghost_acks",
@@ -126,6 +148,24 @@ def rxe_udp_source_port(qpn: int, peer_qpn: int) -> int:
     return 0xC000 | low
 
 
+def round_trip_cycles(microseconds: float) -> int:
+    """A round trip in cycles of the bench's clock (:data:`CLOCK_HZ`)."""
+    return round(microseconds * 1e-6 * CLOCK_HZ)
+
+
+def spread_losses(rate: float, frames: int, seed: int = 0) -> tuple[int, ...]:
+    """Indices of the frames to lose among the first ``frames`` for an exact loss ``rate``:
+    one in each whole block of ``round(1 / rate)`` frames, at a position drawn from
+    ``seed``. Over the blocks the rate is exact, and the losses fall as randomly as that
+    allows (never more than two in a row). Give it to ``Faults(packet_drop_at=...)``."""
+    if not 0 < rate <= 1:
+        raise ValueError(f"the loss rate must lie in (0, 1], not {rate!r}")
+    block = round(1 / rate)
+    rng = random.Random(seed)
+    return tuple(start + rng.randrange(block)
+                 for start in range(0, frames // block * block, block))
+
+
 @dataclass(frozen=True)
 class Faults:
     """What the responder does wrong on purpose. Rates are probabilities per packet or
@@ -140,12 +180,16 @@ class Faults:
     - ``packet_delay`` + a uniform ``0..packet_jitter``: cycles before it is handled.
     - ``packet_reorder``: the packet is held ``reorder_delay`` more cycles, so later
       packets overtake it.
+    - ``packet_drop_at``: the indices (0 = the first frame :meth:`Responder.receive`
+      takes) of frames that are lost, whatever the rates (see :func:`spread_losses`).
 
     Outgoing frames (every ACKNOWLEDGE: ACKs and NAKs), applied as the responder
     sends them:
 
     - ``ack_drop``, ``ack_duplicate``, ``ack_corrupt`` (one bit of the ICRC flips),
       ``ack_delay`` + ``0..ack_jitter``, ``ack_reorder`` (``reorder_delay`` more).
+    - ``ack_drop_at``: the indices (0 = the first) of ACKNOWLEDGE frames the responder
+      sends that are lost, whatever the rates.
     - ``ghost_ack``: an extra ACK follows (after ``ack_delay``, never dropped or
       corrupted), for a PSN 2^22 to 2^23 - 1 ahead of the expected one: one the
       requester never sent.
@@ -179,11 +223,19 @@ class Faults:
     stall_at: int | None = None
     stall_cycles: int = 0
     silent: bool = False
+    packet_drop_at: tuple[int, ...] = ()
+    ack_drop_at: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)
-            if field.type is float:
+            if field.type == tuple[int, ...]:
+                if not isinstance(value, tuple) or any(
+                        isinstance(index, bool) or not isinstance(index, int) or index < 0
+                        for index in value):
+                    raise TypeError(f"Faults.{field.name} must be a tuple of frame indices, "
+                                    f"not {value!r}")
+            elif field.type is float:
                 if isinstance(value, bool) or not isinstance(value, int | float):
                     raise TypeError(f"Faults.{field.name} must be a number, not {value!r}")
                 if not 0.0 <= value <= 1.0:
@@ -194,6 +246,44 @@ class Faults:
                     raise TypeError(f"Faults.{field.name} must be an integer, not {value!r}")
                 if value < 0:
                     raise ValueError(f"Faults.{field.name} must not be negative, not {value!r}")
+
+
+@dataclass(frozen=True)
+class ConnectX:
+    """How a ConnectX-class responder answers where it differs from rxe. Times are in
+    the bench's cycles (:func:`round_trip_cycles` converts microseconds).
+
+    - ``round_trip``: from a request leaving the requester to the answer reaching it
+      (both wires, a switch, the NIC): every answer, ACK, NAK or CNP, is due that long
+      after its packet arrived (faults' delays come on top).
+    - ``coalesce``: one ACK, for the newest, also covers every ``coalesce`` executed
+      packets that did not ask for one (0: only AckReq packets are acknowledged, as rxe
+      does). The ACK of an AckReq packet restarts the count.
+    - ``cnp_every``: every n-th request packet counts as congestion-marked (ECN CE, as
+      a congested switch marks it), besides those that arrive marked (0: only those).
+      Each marked packet gets a CNP for the QP unless one went less than ``cnp_gap``
+      cycles before (mlx5's ``min_time_between_cnps``).
+    - ``cnp_dscp``: the DSCP of the CNPs' IPv4 header (mlx5's ``cnp_dscp``); their ECN
+      bits are 0 (not ECN-capable), so a CNP is never marked itself.
+
+    A CNP (RoCEv2 annex A17.9.3) is a BTH with opcode 0x81, BECN set, P_Key, DestQP
+    the requester's QP, PSN 0 and AckReq 0, then 16 reserved bytes of zeros and the
+    ICRC, over UDP to 4791 from the QP's source port, as ConnectX sends them.
+    """
+    round_trip: int = round_trip_cycles(2)
+    coalesce: int = 0
+    cnp_every: int = 0
+    cnp_gap: int = 0
+    cnp_dscp: int = CNP_DSCP
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"ConnectX.{field.name} must be a non-negative integer, "
+                                 f"not {value!r}")
+        if self.cnp_dscp >= 64:
+            raise ValueError(f"ConnectX.cnp_dscp must fit in 6 bits, not {self.cnp_dscp!r}")
 
 
 @dataclass(frozen=True)
@@ -238,14 +328,15 @@ class Responder:
     ACK frames are built as rxe builds them: DF, TTL 64, TOS 0, an IP id counting up
     from ``ip_id_start``, the UDP source port ``src_port`` (by default the one rxe
     derives from the two QPNs), UDP checksum 0, P_Key ``pkey`` and the ICRC. RNR NAKs
-    carry ``rnr_timer`` (the IBTA 5-bit code, 1 = 0.01 ms).
+    carry ``rnr_timer`` (the IBTA 5-bit code, 1 = 0.01 ms). ``connectx`` (a
+    :class:`ConnectX`) makes it answer as a ConnectX-class NIC; None: as rxe.
     """
 
     def __init__(self, *, mac: str, ip: str, peer_mac: str, peer_ip: str, qpn: int,
                  peer_qpn: int, expected_psn: int, rkey: int, memory_base: int,
                  memory_size: int, path_mtu: int, faults: Faults | None = None,
                  seed: int = 0, src_port: int | None = None, ip_id_start: int = 0,
-                 rnr_timer: int = 1, pkey: int = PKEY) -> None:
+                 rnr_timer: int = 1, pkey: int = PKEY, connectx: ConnectX | None = None) -> None:
         for name, value in (("mac", mac), ("peer_mac", peer_mac), ("ip", ip),
                             ("peer_ip", peer_ip)):
             if not isinstance(value, str):
@@ -264,6 +355,8 @@ class Responder:
             faults = Faults()
         if not isinstance(faults, Faults):
             raise TypeError(f"faults must be a Faults, not {faults!r}")
+        if connectx is not None and not isinstance(connectx, ConnectX):
+            raise TypeError(f"connectx must be a ConnectX or None, not {connectx!r}")
         if src_port is None:
             src_port = rxe_udp_source_port(qpn, peer_qpn)
         _check_int("src_port", src_port, 16)
@@ -279,6 +372,10 @@ class Responder:
         self._memory = bytearray(memory_size)
         self._path_mtu = path_mtu
         self._faults = faults
+        self._packet_drop_at = frozenset(faults.packet_drop_at)
+        self._ack_drop_at = frozenset(faults.ack_drop_at)
+        self._connectx = connectx
+        self._round_trip = connectx.round_trip if connectx else 0
         self._random = random.Random(seed)
         self._src_port = src_port
         self._ip_id = ip_id_start
@@ -298,6 +395,10 @@ class Responder:
         self._write_left = 0
         self._send_data = bytearray()
         self._send_limit: int | None = None
+        self._not_acknowledged = 0                  # executed packets no ACK covers yet
+        self._requests_seen = 0                     # request packets, for cnp_every
+        self._last_cnp: int | None = None           # when the last CNP went
+        self._acks_decided = 0                      # ACKNOWLEDGE frames, for ack_drop_at
 
         self._order = itertools.count()
         self._inbound: list[tuple[int, int, bytes]] = []
@@ -346,6 +447,10 @@ class Responder:
         return self._faults
 
     @property
+    def connectx(self) -> ConnectX | None:
+        return self._connectx
+
+    @property
     def src_port(self) -> int:
         return self._src_port
 
@@ -371,10 +476,11 @@ class Responder:
         """Take one Ethernet frame (no FCS) that arrived at time ``now``. Unless
         incoming faults delay it, it is handled at once."""
         self._advance_clock(now)
+        index = self.stats["frames_received"]
         self.stats["frames_received"] += 1
         frame = bytes(frame)
         faults = self._faults
-        if self._chance(faults.packet_drop):
+        if index in self._packet_drop_at or self._chance(faults.packet_drop):
             self.stats["packets_dropped_fault"] += 1
             return
         copies = 1
@@ -430,6 +536,8 @@ class Responder:
         if bth is None:
             return
         self.stats["packets_received"] += 1
+        if self._connectx is not None:
+            self._notify_congestion(bth, now)
         if self._state == "ERROR":
             self.stats["dropped_error_state"] += 1
             return
@@ -447,6 +555,7 @@ class Responder:
         if distance < 0:
             self.stats["duplicates"] += 1
             self.stats["acks_sent"] += 1
+            self._not_acknowledged = 0
             self._send_ack(ACK_UNLIMITED, (self._expected_psn - 1) & PSN_MASK, now)
             return
         self._sent_sequence_nak = False
@@ -465,9 +574,31 @@ class Responder:
             self.stats["naks_rnr"] += 1
             self._send_ack(RNR_NAK | self._rnr_timer, bth.psn, now)
             return
-        if bth.ackreq:
+        self._not_acknowledged += 1
+        coalesce = self._connectx.coalesce if self._connectx else 0
+        if bth.ackreq or (coalesce and self._not_acknowledged >= coalesce):
             self.stats["acks_sent"] += 1
+            if not bth.ackreq:
+                self.stats["acks_coalesced"] += 1
+            self._not_acknowledged = 0
             self._send_ack(ACK_UNLIMITED, bth.psn, now)
+
+    def _notify_congestion(self, bth: BTH, now: int) -> None:
+        """The notification point of RoCEv2 congestion control (annex A17.9): a CNP
+        for a congestion-marked request packet, at most one per ``cnp_gap``."""
+        connectx = self._connectx
+        self._requests_seen += 1
+        marked = bth.underlayer.underlayer.tos & _ECN_CE == _ECN_CE or \
+            (connectx.cnp_every and self._requests_seen % connectx.cnp_every == 0)
+        if not marked:
+            return
+        self.stats["ce_marked"] += 1
+        if self._last_cnp is not None and now - self._last_cnp < connectx.cnp_gap:
+            return
+        self._last_cnp = now
+        self.stats["cnps_sent"] += 1
+        heapq.heappush(self._outbound, (now + self._round_trip, next(self._order),
+                                        self._cnp_frame()))
 
     def _check_frame(self, frame: bytes) -> BTH | None:
         """The frame's BTH (with its payload) if it passes every check rxe makes
@@ -622,13 +753,15 @@ class Responder:
         """Queue one ACKNOWLEDGE frame through the outgoing faults."""
         faults = self._faults
         frame = self._ack_frame(syndrome, psn)
-        if self._chance(faults.ack_drop):
+        index = self._acks_decided
+        self._acks_decided += 1
+        if index in self._ack_drop_at or self._chance(faults.ack_drop):
             self.stats["acks_dropped_fault"] += 1
         else:
             if self._chance(faults.ack_corrupt):
                 self.stats["acks_corrupted_fault"] += 1
                 frame = self._corrupt_icrc(frame)
-            due = now + self._delay(faults.ack_delay, faults.ack_jitter)
+            due = now + self._round_trip + self._delay(faults.ack_delay, faults.ack_jitter)
             if self._chance(faults.ack_reorder):
                 self.stats["acks_reordered_fault"] += 1
                 due += faults.reorder_delay
@@ -639,15 +772,25 @@ class Responder:
         if self._chance(faults.ghost_ack):
             self.stats["ghost_acks"] += 1
             ghost = (self._expected_psn + (1 << 22) + self._random.randrange(1 << 22)) & PSN_MASK
-            heapq.heappush(self._outbound, (now + faults.ack_delay, next(self._order),
+            heapq.heappush(self._outbound, (now + self._round_trip + faults.ack_delay,
+                                            next(self._order),
                                             self._ack_frame(ACK_UNLIMITED, ghost)))
 
     def _ack_frame(self, syndrome: int, psn: int) -> bytes:
+        return self._frame(BTH(opcode=OP_ACKNOWLEDGE, pkey=self._pkey, dqpn=self._peer_qpn,
+                               psn=psn) / AETH(syndrome=syndrome, msn=self._msn), tos=0)
+
+    def _cnp_frame(self) -> bytes:
+        transport = cnp(self._peer_qpn)
+        transport.pkey = self._pkey
+        return self._frame(transport, tos=self._connectx.cnp_dscp << 2)
+
+    def _frame(self, transport, *, tos: int) -> bytes:
+        """An answer's Ethernet frame around its BTH and what follows; the ICRC is added."""
         frame = (Ether(src=self._mac, dst=self._peer_mac)
-                 / IP(src=self._ip, dst=self._peer_ip, id=self._ip_id, flags="DF", ttl=64, tos=0)
+                 / IP(src=self._ip, dst=self._peer_ip, id=self._ip_id, flags="DF", ttl=64, tos=tos)
                  / UDP(sport=self._src_port, dport=ROCEV2_PORT, chksum=0)
-                 / BTH(opcode=OP_ACKNOWLEDGE, pkey=self._pkey, dqpn=self._peer_qpn, psn=psn)
-                 / AETH(syndrome=syndrome, msn=self._msn))
+                 / transport)
         self._ip_id = (self._ip_id + 1) & 0xFFFF
         return bytes(frame)
 

@@ -2,7 +2,7 @@
 the network layer (network_bench: ARP, ICMP echo, UDP echo, every bad input), the
 RoCEv2 requester (roce_bench: frames byte for byte against Scapy, ICRC included, and
 what lands at a responder model) and its reliability (reliability_bench: responder
-models with faults)."""
+models with faults), and against a ConnectX-class peer (connectx_bench)."""
 
 from pathlib import Path
 
@@ -49,6 +49,12 @@ TESTCASES = {
         "sixteen_qps_opened_used_and_closed_in_random_order",
         "only_the_qps_host_steers_it",
         "a_host_that_restarts_closes_all_its_qps",
+    ],
+    "connectx_bench": [
+        "sixteen_qps_of_64_byte_messages_acknowledged_at_once",
+        "ten_rounds_of_rnr_and_sequence_naks_with_one_retry",
+        "lost_nak_on_a_slow_qp_is_resent_one_timeout_after_the_lost_packet",
+        "timer_expires_on_time_while_other_qps_are_acknowledged",
     ],
 }
 

@@ -1,6 +1,7 @@
 """The RoCEv2 responder model (sim/responder.py), driven by frames from sim/rocev2.py."""
 
 import dataclasses
+import struct
 
 import pytest
 from scapy.contrib.roce import AETH, BTH
@@ -9,16 +10,22 @@ from scapy.layers.l2 import Ether
 
 from sim.responder import (
     ACK_UNLIMITED,
+    CLOCK_HZ,
+    CNP_DSCP,
     COUNTERS,
     NAK_INVALID_REQUEST,
     NAK_REMOTE_ACCESS,
     NAK_SEQUENCE,
     OP_ACKNOWLEDGE,
+    OP_CNP,
     RNR_NAK,
     Completion,
+    ConnectX,
     Faults,
     Responder,
+    round_trip_cycles,
     rxe_udp_source_port,
+    spread_losses,
 )
 from sim.rocev2 import Message, PacketFields, generator_payload, message_packets, roce_frame
 
@@ -30,7 +37,6 @@ QPN, PEER_QPN = 0x17, 0x123
 BASE, SIZE, RKEY = 0x377BC000, 1 << 14, 0xD3D
 PSN = 0x1000
 MTU = 256
-
 
 
 def make_responder(**kwargs) -> Responder:
@@ -603,3 +609,184 @@ def test_arguments_are_checked():
     with pytest.raises(ValueError, match="count"):
         responder.post_receive(-1)
     assert set(responder.stats) == set(COUNTERS)
+
+
+# Deterministic losses.
+
+def test_packet_drop_at_loses_exactly_those_frames():
+    responder = make_responder(faults=Faults(packet_drop_at=(1, 3)))
+    answers = [answer(frame) for frame in write_run(responder, 5)]
+    assert answers == [(ACK_UNLIMITED, PSN, 1), (NAK_SEQUENCE, PSN + 1, 1)]
+    assert responder.stats["packets_dropped_fault"] == 2
+    assert responder.stats["out_of_sequence_dropped"] == 1      # index 4; index 3 was lost
+
+
+def test_ack_drop_at_loses_exactly_those_answers():
+    responder = make_responder(faults=Faults(ack_drop_at=(0, 2)))
+    assert [answer(frame)[1] for frame in write_run(responder, 4)] == [PSN + 1, PSN + 3]
+    assert responder.stats["acks_dropped_fault"] == 2
+
+
+def test_spread_losses_is_exact_seeded_and_spread():
+    for rate, frames_count in ((0.01, 10_000), (0.001, 5_000), (0.0001, 10_000)):
+        losses = spread_losses(rate, frames_count, seed=3)
+        assert len(losses) == round(rate * frames_count)
+        assert len(set(losses)) == len(losses) and all(0 <= i < frames_count for i in losses)
+        block = round(1 / rate)
+        assert [i // block for i in losses] == list(range(len(losses)))
+    assert spread_losses(0.01, 1099) == spread_losses(0.01, 1000)       # whole blocks only
+    assert spread_losses(0.01, 1000, seed=3) == spread_losses(0.01, 1000, seed=3)
+    assert spread_losses(0.01, 1000, seed=3) != spread_losses(0.01, 1000, seed=4)
+    with pytest.raises(ValueError, match="loss rate"):
+        spread_losses(0, 100)
+    with pytest.raises(TypeError, match="packet_drop_at"):
+        Faults(packet_drop_at=[1, 2])
+    with pytest.raises(TypeError, match="ack_drop_at"):
+        Faults(ack_drop_at=(-1,))
+
+
+# The ConnectX-like mode.
+
+ROUND_TRIP = 500
+
+
+def connectx(**kwargs) -> Responder:
+    mode = {"round_trip": ROUND_TRIP, **kwargs.pop("mode", {})}
+    return make_responder(connectx=ConnectX(**mode), **kwargs)
+
+
+def test_round_trip_in_cycles_of_the_core_clock():
+    assert CLOCK_HZ == 322_265_625
+    assert [round_trip_cycles(us) for us in (1, 2, 5)] == [322, 645, 1611]
+    assert ConnectX().round_trip == 645
+
+
+def test_every_answer_comes_one_round_trip_after_its_packet():
+    responder = connectx()
+    for k in range(3):
+        responder.receive(frames("RDMA_WRITE", payload(8, k), psn=PSN + k, offset=8 * k)[0],
+                          10 * k)
+    assert responder.next_due == ROUND_TRIP
+    assert responder.poll(ROUND_TRIP - 1) == []
+    assert [answer(frame) for frame in responder.poll(ROUND_TRIP + 10)] == \
+        [(ACK_UNLIMITED, PSN, 1), (ACK_UNLIMITED, PSN + 1, 2)]
+    assert [answer(frame) for frame in responder.poll(ROUND_TRIP + 20)] == \
+        [(ACK_UNLIMITED, PSN + 2, 3)]
+    assert responder.memory[:24] == payload(8, 0) + payload(8, 1) + payload(8, 2)
+
+
+def test_coalesced_acks_for_packets_that_do_not_ask():
+    responder = connectx(mode={"coalesce": 2})
+    sent = frames("RDMA_WRITE", payload(7 * MTU))                   # AckReq on the last only
+    assert exchange(responder, sent, now=ROUND_TRIP) == []
+    assert [answer(frame) for frame in responder.poll(2 * ROUND_TRIP)] == \
+        [(ACK_UNLIMITED, PSN + 1, 0), (ACK_UNLIMITED, PSN + 3, 0), (ACK_UNLIMITED, PSN + 5, 0),
+         (ACK_UNLIMITED, PSN + 6, 1)]
+    assert responder.stats["acks_coalesced"] == 3 and responder.stats["acks_sent"] == 4
+    # An AckReq packet's ACK restarts the count.
+    responder = connectx(mode={"coalesce": 3, "round_trip": 0})
+    sent = frames("RDMA_WRITE", payload(6 * MTU), ack_interval=2)   # AckReq: PSN + 1, 3, 5
+    assert [psn for _, psn, _ in exchange(responder, sent)] == [PSN + 1, PSN + 3, PSN + 5]
+    assert responder.stats["acks_coalesced"] == 0
+
+
+def test_rxe_mode_never_coalesces_nor_delays():
+    responder = make_responder()
+    assert responder.connectx is None
+    assert exchange(responder, frames("RDMA_WRITE", payload(7 * MTU))) == \
+        [(ACK_UNLIMITED, PSN + 6, 1)]
+
+
+def test_every_resent_duplicate_gets_a_duplicate_ack():
+    """C9-105: a duplicate ACK follows every resent duplicate, asked for or not."""
+    responder = connectx(mode={"round_trip": 0, "coalesce": 4})
+    sent = frames("RDMA_WRITE", payload(3 * MTU))
+    assert exchange(responder, sent) == [(ACK_UNLIMITED, PSN + 2, 1)]
+    assert not any(Ether(frame)[BTH].ackreq for frame in sent[:2])
+    assert exchange(responder, sent) == [(ACK_UNLIMITED, PSN + 2, 1)] * 3
+    assert responder.stats["duplicates"] == 3 and responder.stats["executed"] == 3
+
+
+def test_rnr_nak_then_sequence_nak_for_the_same_psn_each_round():
+    """An empty receive queue with packets in flight: RNR NAK for p, then NAK sequence
+    error for p, one round trip after; the packets after that are dropped; the next
+    round (the requester resends from p) gets the same pair, until a receive is posted."""
+    responder = connectx()
+    sent = frames("SEND", payload(8)) + [
+        frames("RDMA_WRITE", payload(8, k), psn=PSN + k, offset=8 * k)[0] for k in (1, 2, 3)]
+    for round_start in (0, 2000):
+        for offset, frame in enumerate(sent):
+            responder.receive(frame, round_start + offset)
+        assert responder.poll(round_start + ROUND_TRIP - 1) == []
+        assert [answer(frame) for frame in responder.poll(round_start + ROUND_TRIP + 1)] == \
+            [(RNR_NAK | 1, PSN, 0), (NAK_SEQUENCE, PSN, 0)]
+    assert responder.stats["naks_rnr"] == responder.stats["naks_sequence"] == 2
+    assert responder.stats["out_of_sequence_dropped"] == 4
+    responder.post_receive()
+    for offset, frame in enumerate(sent):
+        responder.receive(frame, 4000 + offset)
+    assert [answer(frame) for frame in responder.poll(5000)] == \
+        [(ACK_UNLIMITED, PSN + k, k + 1) for k in range(4)]
+
+
+def cnp_fields(frame: bytes) -> tuple[int, int, bytes]:
+    """(IPv4 TOS, UDP source port, BTH and payload) of a CNP frame, checked to be one."""
+    packet = Ether(frame)
+    assert icrc_ok(frame)
+    assert (packet.dst, packet.src, packet[IP].src, packet[IP].dst) == \
+        (OUR_MAC, PEER_MAC, PEER_IP, OUR_IP)
+    assert packet[UDP].dport == 4791 and packet[UDP].chksum == 0
+    transport = bytes(packet[UDP].payload)
+    assert len(transport) == 12 + 16 + 4                # BTH, 16 reserved bytes, ICRC
+    return packet[IP].tos, packet[UDP].sport, transport[:-4]
+
+
+def cnp_transport(dqpn: int, pkey: int = 0xFFFF) -> bytes:
+    """A CNP's BTH and payload from RoCEv2 annex A17.9.3, field by field: opcode 0x81,
+    SE/M/PadCnt/TVer 0, P_Key, BECN (bit 6 of the next byte), DestQP, AckReq 0 and
+    PSN 0, then 16 reserved bytes."""
+    return struct.pack("!BBHI", OP_CNP, 0, pkey, 0x40 << 24 | dqpn) + bytes(4) + bytes(16)
+
+
+def test_cnp_format_matches_the_annex():
+    # The BTH of Mellanox's example CNP for QP 0xd2, as Wireshark shows it.
+    assert cnp_transport(0xD2) == bytes.fromhex("8100ffff400000d2" + "00" * 20)
+    responder = connectx(mode={"cnp_every": 3, "round_trip": 0})
+    for k in range(4):
+        responder.receive(frames("RDMA_WRITE", payload(8, k), psn=PSN + k, offset=8 * k)[0], 0)
+    out = responder.poll(0)
+    # The third packet's CNP, before its ACK: the notification point sees it first.
+    assert [Ether(frame)[BTH].opcode for frame in out] == \
+        [OP_ACKNOWLEDGE] * 2 + [OP_CNP] + [OP_ACKNOWLEDGE] * 2
+    tos, sport, transport = cnp_fields(out[2])
+    assert (tos, sport, transport) == (CNP_DSCP << 2, responder.src_port, cnp_transport(PEER_QPN))
+    assert [answer(frame)[1] for frame in out[:2] + out[3:]] == [PSN + k for k in range(4)]
+    assert responder.stats["ce_marked"] == responder.stats["cnps_sent"] == 1
+
+
+def test_cnps_answer_congestion_marks_at_most_one_per_gap():
+    responder = connectx(mode={"cnp_gap": 100, "round_trip": 0, "cnp_dscp": 26})
+    times = [0, 10, 50, 100, 150, 250]
+    marked = {0, 1, 3, 4, 5}                                     # index 2 arrives ECT(0)
+    for k, now in enumerate(times):
+        frame = frame_of(packets("RDMA_WRITE", payload(8, k), psn=PSN + k, offset=8 * k)[0],
+                         tos=0x03 if k in marked else 0x02)
+        responder.receive(frame, now)
+    out = responder.poll(1000)
+    cnps = [frame for frame in out if Ether(frame)[BTH].opcode == OP_CNP]
+    assert len(cnps) == 3                                        # at 0, 100, 250
+    assert {cnp_fields(frame)[0] for frame in cnps} == {26 << 2}
+    assert responder.stats["ce_marked"] == 5 and responder.stats["cnps_sent"] == 3
+    assert len(out) - len(cnps) == 6 and responder.memory[:48] == b"".join(
+        payload(8, k) for k in range(6))
+
+
+def test_connectx_arguments_are_checked():
+    with pytest.raises(ValueError, match="round_trip"):
+        ConnectX(round_trip=-1)
+    with pytest.raises(ValueError, match="coalesce"):
+        ConnectX(coalesce=1.5)
+    with pytest.raises(ValueError, match="cnp_dscp"):
+        ConnectX(cnp_dscp=64)
+    with pytest.raises(TypeError, match="connectx"):
+        make_responder(connectx={"round_trip": 10})
