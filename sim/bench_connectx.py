@@ -1,11 +1,12 @@
 """The whole core against ConnectX-like peers on a 100GbE line: message rate with every
 message acknowledged, and goodput under packet loss. Prints two tables; ``make bench``.
 
-The core (the tests' build: retransmit rings of 512 beats, 32 KiB per QP) runs under
-Verilator (sim/bench_connectx_runs.py, cocotb); its MAC side takes
-beats at the rate of a 100 Gb/s line, and a responder model in ConnectX mode
-(sim/responder.py) answers every packet that asks at once, a round trip later. All
-figures are counted in cycles of the 322.265625 MHz core clock.
+The core (the tests' build, but with the board's retransmit rings of 2048 beats, 128 KiB
+per QP, unless ``--retransmit-beats`` says otherwise) runs under Verilator
+(sim/bench_connectx_runs.py, cocotb); its MAC side takes beats at the rate of a 100 Gb/s
+line, and a responder model in ConnectX mode (sim/responder.py) answers every packet
+that asks at once, a round trip later. All figures are counted in cycles of the
+322.265625 MHz core clock.
 
 A frame costs the line its bytes (Scapy's frame, no FCS) plus 4 of FCS, 8 of preamble
 and start delimiter and 12 of inter-frame gap, at 100 Gb/s:
@@ -14,6 +15,7 @@ and start delimiter and 12 of inter-frame gap, at 100 Gb/s:
 """
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -28,6 +30,8 @@ from .responder import CLOCK_HZ, round_trip_cycles
 from .rocev2 import Message, message_packets, roce_frame
 from .runner import BUILD, build, run, simulator
 
+#: The retransmit ring of each QP in the VCU118 build (NetworkCore's default).
+BOARD_RETRANSMIT_BEATS = inspect.signature(NetworkCore).parameters["retransmit_beats"].default
 RATE_MESSAGES = 1024
 RATE_TARGET = 0.99
 LOSSES = (0.0, 0.0001, 0.001, 0.01)
@@ -126,9 +130,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1, help="seed of the loss pattern")
     parser.add_argument("--losses", type=float, nargs="*", default=LOSSES, choices=LOSSES,
                         help="loss rates of the goodput rows (default: all)")
+    parser.add_argument("--retransmit-beats", type=int, default=BOARD_RETRANSMIT_BEATS,
+                        help="beats of each QP's retransmit ring (default: the board's)")
     args = parser.parse_args()
+    params = {**CORE_PARAMS, "retransmit_beats": args.retransmit_beats}
     print(f"Building the core with {simulator()} (cached after the first run)...", flush=True)
-    design = build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
+    design = build("core", lambda: NetworkCore(**params), key=repr(params))
     os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     ok = True
