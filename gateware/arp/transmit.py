@@ -1,5 +1,5 @@
 from amaranth import *
-from amaranth.lib import enum, stream, wiring
+from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import NetworkConfig
@@ -11,6 +11,10 @@ from ..stream import BEAT_BYTES, NO_META, packet_signature
 from .resolver import RESOLVE, RESOLVED
 
 __all__ = ["ArpTransmitter"]
+
+
+#: Where a packet goes: its next hop, whether that is unreachable, whether it may wait.
+_NEXT_HOP = data.StructLayout({"hop": 32, "unreachable": 1, "patient": 1})
 
 
 class Route(enum.Enum, shape=3):
@@ -87,9 +91,9 @@ class ArpTransmitter(wiring.Component):
 
         # Two register stages of one beat each, so that no path runs from the
         # configuration through the next hop and the cache to the output: stage 1 holds a
-        # beat with the next hop of its packet (``hop``, the cache's lookup address), stage 2
-        # with the cache's answer for it. The route of a packet is decided with its first
-        # beat in stage 2, from registers, and holds for the packet.
+        # beat with where its packet goes (``s1_to``, whose hop is the cache's lookup
+        # address), stage 2 with the cache's answer for it. The route of a packet is
+        # decided with its first beat in stage 2, from registers, and holds for the packet.
         ip = self.i
         direct = self.o_direct
 
@@ -98,15 +102,11 @@ class ArpTransmitter(wiring.Component):
         s1 = Signal(beat)
         s1_valid = Signal()
         s1_first = Signal()
-        hop = Signal(32)
-        s1_unreachable = Signal()
-        s1_patient = Signal()
+        s1_to = Signal(_NEXT_HOP)
         s2 = Signal(beat)
         s2_valid = Signal()
         s2_first = Signal()
-        s2_hop = Signal(32)
-        s2_unreachable = Signal()
-        s2_patient = Signal()
+        s2_to = Signal(_NEXT_HOP)
         hit = Signal()
         dst_mac = Signal(48)
 
@@ -136,14 +136,14 @@ class ArpTransmitter(wiring.Component):
             with m.If(in_first):
                 on_link = ((ip.p.meta.dst_ip ^ config.ip) & config.netmask) == 0
                 m.d.sync += [
-                    hop.eq(Mux(on_link, ip.p.meta.dst_ip, config.gateway)),
-                    s1_unreachable.eq(~on_link & (config.gateway == 0)),
-                    s1_patient.eq(self._patient(ip.p.data)),
+                    s1_to.hop.eq(Mux(on_link, ip.p.meta.dst_ip, config.gateway)),
+                    s1_to.unreachable.eq(~on_link & (config.gateway == 0)),
+                    s1_to.patient.eq(self._patient(ip.p.data)),
                 ]
         with m.If(ip.ready):
             m.d.sync += s1_valid.eq(ip.valid)
         m.d.comb += [
-            self.o_lookup_ip.eq(hop),
+            self.o_lookup_ip.eq(s1_to.hop),
             self.o_lookup_used.eq(load2 & s1_first),
         ]
         with m.If(load2):
@@ -153,12 +153,10 @@ class ArpTransmitter(wiring.Component):
             ]
             with m.If(s1_first):
                 m.d.sync += [
-                    s2_hop.eq(hop),
-                    s2_unreachable.eq(s1_unreachable),
-                    s2_patient.eq(s1_patient),
+                    s2_to.eq(s1_to),
                     hit.eq(self.i_hit),
                     # As the slot will be: taken by the packet leaving stage 2, or as it is.
-                    s2_same_hop.eq(Mux(allocate, hop == s2_hop, hop == slot_hop)),
+                    s2_same_hop.eq(Mux(allocate, s1_to.hop == s2_to.hop, s1_to.hop == slot_hop)),
                     dst_mac.eq(self.i_mac),
                 ]
         with m.If(~s2_valid | take2):
@@ -175,13 +173,13 @@ class ArpTransmitter(wiring.Component):
         route_first = Signal(Route)
         take_slot = Signal()
         same_hop = slot_busy & s2_same_hop
-        with m.If(s2_unreachable):
+        with m.If(s2_to.unreachable):
             m.d.comb += route_first.eq(Route.UNREACHABLE)
         with m.Elif(same_hop):
             m.d.comb += route_first.eq(Route.PARK)
         with m.Elif(hit):
             m.d.comb += route_first.eq(Route.DIRECT)
-        with m.Elif(~slot_busy | (s2_patient & ~slot_patient & ~slot_released)):
+        with m.Elif(~slot_busy | (s2_to.patient & ~slot_patient & ~slot_released)):
             m.d.comb += [route_first.eq(Route.PARK), take_slot.eq(1)]
         with m.Else():
             m.d.comb += route_first.eq(Route.MISS)
@@ -215,7 +213,7 @@ class ArpTransmitter(wiring.Component):
         m.d.comb += allocate.eq(first_taken & take_slot)
         m.d.comb += [
             self.o_resolve.valid.eq(first_taken & ((route_first == Route.MISS) | take_slot)),
-            self.o_resolve.p.ip.eq(s2_hop),
+            self.o_resolve.p.ip.eq(s2_to.hop),
             self.o_resolve.p.force.eq(take_slot),
         ]
 
@@ -244,8 +242,8 @@ class ArpTransmitter(wiring.Component):
         with m.If(allocate):
             m.d.sync += [
                 slot_busy.eq(1),
-                slot_hop.eq(s2_hop),
-                slot_patient.eq(s2_patient),
+                slot_hop.eq(s2_to.hop),
+                slot_patient.eq(s2_to.patient),
                 slot_released.eq(0),
                 slot_failed.eq(0),
             ]
@@ -257,7 +255,7 @@ class ArpTransmitter(wiring.Component):
             ]
         with m.Elif((slot_released | slot_failed) & ~parking & (slot_packets == 0)):
             m.d.sync += slot_busy.eq(0)
-        with m.If(first_taken & same_hop & s2_patient):
+        with m.If(first_taken & same_hop & s2_to.patient):
             m.d.sync += slot_patient.eq(1)
 
         m.d.comb += [
