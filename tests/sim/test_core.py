@@ -24,6 +24,9 @@ TESTCASES = {
         "bad_input_dropped_and_counted",
         "frame_lengths_under_backpressure",
         "runtime_address_change",
+        "minimum_frames_after_a_jumbo_are_absorbed",
+        "rfc1122_sources_are_discarded",
+        "a_silent_host_never_stalls_a_qp",
     ],
     "roce_bench": [
         "every_verb_length_and_path_mtu_matches_scapy",
@@ -47,6 +50,9 @@ TESTCASES = {
         "runs_on_several_qps_and_a_reopened_qp",
         "the_generator_pool_refuses_a_fifth_run",
         "sixteen_qps_opened_used_and_closed_in_random_order",
+    ],
+    "fuzz_bench": [
+        "mutated_frames_of_every_protocol",
     ],
 }
 
