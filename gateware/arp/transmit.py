@@ -144,7 +144,9 @@ class ArpTransmitter(wiring.Component):
             m.d.sync += s1_valid.eq(ip.valid)
         m.d.comb += [
             self.o_lookup_ip.eq(s1_to.hop),
-            self.o_lookup_used.eq(load2 & s1_first),
+            # Marked every cycle a first beat is looked up (from registers only; marking again
+            # changes nothing).
+            self.o_lookup_used.eq(s1_valid & s1_first),
         ]
         with m.If(load2):
             m.d.sync += [

@@ -388,7 +388,8 @@ async def a_silent_host_never_stalls_a_qp(dut):
     dut._log.info("RoCEv2 frames %d, largest gap %d cycles", len(sent_at), max(gaps))
     assert max(gaps) < 100, f"the RoCEv2 stream paused {max(gaps)} cycles"
     await bench.idle((PARAMS["arp_retries"] + 1) * PARAMS["arp_retry_interval"])
-    assert [arp[ARP].pdst for arp in bench.arp_requests] == [SILENT_IP] * PARAMS["arp_retries"]
+    asked = [arp[ARP].pdst for arp in bench.arp_requests]
+    assert asked.count(SILENT_IP) == PARAMS["arp_retries"], asked
     assert bench.counters()["arp"]["unresolved"] == 1
     assert not bench.received, "a reply went out to an unresolved address"
     bench.close()
