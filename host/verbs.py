@@ -22,6 +22,7 @@ with ``--system-site-packages``.
 
 from __future__ import annotations
 
+import ctypes
 import random
 import signal
 import socket
@@ -369,6 +370,10 @@ class PyverbsBackend:
 
     def read(self, qp: int, offset: int, length: int) -> bytes:
         return self._mrs[qp].read(length, offset)
+
+    def buffer(self, qp: int) -> memoryview:
+        mr = self._mrs[qp]
+        return memoryview((ctypes.c_char * mr.length).from_address(mr.buf)).cast("B")
 
     def fill(self, qp: int, value: int) -> None:
         mr = self._mrs[qp]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import shlex
 import signal
@@ -31,6 +32,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from host.figures import Figures, figures_table
+from host.protocol import generator_payload
 
 from .image import CACHE, ImageError, build_image, cached_image
 from .tools import HostToolsError, ensure_host_tools
@@ -44,7 +48,7 @@ from .vm import (
 )
 
 __all__ = ["DEFAULT_RUNS", "DemoRun", "RunCheck", "DemoResult", "build_parser", "check_run",
-           "guest_script", "main", "run_demo"]
+           "expected_sha256", "guest_script", "main", "run_demo", "simulation_figures"]
 
 _PROG = "python -m sim.softroce.demo"
 ENDPOINT_IP, ENDPOINT_MAC = "10.77.0.2", "02:00:00:00:00:02"
@@ -60,7 +64,8 @@ _BEGIN, _RESULT, _LOG = "demo-begin", "demo-result", "demo-log"
 
 @dataclasses.dataclass(frozen=True)
 class DemoRun:
-    """One ``qp-server`` run in the guest."""
+    """One ``qp-server`` run in the guest; ``receive_api``: ``python -m host.dump``
+    instead, a user of the receive API that writes each QP's messages to a file."""
     write: bool
     immediate: bool
     size: int
@@ -68,19 +73,28 @@ class DemoRun:
     mtu: int | None = None
     qps: int = 1
     repeat: int = 1
+    receive_api: bool = False
 
     def __post_init__(self) -> None:
         if self.size < 0 or self.count < 1 or self.qps < 1 or self.repeat < 1:
             raise ValueError(f"size must be >= 0 and count, qps, repeat >= 1: {self}")
         if self.mtu not in (None, 256, 512, 1024, 2048, 4096):
             raise ValueError(f"mtu must be a path MTU (256..4096) or None, not {self.mtu!r}")
+        if self.receive_api and (self.mtu is not None or self.repeat > 1):
+            raise ValueError("a receive-API run takes the port's MTU and one pass")
 
     @property
     def operation(self) -> str:
         return ("WRITE" if self.write else "SEND") + ("+IMM" if self.immediate else "")
 
+    @property
+    def program(self) -> str:
+        """The module the guest runs."""
+        return "host.dump" if self.receive_api else "host.cli"
+
     def arguments(self) -> list[str]:
-        """qp-server's arguments for this run (``--json``, endpoint and timeouts added)."""
+        """The program's arguments for this run (endpoint, timeouts and ``--json`` or
+        ``--out`` added by :func:`guest_script`)."""
         argv = ["--write" if self.write else "--send"]
         argv += ["--imm"] * self.immediate
         argv += ["--size", str(self.size), "--count", str(self.count)]
@@ -93,12 +107,13 @@ class DemoRun:
         return argv
 
     def label(self) -> str:
-        return " ".join(self.arguments())
+        return ("receive API: " if self.receive_api else "") + " ".join(self.arguments())
 
 
 #: The demo's runs: every operation, one- and multi-packet messages at path MTU
 #: 1024 and 4096 (the guest's eth0 has MTU 9000, so its active MTU is 4096), two
-#: QPs at once, and a close and reopen of the same host QP.
+#: QPs at once, a close and reopen of the same host QP, and one pass with two QPs
+#: through the receive API (``host.dump``).
 DEFAULT_RUNS = (
     DemoRun(write=True, immediate=False, size=64, count=8),
     DemoRun(write=True, immediate=True, size=3000, count=4, mtu=1024),
@@ -107,18 +122,20 @@ DEFAULT_RUNS = (
     DemoRun(write=True, immediate=False, size=10000, count=2, mtu=4096, qps=2),
     DemoRun(write=False, immediate=False, size=3000, count=3, mtu=1024),
     DemoRun(write=True, immediate=True, size=512, count=4, repeat=2),
+    DemoRun(write=False, immediate=False, size=4096, count=8, qps=2, receive_api=True),
 )
 
 
 def guest_script(runs: Sequence[DemoRun], *, run_limit: int = RUN_LIMIT_S) -> str:
-    """The shell script the guest runs: qp-server once per run, its JSON summary on
-    one ``demo-result <n> <exit code> <json>`` line and its messages on
-    ``demo-log <n>: ...`` lines."""
+    """The shell script the guest runs: qp-server (or host.dump) once per run, its
+    JSON summary on one ``demo-result <n> <exit code> <json>`` line and its
+    messages on ``demo-log <n>: ...`` lines."""
     lines = ["cd /mnt/repo 2>/dev/null || true"]
     for number, run in enumerate(runs):
+        output = ["--out", f"/tmp/dump-{number}"] if run.receive_api else ["--json"]
         command = shlex.join(["timeout", "-s", "TERM", str(run_limit), "python3", "-m",
-                              "host.cli", "--endpoint", ENDPOINT_IP, *QP_SERVER_OPTIONS,
-                              *run.arguments(), "--json"])
+                              run.program, "--endpoint", ENDPOINT_IP, *QP_SERVER_OPTIONS,
+                              *run.arguments(), *output])
         lines += [
             f"echo {_BEGIN} {number}",
             f"{command} > /tmp/run-{number}.json 2> /tmp/run-{number}.err",
@@ -163,6 +180,9 @@ def check_run(check: RunCheck) -> None:
                               f"{check.summary.get('first_error') or check.summary.get('error')}")
     if check.summary.get("ok") is not True:
         check.problems.append(f"{name}: not ok: {check.summary.get('first_error')}")
+    if run.receive_api:
+        _check_dump(check, name)
+        return
     passes = _passes(check.summary)
     if len(passes) != run.repeat:
         check.problems.append(f"{name}: {len(passes)} of {run.repeat} passes ran")
@@ -210,6 +230,65 @@ def check_run(check: RunCheck) -> None:
                 check.problems.append(f"{name}: QP {index}'s endpoint first PSNs over "
                                       f"{len(passes)} passes are {sorted(psns, key=str)}: "
                                       "the endpoint did not hand out a new PSN")
+
+
+def expected_sha256(run: DemoRun) -> str:
+    """SHA-256 of one QP's messages of ``run`` back to back, from the golden model."""
+    digest = hashlib.sha256()
+    for k in range(run.count):
+        digest.update(generator_payload(k, run.size))
+    return digest.hexdigest()
+
+
+def _check_dump(check: RunCheck, name: str) -> None:
+    """A receive-API run: each QP's file holds its messages in order (SHA-256 against
+    the golden model), and the endpoint's STATUS agrees."""
+    run, summary = check.run, check.summary
+    assert summary is not None
+    if summary.get("ok") is not True:
+        check.problems.append(f"{name}: not ok: " + "; ".join(
+            str(qp.get("first_error")) for qp in summary.get("qp", [])))
+    qps = summary.get("qp", [])
+    if len(qps) != run.qps:
+        check.problems.append(f"{name}: {len(qps)} of {run.qps} QPs paired")
+    want = expected_sha256(run)
+    retransmitted = 0
+    for qp in qps:
+        status = qp.get("status") or {}
+        label = f"{name}, endpoint QP {qp.get('endpoint_qpn')}"
+        if qp.get("bytes") != run.count * run.size or qp.get("sha256") != want:
+            check.problems.append(f"{label}: its file has {qp.get('bytes')} bytes, SHA-256 "
+                                  f"{qp.get('sha256')}; expected {run.count * run.size} bytes, "
+                                  f"{want}")
+        if status.get("messages") != run.count or status.get("bytes") != run.count * run.size:
+            check.problems.append(f"{label}: STATUS says {status.get('messages')} messages, "
+                                  f"{status.get('bytes')} bytes; the file has {run.count}")
+        retransmitted += status.get("retransmitted", 0)
+    check.retransmitted += retransmitted
+    figures = summary.get("figures", {})
+    check.lines.append(
+        f"{run.operation:<10} {run.size:>6} B  MTU    -  QPs {len(qps)} receive API "
+        f"{'ok' if check.ok else 'FAILED':<6} {figures.get('messages', 0):>3}/"
+        f"{run.count * run.qps} messages to files, SHA-256 "
+        f"{'matches' if all(qp.get('sha256') == want for qp in qps) else 'differs'}, "
+        f"retransmitted {retransmitted}")
+
+
+def simulation_figures(checks: Sequence[RunCheck]) -> list[str]:
+    """The perftest-style table of every run (the last pass), and per QP of the
+    receive-API runs, from the summaries' figures."""
+    rows = []
+    for check in checks:
+        if check.summary is None or "figures" not in check.summary:
+            continue
+        label = f"run {check.number} {check.run.operation} {check.run.size} B"
+        if check.run.receive_api:
+            for qp in check.summary.get("qp", []):
+                rows.append((f"{label} QP {qp.get('index')}",
+                             Figures.from_json(qp.get("figures", {}))))
+        rows.append((label + (" all" if check.run.qps > 1 else ""),
+                     Figures.from_json(check.summary["figures"])))
+    return figures_table(rows, title="run") if rows else []
 
 
 @dataclasses.dataclass
@@ -406,6 +485,13 @@ def report(result: DemoResult, out: Callable[[str], None] = print) -> None:
         out("netdev: counters that moved: " + ", ".join(
             f"{name} {value}" for name, value in sorted(summary.get("counters", {}).items())))
         out(f"netdev: pcap {summary.get('pcap')}")
+    table = simulation_figures(result.checks)
+    if table:
+        out("simulation figures, perftest-style (host landing times, first message to last; "
+            "the simulated endpoint runs a few thousand cycles per second, so these are the "
+            "simulation's rates, not the board's):")
+        for line in table:
+            out(f"  {line}")
     retransmitted = sum(check.retransmitted for check in result.checks)
     out(f"retransmitted packets (STATUS, all runs): {retransmitted}; demo "
         f"{result.seconds:.0f} s")

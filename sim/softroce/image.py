@@ -39,11 +39,12 @@ __all__ = ["ROOT", "CACHE", "PACKAGES", "Recipe", "DEFAULT_RECIPE", "Image", "Im
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "build" / "softroce"
 
-#: Guest packages: the kernel, rdma-core with its tools and pyverbs, and what the init uses.
+#: Guest packages: the kernel, rdma-core with its tools and pyverbs, numpy (the host's
+#: checker and receive API), and what the init uses.
 PACKAGES = (
     "linux-image-amd64", "initramfs-tools", "kmod", "mount", "iproute2", "iputils-ping",
     "rdma-core", "ibverbs-utils", "ibverbs-providers", "rdmacm-utils", "perftest",
-    "python3", "python3-pyverbs", "procps", "ethtool",
+    "python3", "python3-pyverbs", "python3-numpy", "procps", "ethtool",
 )
 
 #: Kernel module folders (under ``/lib/modules/<release>/kernel``) a virtio guest never loads.

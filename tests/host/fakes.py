@@ -89,6 +89,9 @@ class FakeBackend:
     def read(self, qp: int, offset: int, length: int) -> bytes:
         return bytes(self.buffers[qp][offset:offset + length])
 
+    def buffer(self, qp: int) -> memoryview:
+        return memoryview(self.buffers[qp])
+
     def fill(self, qp: int, value: int) -> None:
         self.buffers[qp][:] = bytes((value,)) * len(self.buffers[qp])
 

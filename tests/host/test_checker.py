@@ -120,16 +120,21 @@ def test_statistics():
     stats = Statistics(total=10, clock=lambda: now[0])
     assert stats.gbps == 0.0 and stats.elapsed == 0.0
     stats.start()
-    stats.add(1_000_000)
-    stats.add(1_000_000, ok=False)
+    stats.add(1_000_000_000)
+    stats.add(1_000_000_000, ok=False)
     now[0] = 100.5
     assert stats.elapsed == 0.5
-    assert stats.gbps == pytest.approx(0.004)
-    assert stats.progress_line() == "2/10 messages, 2.0 MB, 0.00 GB/s, 1 error"
+    assert stats.gbps == pytest.approx(4.0)
+    assert stats.progress_line() == (
+        "2/10 messages, 2000.0 MB, 4.00 GB/s now, 4.00 GB/s average, 1 error")
+    stats.add_batch(3, 1_000_000_000, errors=2, checked=1)
+    now[0] = 101.5
+    assert stats.progress_line() == (
+        "5/10 messages, 3000.0 MB, 1.00 GB/s now, 2.00 GB/s average, 3 errors")
     stats.stop()
     now[0] = 200.0
-    assert stats.summary() == {"messages": 2, "bytes": 2_000_000, "errors": 1,
-                               "elapsed_s": 0.5, "gbytes_per_s": 0.004}
+    assert stats.summary() == {"messages": 5, "bytes": 3_000_000_000, "errors": 3,
+                               "checked": 3, "elapsed_s": 1.5, "gbytes_per_s": 2.0}
 
 
 def test_a_hundred_thousand_messages_check_quickly():
@@ -141,3 +146,82 @@ def test_a_hundred_thousand_messages_check_quickly():
     for k in range(100_000):
         assert checker.check(k % 200, messages[k % 200]) is None
     assert time.perf_counter() - begin < 5
+
+
+def _ring(length, count, first_k=0):
+    return bytearray(b"".join(generator_payload(first_k + k, length) for k in range(count)))
+
+
+@pytest.mark.parametrize("length", [8, 64, 4096, 20, 4099])
+def test_check_messages_passes_a_good_ring_and_locates_every_bad_byte(length):
+    count = 40
+    ring = _ring(length, count, first_k=5)
+    checker = Checker(length, slots=count)
+    assert checker.check_messages(memoryview(ring), 0, 5, count) == []
+    flips = {0: 0, 17: length - 1, 39: length // 2}
+    for i, offset in flips.items():
+        ring[i * length + offset] ^= 0x01
+    found = checker.check_messages(memoryview(ring), 0, 5, count)
+    assert [(m.message, m.offset, m.buffer_offset) for m in found] == [
+        (5 + i, offset, i * length + offset) for i, offset in flips.items()]
+    for mismatch in found:
+        good = generator_payload(mismatch.message, length)[mismatch.offset]
+        assert (mismatch.expected, mismatch.got) == (good, good ^ 0x01)
+
+
+def test_check_messages_at_an_offset_finds_a_message_of_another_lap():
+    ring = bytearray(b"\xff" * 64) + _ring(64, 3, first_k=10)
+    ring[64 + 64:64 + 128] = generator_payload(11 + 4, 64)
+    found = Checker(64, slots=4).check_messages(memoryview(ring), 64, 10, 3)
+    assert [(m.message, m.offset, m.expected, m.got) for m in found] == [(11, 4, 11, 15)]
+
+
+def test_check_messages_across_k_2_to_the_32():
+    first = (1 << 32) - 2
+    ring = _ring(32, 4, first_k=first)
+    assert generator_payload(first + 2, 32) == generator_payload(0, 32)
+    assert Checker(32).check_messages(memoryview(ring), 0, first, 4) == []
+    assert len(Checker(32).check_messages(memoryview(ring), 0, first + 1, 4)) == 4
+
+
+def test_messages_longer_than_a_chunk_are_checked_to_their_last_byte():
+    from host.checker import CHUNK_BYTES
+
+    length = CHUNK_BYTES + 24
+    ring = _ring(length, 2)
+    checker = Checker(length)
+    assert checker.check_messages(memoryview(ring), 0, 0, 2) == []
+    ring[2 * length - 1] ^= 0x80
+    found = checker.check_messages(memoryview(ring), 0, 0, 2)
+    assert [(m.message, m.offset) for m in found] == [(1, length - 1)]
+
+
+def test_checker_threads_split_a_batch_and_locate_each_bad_byte(monkeypatch):
+    import threading
+
+    import host.checker
+
+    monkeypatch.setattr(host.checker, "_MIN_THREAD_BYTES", 1024)
+    length, count = 256, 30
+    ring = _ring(length, count)
+    checker = Checker(length, slots=count, threads=3)
+    assert checker._parts(count) == [(0, 10), (10, 20), (20, 30)]
+    seen = []
+    bad_words = checker._bad_words
+
+    def spy(words, first_k, count):
+        seen.append((threading.current_thread().name, first_k, count))
+        return bad_words(words, first_k, count)
+
+    checker._bad_words = spy
+    flips = {0: 3, 9: 255, 10: 0, 29: 100}
+    for i, offset in flips.items():
+        ring[i * length + offset] ^= 0x20
+    try:
+        found = checker.check_messages(memoryview(ring), 0, 0, count)
+    finally:
+        checker.close()
+    assert [(m.message, m.offset, m.buffer_offset) for m in found] == [
+        (i, offset, i * length + offset) for i, offset in flips.items()]
+    assert sorted(part for _, *part in seen) == [[0, 10], [10, 10], [20, 10]]
+    assert all(name.startswith("checker") for name, *_ in seen), "in the checker threads"

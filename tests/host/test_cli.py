@@ -94,7 +94,9 @@ def test_default_ring():
     (["--imm", "--size", "1K", "--ring", "1K"], "at least two messages with --imm"),
     (["--mtu", "1500"], "invalid choice"),
     (["--count", "0"], "must be 1.."),
-    (["--endpoint", "endpoint.local"], "not an IPv4 address"),
+    (["--endpoint", "endpoint.local"], "not an endpoint IP[:PORT]"),
+    (["--check", "sample=0"], "check must be all, sample=N"),
+    (["--check", "some"], "check must be all, sample=N"),
     (["--rate", "1e-12"], "raise --rate or --size"),
     (["--poll", "sometimes"], "invalid choice"),
     (["ctrl", "status"], "--qpn"),
@@ -459,8 +461,14 @@ def test_human_summary_and_live_progress():
     assert out.getvalue().startswith("OK: SEND, 20 of 20 messages checked (1024 bytes each), "
                                      "20480 bytes in ")
     assert "QP 0 (host QPN 17, endpoint QPN 256): 20/20 ok" in out.getvalue()
+    table = out.getvalue().splitlines()[-3:]
+    assert table[0].split() == ["QP", "messages", "bytes", "seconds", "Gb/s", "GB/s", "Mmsg/s",
+                                "retransmitted", "NAKs", "timeouts"]
+    assert table[1].split()[:3] == ["0", "20", "20480"]
+    assert table[2].split()[:3] == ["all", "20", "20480"]
+    assert float(table[2].split()[3]) > 19 * 0.02, "first to last landing, 19 gaps of 20 ms"
     assert "\r\033[K" in err.getvalue() and "/20 messages, " in err.getvalue()
-    assert " GB/s, 0 errors" in err.getvalue()
+    assert " GB/s now, " in err.getvalue() and " GB/s average, 0 errors" in err.getvalue()
 
 
 @pytest.mark.parametrize("argv", [
@@ -515,3 +523,203 @@ def test_repeat_stops_at_the_first_failed_pass():
     assert code == 1
     assert len(summary["passes"]) == 1 and summary["ok"] is False
     assert "pass 1: QP 0" in err and backend.resets == []
+
+
+# --check, checker threads, figures
+
+
+def test_a_lapped_ring_is_detected_with_check_none():
+    backend = FakeBackend()
+    with FakeEndpoint(backend) as endpoint:
+        code, summary, err = run_json(endpoint, backend, "--check", "none", "--size", "32",
+                                      "--count", "50", "--ring", "320")
+    assert code == 1
+    assert summary["ok"] is False and summary["check"] == "none"
+    assert summary["checked"] == 0
+    assert summary["qp"][0]["messages_ok"] == 10 and summary["unchecked"] == 40
+    assert "message 0 was overwritten by message 40 before it was checked" in err
+
+
+@pytest.mark.parametrize("argv", [["--send"], ["--imm"], ["--write"]])
+def test_check_none_still_checks_the_immediate_and_the_count(argv):
+    backend = FakeBackend()
+    with FakeEndpoint(backend, corrupt={(0, 2): 0}) as endpoint:
+        code, summary, _ = run_json(endpoint, backend, *argv, "--check", "none", "--size",
+                                    "24", "--count", "5", "--receives", "2")
+    assert code == 0, "a corrupted byte is not looked at"
+    assert (summary["messages"], summary["checked"]) == (5, 0)
+    with FakeEndpoint(FakeBackend(), stop_after=3) as endpoint:
+        code, summary, err = run_json(endpoint, endpoint.backend, *argv, "--check", "none",
+                                      "--size", "24", "--count", "5", "--receives", "2")
+    assert code == 1 and summary["qp"][0]["messages_ok"] == 3
+    assert "message 3 never" in err
+
+
+def test_check_none_catches_a_wrong_immediate():
+    backend = FakeBackend()
+    backend.completions.put(Completion(0, 0, 0, CompletionKind.RECV_IMM, 8, imm=7))
+    with FakeEndpoint(backend, ignore_starts=100) as endpoint:
+        code, summary, err = run_json(endpoint, backend, "--no-start", "--imm", "--check",
+                                      "none", "--size", "8", "--count", "1")
+    assert code == 1
+    assert "message 0: immediate expected 0x00000000 got 0x00000007" in err
+
+
+class SpyChecker:
+    """Records the messages a run's checker compares."""
+
+    def __init__(self, monkeypatch):
+        from host import checker
+
+        self.checked = []
+        original = checker.Checker.check_messages
+
+        def check_messages(checker_self, buffer, offset, first_k, count):
+            self.checked += range(first_k, first_k + count)
+            return original(checker_self, buffer, offset, first_k, count)
+
+        monkeypatch.setattr(checker.Checker, "check_messages", check_messages)
+
+
+@pytest.mark.parametrize("argv", [["--send", "--receives", "3"], ["--imm"], ["--write"]])
+def test_sampling_checks_every_nth_message(argv, monkeypatch):
+    spy = SpyChecker(monkeypatch)
+    backend = FakeBackend()
+    with FakeEndpoint(backend, corrupt={(0, 4): 1, (0, 6): 2}) as endpoint:
+        code, summary, err = run_json(endpoint, backend, *argv, "--check", "sample=3",
+                                      "--size", "64", "--count", "11")
+    assert sorted(spy.checked) == [0, 3, 6, 9]
+    assert code == 1 and summary["checked"] == 4 and summary["errors"] == 1
+    assert summary["qp"][0]["messages_ok"] == 10, "message 4 is not looked at"
+    assert "message 6, byte offset 2" in summary["first_error"]
+
+
+def test_check_all_checks_every_message_once(monkeypatch):
+    spy = SpyChecker(monkeypatch)
+    backend = FakeBackend()
+    with FakeEndpoint(backend) as endpoint:
+        code, summary, _ = run_json(endpoint, backend, "--send", "--size", "64", "--count",
+                                    "30", "--qps", "2", "--receives", "4")
+    assert code == 0 and summary["checked"] == 60
+    assert sorted(spy.checked) == sorted(list(range(30)) * 2)
+
+
+def test_a_corrupted_byte_is_located_with_checker_threads(monkeypatch):
+    import host.checker
+
+    monkeypatch.setattr(host.checker, "_MIN_THREAD_BYTES", 256)
+    backend = FakeBackend()
+    with FakeEndpoint(backend, corrupt={(0, 37): 1001}) as endpoint:
+        code, summary, _ = run_json(endpoint, backend, "--check-threads", "2", "--size", "2K",
+                                    "--count", "60")
+    good = cli.protocol.generator_payload(37, 2048)[1001]
+    expected = (f"message 37, byte offset 1001: expected 0x{good:02x} got 0x{good ^ 0x40:02x} "
+                f"(buffer offset {37 * 2048 + 1001:#x})")
+    assert code == 1 and summary["check_threads"] == 2
+    assert summary["first_error"] == f"QP 0 (host QPN 17, endpoint QPN 256): {expected}"
+
+
+def test_figures_per_qp_and_in_total():
+    backend = FakeBackend()
+    status = dict(retransmitted=3, naks_sequence=1, naks_rnr=2, timeouts=4)
+    with FakeEndpoint(backend, message_delay=0.01) as endpoint:
+        original = endpoint._answer
+
+        def answer(request):
+            if request.request == Request.STATUS:
+                qp = endpoint.qp(request.rem.qpn)
+                if qp is not None and qp.status.open:
+                    qp.status = dataclasses.replace(qp.status, **status)
+            return original(request)
+
+        endpoint._answer = answer
+        code, summary, _ = run_json(endpoint, backend, "--send", "--size", "1000", "--count",
+                                    "10", "--qps", "2")
+    assert code == 0
+    for qp in summary["qp"]:
+        figures = qp["figures"]
+        assert (figures["messages"], figures["bytes"]) == (10, 10_000)
+        assert (figures["retransmitted"], figures["naks"], figures["timeouts"]) == (3, 3, 4)
+        assert figures["seconds"] >= 9 * 0.01
+        assert figures["gbytes_per_s"] == pytest.approx(10_000 / figures["seconds"] / 1e9,
+                                                        rel=1e-2)
+        assert figures["gbits_per_s"] == pytest.approx(8 * figures["gbytes_per_s"], rel=1e-2)
+        assert figures["mmsgs_per_s"] == pytest.approx(10 / figures["seconds"] / 1e6,
+                                                       rel=1e-2)
+    total = summary["figures"]
+    assert (total["messages"], total["bytes"], total["retransmitted"], total["naks"]) == (
+        20, 20_000, 6, 6)
+    assert total["seconds"] >= max(qp["figures"]["seconds"] for qp in summary["qp"])
+
+
+# Several endpoints
+
+
+def test_two_endpoints_run_in_parallel(tmp_path):
+    backends = [FakeBackend(), FakeBackend()]
+    made = iter(backends)
+
+    def factory(options):
+        return next(made)
+
+    with FakeEndpoint(backends[0], message_delay=0.002) as first, \
+            FakeEndpoint(backends[1], message_delay=0.002, corrupt={(1, 5): 9}) as second:
+        listing = tmp_path / "endpoints"
+        listing.write_text(f"# the crate\n127.0.0.1:{second.port}  # board 2\n")
+        code, out, err = run(["--endpoint", f"127.0.0.1:{first.port}", "--endpoints-file",
+                              str(listing), "--bind", "127.0.0.1:0", "--timeout", "0.3",
+                              "--stall", "0.2", "--json", "--send", "--size", "64", "--count",
+                              "20", "--qps", "2", "--receives", "4"], factory)
+        summary = json.loads(out)
+        assert code == 1
+        assert [one["endpoint"] for one in summary["endpoints"]] == [
+            f"127.0.0.1:{first.port}", f"127.0.0.1:{second.port}"]
+        good, bad = summary["endpoints"]
+        assert good["ok"] is True and good["messages"] == 40
+        assert bad["ok"] is False and bad["errors"] == 1
+        assert "QP 1 (host QPN 18, endpoint QPN 257): message 5, byte offset 9" in (
+            bad["first_error"])
+        assert summary["ok"] is False
+        assert (summary["figures"]["messages"], summary["figures"]["bytes"]) == (80, 80 * 64)
+        assert f"qp-server: error: endpoint 127.0.0.1:{second.port}: QP 1" in err
+        assert f"qp-server: 127.0.0.1:{first.port}: paired host QPN 17" in err
+        for endpoint in (first, second):
+            assert sum(r.txmeta.start for r in endpoint.requests) == 2
+            assert not any(qp.status.open for qp in endpoint.qps)
+        assert [backend.closed for backend in backends] == [1, 1]
+
+        made = iter([FakeBackend(), FakeBackend()])
+        backends = list(made)
+        made = iter(backends)
+        first.backend, second.backend = backends
+        second.corrupt = {}
+        first.message_delay = second.message_delay = 0.03
+        terminal, stdout = Terminal(), io.StringIO()
+        code = cli.main(["--endpoint", f"127.0.0.1:{first.port}", "--endpoint",
+                         f"127.0.0.1:{second.port}", "--bind", "127.0.0.1:0", "--stall", "0.2",
+                         "--send", "--size", "64", "--count", "20"], backend=factory,
+                        stdout=stdout, stderr=terminal)
+    out, err = stdout.getvalue(), terminal.getvalue()
+    assert code == 0, err
+    progress = [line for line in err.split("\r\033[K") if line.startswith("127.0.0.1")]
+    assert progress, "a live line for both endpoints"
+    assert all(line.count(" msgs ") == 3 and " | total " in line for line in progress)
+    assert progress[-1].startswith(f"127.0.0.1:{first.port} ")
+    assert f" | 127.0.0.1:{second.port} " in progress[-1]
+    lines = out.splitlines()
+    assert lines[0] == f"endpoint 127.0.0.1:{first.port}:"
+    assert f"endpoint 127.0.0.1:{second.port}:" in lines
+    table = lines[-5:]
+    assert table[0].split()[:3] == ["endpoint", "messages", "bytes"]
+    assert table[1].split()[:3] == [f"127.0.0.1:{first.port}", "20", "1280"]
+    assert table[2].split()[:3] == [f"127.0.0.1:{second.port}", "20", "1280"]
+    assert table[3].split()[:3] == ["all", "40", "2560"]
+    assert table[4] == "OK: 2 of 2 endpoints ok"
+
+
+def test_endpoint_arguments():
+    assert cli.parse_endpoint("10.77.0.2") == "10.77.0.2"
+    assert cli.parse_endpoint("10.77.0.2:4000") == "10.77.0.2:4000"
+    for bad in ("10.77.0.2:0", "board:17185", "10.77.0.2:x"):
+        with pytest.raises(cli.argparse.ArgumentTypeError):
+            cli.parse_endpoint(bad)

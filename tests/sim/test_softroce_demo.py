@@ -16,7 +16,18 @@ import time
 
 import pytest
 
-from sim.softroce.demo import DemoResult, DemoRun, RunCheck, check_run, guest_script, run_demo
+from host.protocol import generator_payload
+from sim.softroce.demo import (
+    DEFAULT_RUNS,
+    DemoResult,
+    DemoRun,
+    RunCheck,
+    check_run,
+    expected_sha256,
+    guest_script,
+    run_demo,
+    simulation_figures,
+)
 from sim.softroce.image import cached_image
 from sim.softroce.tools import HostToolsError, ensure_host_tools
 from sim.softroce.vm import QEMU
@@ -77,6 +88,59 @@ def test_guest_script_runs_every_run_with_json() -> None:
     assert script.count("python3 -m host.cli --endpoint 10.77.0.2 --timeout 5 --stall 120") == 3
     assert "--write --imm --size 256 --count 3 --repeat 2 --json" in script
     assert "--send --size 3000 --count 2 --mtu 1024 --json" in script
+
+
+RECEIVE_API = DemoRun(write=False, immediate=False, size=4096, count=8, qps=2,
+                      receive_api=True)
+
+
+def _dump_summary(run: DemoRun, *, sha256: str | None = None) -> dict:
+    figures = {"messages": run.count, "bytes": run.count * run.size, "seconds": 2.0,
+               "retransmitted": 1, "naks": 0, "timeouts": 0}
+    qps = [{"index": index, "endpoint_qpn": 256 + index, "bytes": run.count * run.size,
+            "sha256": sha256 or expected_sha256(run), "first_error": None,
+            "status": {"messages": run.count, "bytes": run.count * run.size,
+                       "retransmitted": 1}, "figures": figures}
+           for index in range(run.qps)]
+    return {"ok": True, "qp": qps,
+            "figures": {**figures, "messages": run.count * run.qps,
+                        "bytes": run.count * run.size * run.qps, "retransmitted": run.qps}}
+
+
+def test_the_demo_has_one_receive_api_pass_with_two_qps() -> None:
+    assert [run for run in DEFAULT_RUNS if run.receive_api] == [RECEIVE_API]
+    script = guest_script([RECEIVE_API])
+    assert ("python3 -m host.dump --endpoint 10.77.0.2 --timeout 5 --stall 120 --send "
+            "--size 4096 --count 8 --qps 2 --out /tmp/dump-0") in script
+
+
+def test_check_run_of_the_receive_api_checks_each_file_against_the_golden_model() -> None:
+    stream = b"".join(generator_payload(k, 4096) for k in range(8))
+    import hashlib
+
+    assert expected_sha256(RECEIVE_API) == hashlib.sha256(stream).hexdigest()
+    good = RunCheck(RECEIVE_API, 7, exit_code=0, summary=_dump_summary(RECEIVE_API))
+    check_run(good)
+    assert good.ok, good.problems
+    assert "receive API" in good.lines[0] and "SHA-256 matches" in good.lines[0]
+    assert good.retransmitted == 2
+    wrong = RunCheck(RECEIVE_API, 7, exit_code=0,
+                     summary=_dump_summary(RECEIVE_API, sha256="0" * 64))
+    check_run(wrong)
+    assert len(wrong.problems) == 2 and "SHA-256" in wrong.problems[0]
+
+
+def test_simulation_figures_are_labelled_per_run_and_qp() -> None:
+    dump = RunCheck(RECEIVE_API, 7, exit_code=0, summary=_dump_summary(RECEIVE_API))
+    plain = RunCheck(REPEAT, 0, exit_code=0, summary={
+        **_summary(REPEAT), "figures": {"messages": 3, "bytes": 768, "seconds": 0.5,
+                                        "retransmitted": 0, "naks": 0, "timeouts": 0}})
+    lines = simulation_figures([plain, dump])
+    assert lines[0].split()[:3] == ["run", "messages", "bytes"]
+    labels = [line.split("  ")[0].strip() for line in lines[1:]]
+    assert labels == ["run 0 WRITE+IMM 256 B", "run 7 SEND 4096 B QP 0",
+                      "run 7 SEND 4096 B QP 1", "run 7 SEND 4096 B all"]
+    assert lines[-1].split()[-9:-6] == ["16", "65536", "2.000000"]
 
 
 def _free_udp_port() -> int:
