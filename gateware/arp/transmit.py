@@ -20,6 +20,7 @@ _NEXT_HOP = data.StructLayout({"hop": 32, "unreachable": 1, "patient": 1})
 class Route(enum.Enum, shape=3):
     DIRECT = 0          # the next hop is in the cache: out on ``o_direct``
     PARK = 1            # wait for the parking slot's hop, beside the stream
+    WAIT = 4            # the slot's hop answered: wait in place until the slot has drained
     MISS = 2            # not resolved, may not wait (or the slot is taken): dropped
     UNREACHABLE = 3     # off our subnet with no gateway: dropped
 
@@ -39,9 +40,12 @@ class ArpTransmitter(wiring.Component):
     ``force``), and the parked packets leave on ``o_parked`` with the MAC
     learnt once it answers, or are dropped if it does not. While the slot
     holds packets, later packets to its hop join them, so their order is kept;
-    the slot frees when it is empty. A *patient* packet (UDP with a source or
-    destination port in ``patient_ports``) may take the slot from packets that
-    are not (echo replies) while their hop is unresolved; those are dropped.
+    the slot frees when it is empty (once the hop has answered, a packet to it
+    waits in place for that, at most the slot's beats, instead of joining, so
+    that a stream to the hop cannot keep the slot from draining). A *patient*
+    packet (UDP with a source or destination port in ``patient_ports``) may
+    take the slot from packets that are not (echo replies) while their hop is
+    unresolved; those are dropped.
     Any other miss is dropped, and its hop asked for if the resolver is free.
     ``o_unresolved`` (a packet dropped for a hop not resolved, or that did not
     fit in the slot) and ``o_unreachable`` pulse once per packet.
@@ -177,6 +181,8 @@ class ArpTransmitter(wiring.Component):
         same_hop = slot_busy & s2_same_hop
         with m.If(s2_to.unreachable):
             m.d.comb += route_first.eq(Route.UNREACHABLE)
+        with m.Elif(same_hop & slot_released):
+            m.d.comb += route_first.eq(Route.WAIT)
         with m.Elif(same_hop):
             m.d.comb += route_first.eq(Route.PARK)
         with m.Elif(hit):
@@ -205,7 +211,7 @@ class ArpTransmitter(wiring.Component):
                 direct.valid.eq(s2_valid),
                 take2.eq(direct.ready),
             ]
-        with m.Else():
+        with m.Elif(current != Route.WAIT):
             m.d.comb += take2.eq(s2_valid)
         with m.If(current == Route.PARK):
             m.d.comb += park.i.valid.eq(s2_valid)

@@ -92,7 +92,7 @@ def arp_target(payload):
     return ".".join(str(byte) for byte in fields[8])
 
 
-def run_layer(dut, sent, *, answer, until, cycles, gateway=None, pace=0):
+def run_layer(dut, sent, *, answer, until, cycles, gateway=None, pace=0, sink_gaps=None):
     """Teach the peers, send ``sent`` [(destination, payload), or (None, a pause in
     cycles)] (``pace`` cycles apart) and
     collect what leaves: ("request", address) and (MAC, payload); ``answer`` lists the
@@ -118,7 +118,7 @@ def run_layer(dut, sent, *, answer, until, cycles, gateway=None, pace=0):
 
     async def sink(ctx):
         while True:
-            payload, meta = await get_packet(ctx, dut.o, width=WIDTH)
+            payload, meta = await get_packet(ctx, dut.o, width=WIDTH, gaps=sink_gaps)
             if meta.ethertype == ETHERTYPE_ARP:
                 assert meta.dst_mac == (1 << 48) - 1
                 target = arp_target(payload)
@@ -200,3 +200,19 @@ def test_gateway_and_refresh_of_bindings_in_use():
     assert requests.count("10.0.0.2") >= 2 and requests.count(GATEWAY) >= 2, requests
     assert requests[-2:] == ["10.0.0.3"] * 2      # expired: asked for, no answer, dropped
     assert counters["unresolved"] == 1, counters
+
+
+def test_a_stream_to_a_hop_being_resolved_loses_nothing():
+    """A stream of RoCEv2 packets to a next hop not yet resolved, with the sink slower
+    than the source: the first ones wait in the parking slot, the rest wait in place
+    while it drains once the hop answered; every packet leaves once, in order."""
+    dut = ArpLayer(lifetime=1 << 20, retry_interval=200, patient_ports=(4791,), width=WIDTH)
+    sent = [("10.0.0.10", patient(bytes([index]) * 80)) for index in range(120)]
+    received, counters = run_layer(
+        dut, sent, answer={"10.0.0.10"}, sink_gaps=random.Random(9),
+        until=lambda got: sum(1 for item in got if item[0] != "request") == len(sent),
+        cycles=5_000)
+    mac10 = parse_mac("02:00:00:00:00:0a")
+    assert [item for item in received if item[0] != "request"] == [
+        (mac10, payload) for _, payload in sent]
+    assert counters["unresolved"] == 0, counters
