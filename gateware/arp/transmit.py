@@ -191,7 +191,23 @@ class ArpTransmitter(wiring.Component):
             m.d.comb += [route_first.eq(Route.PARK), take_slot.eq(1)]
         with m.Else():
             m.d.comb += route_first.eq(Route.MISS)
-        current = Mux(s2_first, route_first, route)
+        # The handshake of stage 2 follows flags computed beside the route (each a LUT or
+        # two from registers), not the route itself: this is the layer's longest path.
+        is_direct = Signal()
+        is_park = Signal()
+        is_wait = Signal()
+        unreachable = s2_to.unreachable
+        with m.If(s2_first):
+            m.d.comb += [
+                is_direct.eq(~unreachable & ~same_hop & hit),
+                is_wait.eq(~unreachable & same_hop & slot_released),
+                is_park.eq(~unreachable & Mux(same_hop, ~slot_released, ~hit & take_slot)),
+            ]
+        with m.Else():
+            m.d.comb += [
+                is_direct.eq(route == Route.DIRECT),
+                is_park.eq(route == Route.PARK),
+            ]
         first_taken = take2 & s2_first
         with m.If(first_taken):
             m.d.sync += route.eq(route_first)
@@ -206,15 +222,11 @@ class ArpTransmitter(wiring.Component):
             park.i.p.keep.eq(s2.keep),
             park.i.p.last.eq(s2.last),
         ]
-        with m.If(current == Route.DIRECT):
-            m.d.comb += [
-                direct.valid.eq(s2_valid),
-                take2.eq(direct.ready),
-            ]
-        with m.Elif(current != Route.WAIT):
-            m.d.comb += take2.eq(s2_valid)
-        with m.If(current == Route.PARK):
-            m.d.comb += park.i.valid.eq(s2_valid)
+        m.d.comb += [
+            direct.valid.eq(s2_valid & is_direct),
+            take2.eq(Mux(is_direct, direct.ready, s2_valid & ~is_wait)),
+            park.i.valid.eq(s2_valid & is_park),
+        ]
 
         # A packet that takes the slot has its hop asked for at once (``force``); a miss
         # that is dropped, if the resolver is free.
@@ -241,7 +253,7 @@ class ArpTransmitter(wiring.Component):
         within = Signal()          # between the first and the last beat of a packet in stage 2
         with m.If(take2):
             m.d.sync += within.eq(~s2.last)
-        parking = ((current == Route.PARK) & s2_valid) | ((route == Route.PARK) & within)
+        parking = (is_park & s2_valid) | ((route == Route.PARK) & within)
         with m.If(allocate):
             m.d.sync += stale.eq(slot_packets - parked_out)
         with m.Elif(parked_out & (stale != 0)):
