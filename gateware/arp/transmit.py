@@ -125,6 +125,7 @@ class ArpTransmitter(wiring.Component):
         slot_mac = Signal(48)
         slot_packets = Signal(range(self._park_beats + 1))   # accepted by park, not yet out
         stale = Signal(range(self._park_beats + 1))          # of those, to drop
+        any_stale = Signal()                                  # stale != 0, as a register
         allocate = Signal()                                   # a packet takes the slot
         s2_same_hop = Signal()                                # stage 2's hop is the slot's
 
@@ -239,7 +240,7 @@ class ArpTransmitter(wiring.Component):
 
         parked_in = park.i.valid & park.i.p.last & ~park.o_overflow_drop
         parked_out = park.o.valid & park.o.ready & park.o.p.last
-        dropping = slot_failed | (stale != 0)
+        dropping = slot_failed | any_stale
         m.d.sync += slot_packets.eq(slot_packets + parked_in - parked_out)
         m.d.comb += [
             parked.p.data.eq(park.o.p.data),
@@ -255,9 +256,15 @@ class ArpTransmitter(wiring.Component):
             m.d.sync += within.eq(~s2.last)
         parking = (is_park & s2_valid) | ((route == Route.PARK) & within)
         with m.If(allocate):
-            m.d.sync += stale.eq(slot_packets - parked_out)
-        with m.Elif(parked_out & (stale != 0)):
-            m.d.sync += stale.eq(stale - 1)
+            m.d.sync += [
+                stale.eq(slot_packets - parked_out),
+                any_stale.eq(slot_packets != parked_out),
+            ]
+        with m.Elif(parked_out & any_stale):
+            m.d.sync += [
+                stale.eq(stale - 1),
+                any_stale.eq(stale != 1),
+            ]
         done = self.i_resolved
         with m.If(allocate):
             m.d.sync += [
