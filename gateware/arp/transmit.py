@@ -127,6 +127,7 @@ class ArpTransmitter(wiring.Component):
         stale = Signal(range(self._park_beats + 1))          # of those, to drop
         any_stale = Signal()                                  # stale != 0, as a register
         allocate = Signal()                                   # a packet takes the slot
+        take_slot = Signal()                                  # stage 2's packet would take it
         s2_same_hop = Signal()                                # stage 2's hop is the slot's
 
         take2 = Signal()
@@ -162,8 +163,11 @@ class ArpTransmitter(wiring.Component):
                 m.d.sync += [
                     s2_to.eq(s1_to),
                     hit.eq(self.i_hit),
-                    # As the slot will be: taken by the packet leaving stage 2, or as it is.
-                    s2_same_hop.eq(Mux(allocate, s1_to.hop == s2_to.hop, s1_to.hop == slot_hop)),
+                    # As the slot will be: taken by the packet leaving stage 2 (a packet that
+                    # takes the slot always leaves at once, so no handshake is needed here),
+                    # or as it is.
+                    s2_same_hop.eq(Mux(s2_valid & s2_first & take_slot,
+                                       s1_to.hop == s2_to.hop, s1_to.hop == slot_hop)),
                     dst_mac.eq(self.i_mac),
                 ]
         with m.If(~s2_valid | take2):
@@ -178,7 +182,6 @@ class ArpTransmitter(wiring.Component):
         # packets parked before are then dropped on their way out (``stale``).
         route = Signal(Route)
         route_first = Signal(Route)
-        take_slot = Signal()
         same_hop = slot_busy & s2_same_hop
         with m.If(s2_to.unreachable):
             m.d.comb += route_first.eq(Route.UNREACHABLE)
