@@ -165,7 +165,8 @@ class NetworkCore(wiring.Component):
         m.submodules.eth_rx = eth_rx = EthernetReceiver(depth=self._rx_depth, width=width)
         m.submodules.arp = arp = ArpLayer(lifetime=self._arp_lifetime,
                                           retry_interval=self._arp_retry_interval,
-                                          retries=self._arp_retries, width=width)
+                                          retries=self._arp_retries,
+                                          patient_ports=(UDP_PORT_ROCEV2, CM_PORT), width=width)
         m.submodules.ip_rx = ip_rx = IPv4Receiver(width=width)
         m.submodules.icmp = icmp = IcmpEcho(depth=self._echo_depth, width=width)
         m.submodules.udp_rx = udp_rx = UdpReceiver([ECHO_PORT, UDP_PORT_ROCEV2, CM_PORT],

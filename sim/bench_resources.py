@@ -78,7 +78,10 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
         "ip", IPV4, meta_with(NEXT_HOP_META, ip=IPV4), width=WIDTH),
     "NetworkCore": lambda: _load("gateware.core.NetworkCore")(width=WIDTH),
     "ArpLayer": lambda: _load("gateware.arp.layer.ArpLayer")(
-        lifetime=60 * 322_265_625, retry_interval=322_265_625, width=WIDTH),
+        lifetime=60 * 322_265_625, retry_interval=322_265_625,
+        patient_ports=(4791, 17185), width=WIDTH),
+    "EthernetReceiver": lambda: _load("gateware.eth.rx.EthernetReceiver")(width=WIDTH),
+    "IPv4Receiver": lambda: _load("gateware.ip.rx.IPv4Receiver")(width=WIDTH),
     "IcrcInserter": lambda: _load("gateware.roce.icrc.IcrcInserter")(width=WIDTH),
     "RequesterTransmitter (16 QPs)": lambda: _load("gateware.roce.tx.RequesterTransmitter")(
         qps=16, width=WIDTH),

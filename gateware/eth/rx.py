@@ -28,7 +28,12 @@ class EthernetReceiver(wiring.Component):
     A store-and-forward FIFO of ``depth`` beats comes first: it drops frames
     that the MAC flags on ``i_error`` (``tuser`` with the last beat) and frames
     that do not fit, and it tells the length of every frame with its first
-    beat, so that every later check happens at header time. Then frames that
+    beat, so that every later check happens at header time. It holds as many
+    frames as it has beats (a minimum frame is one beat), so only its beats
+    limit it: it drains a beat per cycle, at least as fast as any mix of
+    frames arrives at line rate (a frame of ``n`` beats takes more than ``n``
+    cycles on the wire with its preamble and gap), so it overflows only on a
+    frame longer than ``depth`` beats or when the layers above stall. Then frames that
     are shorter than 60 bytes (``runt``), not for our MAC nor broadcast
     (``address``), or neither IPv4 nor ARP (``ethertype``) are dropped.
 
@@ -60,7 +65,8 @@ class EthernetReceiver(wiring.Component):
         m = Module()
         width = self._width
 
-        m.submodules.fifo = fifo = PacketFIFO(NO_META, depth=self._depth, width=width)
+        m.submodules.fifo = fifo = PacketFIFO(NO_META, depth=self._depth,
+                                              max_packets=self._depth, width=width)
         m.submodules.header = header = HeaderExtractor("eth", ETHERNET, fifo.o.p.meta.shape(),
                                                        width=width)
         m.submodules.router = router = PacketRouter(ETH_RX_META, outputs=2,

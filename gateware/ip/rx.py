@@ -25,14 +25,17 @@ class IPv4Receiver(wiring.Component):
     Dropped and counted: ``version`` (not 4), ``options`` (IHL other than 5:
     options are not supported), ``checksum``, ``fragment`` (MF set or an
     offset: fragments are not reassembled), ``address`` (not our IP),
-    ``length`` (total length below 20 or beyond the frame), ``protocol``
-    (neither ICMP nor UDP), ``truncated``. The checks are made with the first
+    ``source`` (a source that RFC 1122 §3.2.1.3 says to discard: 0.0.0.0,
+    loopback 127/8, multicast 224/4, class E 240/4 with 255.255.255.255, our
+    subnet's directed broadcast, or our own address), ``length`` (total
+    length below 20 or beyond the frame), ``protocol`` (neither ICMP nor
+    UDP), ``truncated``. The checks are made with the first
     payload beat; latency: one beat and a cycle (the router's register slice:
     no path runs through this layer).
     """
 
-    DROP_REASONS = ("version", "options", "checksum", "fragment", "address", "length",
-                    "protocol")
+    DROP_REASONS = ("version", "options", "checksum", "fragment", "address", "source",
+                    "length", "protocol")
 
     def __init__(self, *, width=BEAT_BYTES):
         self._width = width
@@ -72,12 +75,21 @@ class IPv4Receiver(wiring.Component):
         checksum_ok = ones_complement_sum(words.word_select(index, 16)
                                           for index in range(IPV4.length // 2)) == 0xFFFF
         room = meta.length - ETHERNET.length
+        config = self.i_config
+        src = ip.src
+        source_bad = ((src == 0) |
+                      (src[24:] == 127) |                       # loopback
+                      (src[29:] == 0b111) |                     # multicast, class E, broadcast
+                      (src == config.ip) |
+                      ((((src ^ config.ip) & config.netmask) == 0) &
+                       ((src | config.netmask) == 0xFFFF_FFFF)))  # our directed broadcast
         checks = [
             ("version", ip.version != 4),
             ("options", ip.ihl != 5),
             ("checksum", ~checksum_ok),
             ("fragment", ip.mf | (ip.fragment_offset != 0)),
-            ("address", ip.dst != self.i_config.ip),
+            ("address", ip.dst != config.ip),
+            ("source", source_bad),
             ("length", (ip.total_length < IPV4.length) | (ip.total_length > room)),
         ]
         with m.If(checks[0][1]):

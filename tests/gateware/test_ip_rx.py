@@ -17,6 +17,10 @@ from .streams import get_packet, put_packet, run_testbenches, wait_for
 
 OURS = "10.77.0.2"
 
+#: Sources RFC 1122 §3.2.1.3 says to discard (our subnet is 10.77.0.0/24).
+BAD_SOURCES = ["255.255.255.255", "10.77.0.255", "224.0.0.1", "239.255.255.250", "0.0.0.0",
+               "127.0.0.1", "127.255.0.9", "240.0.0.1", "250.1.2.3", OURS]
+
 
 def frame(kind, rng):
     """An Ethernet frame (no FCS) of a kind, and where it should go: "icmp", "udp", or the
@@ -25,6 +29,8 @@ def frame(kind, rng):
     ip = IP(src="10.77.0.1", dst=OURS)
     if kind == "address":
         ip.dst = "10.77.0.9"
+    elif kind == "source":
+        ip.src = rng.choice(BAD_SOURCES)
     elif kind == "fragment":
         ip.flags = "MF"
     elif kind == "protocol":
@@ -43,7 +49,7 @@ def frame(kind, rng):
 def test_routes_and_drops(gaps):
     dut = IPv4Receiver(width=16)
     rng = random.Random(f"ip{gaps}")
-    kinds = ["udp", "icmp", "checksum", "address", "fragment", "protocol"]
+    kinds = ["udp", "icmp", "checksum", "address", "source", "fragment", "protocol"]
     frames = [frame(rng.choice(kinds), rng) for _ in range(60)]
     expected = {"icmp": [], "udp": []}
     for wire, kind in frames:
@@ -78,7 +84,7 @@ def test_routes_and_drops(gaps):
             await ctx.tick()
         assert received == expected
         counters = ctx.get(dut.o_counters)
-        for reason in ("checksum", "address", "fragment", "protocol"):
+        for reason in ("checksum", "address", "source", "fragment", "protocol"):
             assert getattr(counters, reason) == sum(kind == reason for _, kind in frames), reason
 
     run_testbenches(dut, check, source, sink(dut.o_icmp, "icmp", 2), sink(dut.o_udp, "udp", 3))

@@ -4,6 +4,10 @@ import json
 import os
 
 import cocotb
+from cm_bench import Host, open_qp, start_run
+from roce_bench import RoceRun
+from roce_bench import start as start_roce
+from scapy.contrib.roce import BTH
 from scapy.layers.inet import ICMP, IP, TCP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Ether
@@ -266,4 +270,126 @@ async def runtime_address_change(dut):
     await bench.send(bytes(ping(8)))           # to the old address: dropped
     await bench.idle(300)
     assert bench.counters()["eth"]["address"] == 1
+    bench.close()
+
+
+@cocotb.test()
+async def minimum_frames_after_a_jumbo_are_absorbed(dut):
+    """A 9000-byte frame, then 128 minimum frames back to back (one a cycle, faster
+    than 100 Gb/s line rate): the receive FIFO loses none of them."""
+    bench = await start(dut)
+    request = ping(8, seq=999)
+    await bench.send(bytes(request))           # resolve the peer first
+    check_ping_reply(await bench.recv(), request)
+    jumbo_size = 9000 - 42
+    pings = [ping(18, seq=seq) for seq in range(128)]
+    assert {len(bytes(frame)) for frame in pings} == {MIN_FRAME}
+
+    # A jumbo frame that nothing answers (no service on the port): every ping is answered.
+    await bench.send(bytes(datagram(jumbo_size, dport=9)))
+    for frame in pings:
+        await bench.send(bytes(frame))
+    await bench.wait_sent()
+    await bench.idle(1000)
+    counters = bench.counters()
+    assert counters["eth"]["overflow"] == 0, counters["eth"]
+    assert counters["udp"]["port"] == 1 and counters["icmp"]["dropped"] == 0, counters
+    assert len(bench.received) == len(pings)
+    for frame in pings:
+        check_ping_reply(bench.received.popleft(), frame)
+
+    # A jumbo UDP echo: its reply holds the transmitter while the pings come in, so the
+    # ICMP echo service may drop some (counted); the receive FIFO still loses none.
+    jumbo = datagram(jumbo_size)
+    await bench.send(bytes(jumbo))
+    for frame in pings:
+        await bench.send(bytes(frame))
+    await bench.wait_sent()
+    await bench.idle(2000)
+    replies = list(bench.received)
+    bench.received.clear()
+    echoes = [frame for frame in replies if UDP in Ether(frame)]
+    assert len(echoes) == 1
+    check_udp_echo(echoes[0], jumbo)
+    answered = {Ether(frame)[ICMP].seq: frame for frame in replies if ICMP in Ether(frame)}
+    for seq, frame in answered.items():
+        check_ping_reply(frame, pings[seq])
+    counters = bench.counters()
+    assert counters["eth"]["overflow"] == 0, counters["eth"]
+    assert len(answered) + counters["icmp"]["dropped"] == len(pings), (
+        len(answered), counters["icmp"])
+    dut._log.info("after the jumbo echo: %d pings answered, %d dropped by the ICMP service",
+                  len(answered), counters["icmp"]["dropped"])
+    bench.close()
+
+
+#: Sources RFC 1122 §3.2.1.3 says to discard, on our subnet 10.77.0.0/24.
+DISCARDED_SOURCES = {
+    "limited broadcast": "255.255.255.255",
+    "directed broadcast": "10.77.0.255",
+    "multicast": "224.0.0.251",
+    "this host": "0.0.0.0",
+    "loopback": "127.0.0.1",
+    "class E": "240.0.0.7",
+    "our own address": OUR_IP,
+}
+
+
+@cocotb.test()
+async def rfc1122_sources_are_discarded(dut):
+    """A ping, a UDP echo and a CM datagram from each discarded source: dropped and counted
+    as ip.source, nothing answered, no ARP request; a reply to an address off our subnet
+    with no gateway is unreachable (counted), not ARPed for directly."""
+    bench = await start(dut)
+    for name, source in DISCARDED_SOURCES.items():
+        before = bench.counters()["ip"]["source"]
+        await bench.send(bytes(ping(16, src_ip=source, src_mac=OTHER_MAC)))
+        await bench.send(bytes(datagram(16, src_ip=source, src_mac=OTHER_MAC)))
+        await bench.send(bytes(datagram(64, dport=17185, src_ip=source, src_mac=OTHER_MAC)))
+        await bench.idle(300)
+        assert not bench.received and not bench.arp_requests, name
+        assert bench.counters()["ip"]["source"] == before + 3, name
+    await bench.send(bytes(ping(16, src_ip="192.0.2.9", src_mac=OTHER_MAC)))
+    await bench.send(bytes(datagram(16, src_ip="198.51.100.3", src_mac=OTHER_MAC)))
+    await bench.idle(300)
+    assert not bench.received and not bench.arp_requests
+    assert bench.counters()["arp"]["unreachable"] == 2, bench.counters()["arp"]
+    request = ping(16)                         # and a good one is answered
+    await bench.send(bytes(request))
+    check_ping_reply(await bench.recv(), request)
+    bench.close()
+
+
+@cocotb.test()
+async def a_silent_host_never_stalls_a_qp(dut):
+    """A generator run on a QP whose peer is resolved, and meanwhile a ping from an address
+    on our subnet that never answers ARP: the echo reply waits beside the stream and is
+    dropped and counted after the ARP tries; the RoCEv2 stream never pauses for it (its
+    largest gap stays below 100 cycles) and the run lands byte for byte."""
+    bench = await start_roce(dut)
+    run = RoceRun(bench)
+    host = Host(0x51, psn=0x100, rkey=0x5151, base=0x20_0000, path_mtu=1024)
+    qp = await open_qp(run, host, memory_size=1 << 18)
+    sent_at = []
+    deliver = bench._deliver
+
+    def timed(frame):
+        if BTH in Ether(frame):
+            sent_at.append(bench.cycle)
+        deliver(frame)
+    bench._deliver = timed
+
+    await start_run(run, qp, host, length=1024, count=120, write=True, immediate=False)
+    while len(sent_at) < 5:
+        await bench.idle(10)
+    await bench.send(bytes(ping(32, src_ip=SILENT_IP, src_mac=OTHER_MAC)))
+    await run.finish()
+    gaps = [later - earlier for earlier, later in zip(sent_at, sent_at[1:], strict=False)]
+    dut._log.info("RoCEv2 frames %d, largest gap %d cycles", len(sent_at), max(gaps))
+    assert max(gaps) < 100, f"the RoCEv2 stream paused {max(gaps)} cycles"
+    await bench.idle((PARAMS["arp_retries"] + 1) * PARAMS["arp_retry_interval"])
+    asked = [arp[ARP].pdst for arp in bench.arp_requests]
+    assert asked.count(SILENT_IP) == PARAMS["arp_retries"], asked
+    assert bench.counters()["arp"]["unresolved"] == 1
+    assert not bench.received, "a reply went out to an unresolved address"
     bench.close()

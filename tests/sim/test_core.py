@@ -24,6 +24,9 @@ TESTCASES = {
         "bad_input_dropped_and_counted",
         "frame_lengths_under_backpressure",
         "runtime_address_change",
+        "minimum_frames_after_a_jumbo_are_absorbed",
+        "rfc1122_sources_are_discarded",
+        "a_silent_host_never_stalls_a_qp",
     ],
     "roce_bench": [
         "every_verb_length_and_path_mtu_matches_scapy",
@@ -55,6 +58,9 @@ TESTCASES = {
         "ten_rounds_of_rnr_and_sequence_naks_with_one_retry",
         "lost_nak_on_a_slow_qp_is_resent_one_timeout_after_the_lost_packet",
         "timer_expires_on_time_while_other_qps_are_acknowledged",
+    ],
+    "fuzz_bench": [
+        "mutated_frames_of_every_protocol",
     ],
 }
 
