@@ -23,6 +23,7 @@ from ..roce.requests import (
     QP_WRITE,
     PathMtu,
     Verb,
+    check_qp_count,
 )
 from ..stream import BEAT_BYTES, beats_for, meta_with, packet_signature
 from ..udp.rx import UDP_RX_META
@@ -122,9 +123,7 @@ class ConnectionManager(wiring.Component):
     """
 
     def __init__(self, *, qps, queue=8, width=BEAT_BYTES):
-        if not isinstance(qps, int) or not 1 <= qps <= 1 << QP_INDEX_BITS:
-            raise ValueError(f"QP count must be 1..{1 << QP_INDEX_BITS}, not {qps!r}")
-        self._qps = qps
+        self._qps = check_qp_count(qps)
         self._queue = queue
         self._width = width
         super().__init__({

@@ -9,7 +9,7 @@ from ..packet.register import PacketRegister, StreamRegister
 from ..stream import BEAT_BYTES, NO_META, packet_signature
 from .generator import GENERATOR_RUN, TrafficGenerator
 from .request_arbiter import RequestArbiter
-from .requests import QP_INDEX_BITS, WORK_REQUEST
+from .requests import QP_INDEX_BITS, WORK_REQUEST, check_qp_count
 
 __all__ = ["GeneratorPool", "RUN_STATUS"]
 
@@ -42,9 +42,7 @@ class GeneratorPool(wiring.Component):
     def __init__(self, *, qps, runs=4, width=BEAT_BYTES):
         if not isinstance(runs, int) or runs < 1:
             raise ValueError(f"A pool needs at least one generator, not {runs!r}")
-        if not isinstance(qps, int) or not 1 <= qps <= 1 << QP_INDEX_BITS:
-            raise ValueError(f"QP count must be 1..{1 << QP_INDEX_BITS}, not {qps!r}")
-        self._qps = qps
+        self._qps = check_qp_count(qps)
         self._runs = runs
         self._width = width
         super().__init__({

@@ -2,7 +2,7 @@ from amaranth import *
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .requests import QP_INDEX_BITS, QP_STATE, QP_WRITE
+from .requests import QP_INDEX_BITS, QP_STATE, QP_WRITE, check_qp_count
 
 __all__ = ["QpTable", "QP_PATH"]
 
@@ -22,9 +22,7 @@ class QpTable(wiring.Component):
     """
 
     def __init__(self, qps):
-        if not isinstance(qps, int) or not 1 <= qps <= 1 << QP_INDEX_BITS:
-            raise ValueError(f"QP count must be 1..{1 << QP_INDEX_BITS}, not {qps!r}")
-        self._qps = qps
+        self._qps = check_qp_count(qps)
         super().__init__({
             "i_write": In(stream.Signature(QP_WRITE, always_ready=True)),
             "read_qp": In(QP_INDEX_BITS),

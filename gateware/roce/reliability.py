@@ -29,6 +29,7 @@ from .requests import (
     QP_WRITE,
     CompletionStatus,
     PathMtu,
+    check_qp_count,
 )
 from .timers import rnr_delay_ticks
 
@@ -196,8 +197,7 @@ class ReliabilityEngine(wiring.Component):
     """
 
     def __init__(self, *, qps, messages=128, width=BEAT_BYTES):
-        if not isinstance(qps, int) or not 1 <= qps <= 1 << QP_INDEX_BITS:
-            raise ValueError(f"QP count must be 1..{1 << QP_INDEX_BITS}, not {qps!r}")
+        check_qp_count(qps)
         if messages < 2 or messages & (messages - 1) or messages > 128:
             raise ValueError(f"Messages per QP must be a power of 2, 2..128, not {messages!r}")
         self._qps = qps
