@@ -135,7 +135,8 @@ class NetworkBench:
 
     async def reset(self):
         self.dut.rst.value = 1
-        for port in ("config", "work_request", "qp_write", "roce_config", "cm_config"):
+        for port in ("config", "work_request", "qp_write", "roce_config", "cm_config",
+                     "pause_config"):
             getattr(self.dut, f"{port}__valid").value = 0
         self.dut.payload__tvalid.value = 0
         self.dut.completion__ready.value = 1
