@@ -1,19 +1,16 @@
 """PAUSE and PFC frames through the Ethernet receiver into the MAC-control block.
 
-The frames come from Scapy: PAUSE as ``Ether(type=0x8808)`` with its opcode and
-pause_time packed by ``struct``, PFC the same way (Scapy has no PFC layer: opcode
-0x0101, the class-enable vector and eight times, big-endian, IEEE 802.1Qbb 36.1.3).
+The frames come from sim/pause.py: Scapy's ``Ether(type=0x8808)`` with the opcode and
+times packed by ``struct`` (Scapy has no PFC layer).
 The timers are checked against the durations computed here from the quanta and the
 cycles per quantum, to the cycle.
 """
 
 import math
-import struct
 
 from amaranth import *
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
-from scapy.layers.l2 import Ether
 
 from gateware.config import NetworkConfig, config_value
 from gateware.eth.mac_control import (
@@ -24,29 +21,16 @@ from gateware.eth.mac_control import (
 )
 from gateware.eth.rx import EthernetReceiver
 from gateware.stream import NO_META, packet_signature
+from sim.pause import pause_frame, pfc_frame
 
 from .streams import run_testbenches, to_beats
 
 OUR_MAC = "02:00:00:00:00:02"
 PEER_MAC = "52:54:00:12:34:56"
-MULTICAST = "01:80:c2:00:00:01"
 WIDTH = 64
 
 #: 1.5 cycles a quantum (8.8 fixed point).
 QUANTUM = 0x0180
-
-
-def pause_frame(quanta, *, dst=MULTICAST, opcode=0x0001):
-    """An 802.3x PAUSE frame (annex 31B), padded to 60 bytes as the MAC delivers it."""
-    frame = bytes(Ether(dst=dst, src=PEER_MAC, type=0x8808) / struct.pack(">HH", opcode, quanta))
-    return frame + bytes(60 - len(frame))
-
-
-def pfc_frame(enable, times, *, dst=MULTICAST):
-    """An 802.1Qbb PFC frame: class-enable vector (bit n: priority n) and 8 times."""
-    payload = struct.pack(">HH8H", 0x0101, enable, *times)
-    frame = bytes(Ether(dst=dst, src=PEER_MAC, type=0x8808) / payload)
-    return frame + bytes(60 - len(frame))
 
 
 def cycles(quanta, quantum=QUANTUM):
