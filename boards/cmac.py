@@ -28,7 +28,8 @@ class Cmac(wiring.Component):
     GTs' receive datapath (``gtwiz_reset_rx_datapath``). ``rsfec`` turns
     Clause 91 RS-FEC on both ways (it must match the peer). ``rx`` carries
     frames without FCS, ``tuser`` set with ``tlast`` on a bad one; ``tx``
-    takes frames without FCS and must not pause inside a frame. Status, in
+    takes frames without FCS and must not pause inside a frame. PAUSE and PFC
+    frames come out on ``rx`` like any other (the core acts on them). Status, in
     ``tx_clk``: ``rx_aligned``, ``rx_remote_fault`` (levels),
     ``rsfec_am_lock`` (per lane), ``rsfec_aligned``, ``rsfec_hi_ser``
     (levels), ``rsfec_corrected`` and ``rsfec_uncorrected`` (a cycle per
@@ -109,6 +110,13 @@ class Cmac(wiring.Component):
             i_ctl_rx_rsfec_enable=self.rsfec, i_ctl_rx_rsfec_enable_correction=self.rsfec,
             i_ctl_rx_rsfec_enable_indication=self.rsfec,
             i_ctl_rsfec_ieee_error_indication_mode=0,
+            # RX flow control (PG203): no pause processing here, MAC control frames go on
+            # to the core (RX_FORWARD_CONTROL_FRAMES, boards/cmac_ip.py), which reads them.
+            i_ctl_rx_pause_enable=C(0, 9), i_ctl_rx_pause_ack=C(0, 9),
+            **{f"i_ctl_rx_{check}_{kind}": 0
+               for check in ("enable", "check_etype", "check_mcast", "check_opcode",
+                             "check_sa", "check_ucast")
+               for kind in ("gcp", "gpp", "pcp", "ppp")},
             o_stat_rx_aligned=self.rx_aligned, o_stat_rx_bad_fcs=bad_fcs,
             o_stat_rx_remote_fault=self.rx_remote_fault,
             **{f"o_stat_rx_rsfec_am_lock{lane}": self.rsfec_am_lock[lane] for lane in range(4)},

@@ -8,7 +8,13 @@ instantiates it. Its configuration:
   reference clock; the CMAC site next to those lanes.
 * The AXI4-Stream user interface (512 bits, in the TX user clock,
   322.265625 MHz); FCS inserted on transmit, checked and stripped on
-  receive; frames up to 9600 bytes; no pause frames.
+  receive; frames up to 9600 bytes.
+* Pause frames: the CMAC sends none (no TX flow control) and acts on none it
+  receives: its RX flow-control logic is built (``RX_FLOW_CONTROL``) only so
+  that it forwards MAC control frames (``RX_FORWARD_CONTROL_FRAMES``, PG203);
+  :class:`boards.cmac.Cmac` ties its pause processing off (``ctl_rx_enable_*``,
+  ``ctl_rx_pause_enable`` 0). The core's own MAC-control block
+  (:class:`gateware.eth.mac_control.MacControl`) reads PAUSE and PFC frames.
 * RS-FEC (Clause 91) built in; whether it runs is chosen by the top through
   the IP's ``ctl_*_rsfec_*`` inputs, so the port list is the same either way.
 * Control and status as ports (no AXI4-Lite, no statistics counters).
@@ -42,7 +48,8 @@ def cmac_ip_properties(qsfp: int) -> dict[str, str]:
         "ENABLE_AXI_INTERFACE": "0",
         "INCLUDE_STATISTICS_COUNTERS": "0",
         "TX_FLOW_CONTROL": "0",
-        "RX_FLOW_CONTROL": "0",
+        "RX_FLOW_CONTROL": "1",
+        "RX_FORWARD_CONTROL_FRAMES": "1",
         "TX_FRAME_CRC_CHECKING": "Enable FCS Insertion",
         "RX_FRAME_CRC_CHECKING": "Enable FCS Stripping",
         "RX_MAX_PACKET_LEN": "9600",

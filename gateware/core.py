@@ -10,6 +10,8 @@ from .cm.lease import lease_tick
 from .cm.manager import CM_CONFIG, ConnectionManager, access_list
 from .config import NetworkConfig, config_value
 from .counters import COUNTER_BITS
+from .eth.mac_control import PAUSE_CONFIG, ROCE_PRIORITY, MacControl, quantum_cycles_at
+from .eth.pause_gate import PauseGate
 from .eth.rx import EthernetReceiver
 from .eth.tx import ETH_TX_META, EthernetTransmitter
 from .headers import UDP_PORT_ROCEV2
@@ -17,6 +19,7 @@ from .icmp.echo import ICMP_COUNTERS, IcmpEcho
 from .ip.rx import IPv4Receiver
 from .ip.tx import IP_TX_META, NEXT_HOP_META, IPv4Transmitter
 from .packet.arbiter import PacketArbiter
+from .packet.gate import PacketGate
 from .packet.register import PacketRegister
 from .roce.ack import ACK_COUNTERS, AckReceiver
 from .roce.generator_pool import GeneratorPool
@@ -38,7 +41,7 @@ from .udp.echo import UdpEcho
 from .udp.rx import UdpReceiver
 from .udp.tx import UDP_TX_META, UdpTransmitter
 
-__all__ = ["NetworkCore", "ECHO_PORT", "CMAC_CLOCK_HZ", "TOS_ECT0"]
+__all__ = ["NetworkCore", "ECHO_PORT", "CMAC_CLOCK_HZ", "DSCP_ROCE", "TOS_ECT0"]
 
 #: The CMAC's user clock on the VCU118 (the core's ``sync`` domain there).
 CMAC_CLOCK_HZ = 322_265_625
@@ -46,9 +49,13 @@ CMAC_CLOCK_HZ = 322_265_625
 #: UDP echo service (RFC 862), for bring-up.
 ECHO_PORT = 7
 
-#: Default IPv4 traffic class of RoCEv2 packets: DSCP 0, ECN ECT(0), so that
+#: DSCP of RoCEv2 packets by default: 26, the common lossless RoCE class (priority 3
+#: on a ConnectX with ``mlnx_qos --trust dscp``).
+DSCP_ROCE = 26
+
+#: Default IPv4 traffic class of RoCEv2 packets: DSCP 26, ECN ECT(0), so that
 #: ECN-capable switches mark instead of dropping.
-TOS_ECT0 = 0b10
+TOS_ECT0 = DSCP_ROCE << 2 | 0b10
 
 
 class NetworkCore(wiring.Component):
@@ -93,8 +100,16 @@ class NetworkCore(wiring.Component):
         run time (``lease_tick``: the lease / ``LEASE_SWEEPS``), and the CM's
         access list, by default the subnet of ``ip``/``netmask``.
 
+    roce_priority, pause_quantum_cycles : int
+        Defaults of ``pause_config``: the priority whose PFC frames pause RoCEv2
+        frames, and the cycles of a pause quantum in 8.8 fixed point (default: 512
+        bit times of a 100 Gb/s line at ``clock_hz``). See :class:`MacControl`.
+
     ``roce_config`` sets the RoCEv2 traffic class and the cycles of the IB
-    timers' 4.096 us tick (default: at ``clock_hz``); ``qp_status_select`` →
+    timers' 4.096 us tick (default: at ``clock_hz``); ``pause_config`` the
+    PAUSE/PFC settings (see :class:`~gateware.eth.mac_control.MacControl`):
+    while the link pauses them no RoCEv2 frame starts (a PAUSE: no frame at
+    all) and the ACK timers stand still; ``qp_status_select`` →
     ``qp_status``: that QP's reliability state and counters, a cycle later.
 
     The connection manager on UDP port 17185 opens and closes QPs and starts
@@ -107,7 +122,8 @@ class NetworkCore(wiring.Component):
                  arp_lifetime=None, arp_retries=3, rx_depth=512, echo_depth=256, qps=16,
                  retransmit_beats=2048, messages=128, generator_runs=4,
                  path_mtu=PathMtu.MTU_4096, qp_timeout=14, retry_count=7, rnr_retry=7,
-                 cm_lease=None, width=BEAT_BYTES):
+                 cm_lease=None, roce_priority=ROCE_PRIORITY, pause_quantum_cycles=None,
+                 width=BEAT_BYTES):
         self._defaults = config_value(mac=mac, ip=ip, netmask=netmask, gateway=gateway)
         self._arp_retry_interval = arp_retry_interval or clock_hz
         self._arp_lifetime = arp_lifetime or 60 * clock_hz
@@ -123,6 +139,9 @@ class NetworkCore(wiring.Component):
             "rnr_retry": rnr_retry, **access_list(ip, netmask),
             "lease_tick": lease_tick(60 * clock_hz if cm_lease is None else cm_lease)})
         self._tick = ticks_at(clock_hz)
+        self._pause_defaults = PAUSE_CONFIG.const({
+            "roce_priority": roce_priority,
+            "quantum_cycles": pause_quantum_cycles or quantum_cycles_at(clock_hz)})
         self._width = width
         super().__init__({
             "rx": In(axi_stream_signature(width=width, ready=False)),
@@ -135,6 +154,7 @@ class NetworkCore(wiring.Component):
             "qp_write": In(stream.Signature(QP_WRITE)),
             "cm_config": In(stream.Signature(CM_CONFIG)),
             "roce_config": In(stream.Signature(TRANSMIT_CONFIG)),
+            "pause_config": In(stream.Signature(PAUSE_CONFIG)),
             "qp_status_select": In(QP_INDEX_BITS),
             "qp_status": Out(QP_STATUS),
         })
@@ -151,6 +171,7 @@ class NetworkCore(wiring.Component):
             "roce_ack": ACK_COUNTERS,
             "cm": ConnectionManager.counters_layout(),
             "generator": GeneratorPool.counters_layout(),
+            "mac_control": MacControl.counters_layout(),
         })
 
     def elaborate(self, platform):
@@ -163,6 +184,7 @@ class NetworkCore(wiring.Component):
             m.d.sync += config.eq(self.config.p)
 
         m.submodules.eth_rx = eth_rx = EthernetReceiver(depth=self._rx_depth, width=width)
+        m.submodules.mac_control = mac_control = MacControl(width=width)
         m.submodules.arp = arp = ArpLayer(lifetime=self._arp_lifetime,
                                           retry_interval=self._arp_retry_interval,
                                           retries=self._arp_retries,
@@ -192,6 +214,10 @@ class NetworkCore(wiring.Component):
         m.submodules.arp_out = arp_out = PacketRegister(ETH_TX_META, width=width)
         m.submodules.mac_out = mac_out = PacketRegister(NO_META, width=width)
         m.submodules.eth_tx = eth_tx = EthernetTransmitter(width=width)
+        # PAUSE and PFC hold frames at their start: RoCEv2 frames as they leave the
+        # requester (so the others pass meanwhile), and every frame before the MAC.
+        m.submodules.roce_gate = roce_gate = PacketGate(UDP_TX_META, width=width)
+        m.submodules.pause_gate = pause_gate = PauseGate(width=width)
         # And after UDP and ICMP. (On the receive path, each layer's router ends in one.)
         m.submodules.udp_out = udp_out = PacketRegister(IP_TX_META, width=width)
         m.submodules.icmp_out = icmp_out = PacketRegister(IP_TX_META, width=width)
@@ -213,6 +239,20 @@ class NetworkCore(wiring.Component):
         connect(m, udp_rx.o[0], udp_echo.i)
         connect(m, udp_rx.o[1], ack_rx.i)
         connect(m, udp_rx.o[2], cm.i)
+        connect(m, eth_rx.o_mac_control, mac_control.i)
+
+        # PAUSE and PFC: the timers, their settings, and what they stop.
+        pause_config = Signal(PAUSE_CONFIG, init=self._pause_defaults)
+        m.d.comb += self.pause_config.ready.eq(1)
+        with m.If(self.pause_config.valid):
+            m.d.sync += pause_config.eq(self.pause_config.p)
+        m.d.comb += [
+            mac_control.i_config.eq(pause_config),
+            roce_gate.i_hold.eq(mac_control.o_pause_roce),
+            pause_gate.i_pause_all.eq(mac_control.o_pause_all),
+            pause_gate.i_pause_roce.eq(mac_control.o_pause_roce),
+            roce_tx.i_paused.eq(mac_control.o_pause_roce),
+        ]
 
         # Connection manager: sets and closes QPs, starts runs, reads status.
         cm_config = Signal(CM_CONFIG, init=self._cm_defaults)
@@ -263,10 +303,12 @@ class NetworkCore(wiring.Component):
             self.qp_status.eq(roce_tx.status[0]),
         ]
 
-        # Transmit: services → UDP → IPv4 (with ICMP first) → ICRC → ARP → Ethernet → MAC.
+        # Transmit: services → UDP → IPv4 (with ICMP first) → ICRC → ARP → Ethernet → pause
+        # gate → MAC.
         connect(m, udp_echo.o, udp_mux.i[0])
         connect(m, cm.o, udp_mux.i[1])
-        connect(m, roce_tx.o, udp_mux.i[2])
+        connect(m, roce_tx.o, roce_gate.i)
+        connect(m, roce_gate.o, udp_mux.i[2])
         connect(m, udp_mux.o, udp_tx.i)
         connect(m, icmp.o, icmp_out.i)
         connect(m, icmp_out.o, ip_mux.i[0])
@@ -278,7 +320,8 @@ class NetworkCore(wiring.Component):
         connect(m, icrc.o, arp.i_ip)
         connect(m, arp.o, arp_out.i)
         connect(m, arp_out.o, eth_tx.i)
-        connect(m, eth_tx.o, mac_out.i)
+        connect(m, eth_tx.o, pause_gate.i)
+        connect(m, pause_gate.o, mac_out.i)
         m.d.comb += [
             self.tx.tvalid.eq(mac_out.o.valid),
             self.tx.tdata.eq(mac_out.o.p.data),
@@ -297,5 +340,6 @@ class NetworkCore(wiring.Component):
             self.counters.roce_ack.eq(ack_rx.o_counters),
             self.counters.cm.eq(cm.o_counters),
             self.counters.generator.eq(generator.o_counters),
+            self.counters.mac_control.eq(mac_control.o_counters),
         ]
         return m

@@ -15,7 +15,9 @@ from amaranth.lib import data
 __all__ = [
     "NetworkLayout", "byte_swap",
     "ETHERNET", "ARP", "IPV4", "UDP", "ICMP_ECHO", "BTH", "RETH", "IMMDT", "AETH",
+    "MAC_CONTROL",
     "ETHERTYPE_IPV4", "ETHERTYPE_ARP", "IP_PROTO_ICMP", "IP_PROTO_UDP", "UDP_PORT_ROCEV2",
+    "ETHERTYPE_MAC_CONTROL", "MAC_CONTROL_ADDRESS", "OPCODE_PAUSE", "OPCODE_PFC",
 ]
 
 
@@ -154,8 +156,18 @@ AETH = NetworkLayout({         # ACK Extended Transport Header (9.3.7)
     "msn": 24,
 })
 
+MAC_CONTROL = NetworkLayout({  # IEEE 802.3 clause 31 MAC control, after the Ethernet header
+    "opcode": 16,
+    "parameter": 16,           # PAUSE (31B): pause_time; PFC (802.1Qbb 36.1.3): class-enable vector
+    **{f"time{priority}": 16 for priority in range(8)},     # PFC: time of each priority
+})
+
 ETHERTYPE_IPV4 = 0x0800
 ETHERTYPE_ARP = 0x0806
+ETHERTYPE_MAC_CONTROL = 0x8808
+MAC_CONTROL_ADDRESS = 0x0180C2000001    # 802.3 annex 31B: the PAUSE multicast address
+OPCODE_PAUSE = 0x0001
+OPCODE_PFC = 0x0101
 IP_PROTO_ICMP = 1
 IP_PROTO_UDP = 17
 UDP_PORT_ROCEV2 = 4791

@@ -30,6 +30,7 @@ from gateware.cm.datagram import CM_PORT
 from gateware.cm.manager import CM_CONFIG
 from gateware.config import NetworkConfig
 from gateware.core import NetworkCore
+from gateware.eth.mac_control import PAUSE_CONFIG
 from gateware.roce.planner import TRANSMIT_CONFIG
 from gateware.roce.requests import COMPLETION, QP_STATUS, QP_WRITE, WORK_REQUEST
 
@@ -135,7 +136,8 @@ class NetworkBench:
 
     async def reset(self):
         self.dut.rst.value = 1
-        for port in ("config", "work_request", "qp_write", "roce_config", "cm_config"):
+        for port in ("config", "work_request", "qp_write", "roce_config", "cm_config",
+                     "pause_config"):
             getattr(self.dut, f"{port}__valid").value = 0
         self.dut.payload__tvalid.value = 0
         self.dut.completion__ready.value = 1
@@ -170,6 +172,12 @@ class NetworkBench:
     async def configure_roce(self, *, tos, tick):
         """Set the RoCEv2 traffic class and the clock cycles of a 4.096 us timer tick."""
         await self._put("roce_config", TRANSMIT_CONFIG, {"tos": tos, "tick": tick})
+
+    async def configure_pause(self, *, roce_priority, quantum_cycles):
+        """Set the priority whose PFC frames pause RoCEv2 frames, and the cycles of a pause
+        quantum (8.8 fixed point)."""
+        await self._put("pause_config", PAUSE_CONFIG, {"roce_priority": roce_priority,
+                                                       "quantum_cycles": quantum_cycles})
 
     async def configure_cm(self, **config):
         """Set how the connection manager sets up the QPs it opens, its access list and

@@ -81,6 +81,8 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
         lifetime=60 * 322_265_625, retry_interval=322_265_625,
         patient_ports=(4791, 17185), width=WIDTH),
     "EthernetReceiver": lambda: _load("gateware.eth.rx.EthernetReceiver")(width=WIDTH),
+    "MacControl": lambda: _load("gateware.eth.mac_control.MacControl")(width=WIDTH),
+    "PauseGate": lambda: _load("gateware.eth.pause_gate.PauseGate")(width=WIDTH),
     "IPv4Receiver": lambda: _load("gateware.ip.rx.IPv4Receiver")(width=WIDTH),
     "IcrcInserter": lambda: _load("gateware.roce.icrc.IcrcInserter")(width=WIDTH),
     "RequesterTransmitter (16 QPs)": lambda: _load("gateware.roce.tx.RequesterTransmitter")(

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gateware.core import NetworkCore
+from gateware.core import TOS_ECT0, NetworkCore
 from gateware.roce.requests import PathMtu
 
 from .bench import CORE_PARAMS
@@ -93,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--path-mtu", type=int, default=4096,
                         choices=[mtu.bytes for mtu in PathMtu],
                         help="path MTU when OPEN_QP leaves it to the endpoint")
-    parser.add_argument("--tos", type=lambda text: int(text, 0), default=0x02,
-                        help="DSCP/ECN byte of RoCEv2 packets (default ECT(0))")
+    parser.add_argument("--tos", type=lambda text: int(text, 0), default=TOS_ECT0,
+                        help="DSCP/ECN byte of RoCEv2 packets (default %(default)#x: DSCP 26, "
+                        "ECT(0))")
     return parser
 
 

@@ -8,6 +8,7 @@ from scapy.layers.inet import ICMP, IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
+from gateware.core import TOS_ECT0
 from gateware.roce.requests import Verb
 from host import protocol
 from sim.bench import CORE_PARAMS, MIN_FRAME, NetworkBench
@@ -111,7 +112,7 @@ async def roce_demo(bench):
             show("<-", frame)
             expected = roce_frame(fields, src_mac=CORE_MAC, dst_mac=HOST_MAC, src_ip=CORE_IP,
                                   dst_ip=HOST_IP, dest_qp=qp["remote_qpn"],
-                                  src_port=qp["src_port"], tos=0x02, ip_id=Ether(frame)[IP].id)
+                                  src_port=qp["src_port"], tos=TOS_ECT0, ip_id=Ether(frame)[IP].id)
             expected += bytes(max(0, MIN_FRAME - len(expected)))
             if frame != expected:
                 failures += 1

@@ -4,7 +4,13 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..config import NetworkConfig
 from ..counters import counters_layout, event_counter
-from ..headers import ETHERNET, ETHERTYPE_ARP, ETHERTYPE_IPV4
+from ..headers import (
+    ETHERNET,
+    ETHERTYPE_ARP,
+    ETHERTYPE_IPV4,
+    ETHERTYPE_MAC_CONTROL,
+    MAC_CONTROL_ADDRESS,
+)
 from ..packet.extract import HeaderExtractor
 from ..packet.fifo import PacketFIFO
 from ..packet.router import PacketRouter
@@ -23,7 +29,8 @@ BROADCAST = (1 << 48) - 1
 
 class EthernetReceiver(wiring.Component):
     """Takes frames from the MAC (no backpressure), drops the bad ones, and
-    hands ARP and IPv4 frames up without their Ethernet header.
+    hands ARP and IPv4 frames up without their Ethernet header, and MAC control
+    frames (PAUSE, PFC) to :class:`~.mac_control.MacControl` on ``o_mac_control``.
 
     A store-and-forward FIFO of ``depth`` beats comes first: it drops frames
     that the MAC flags on ``i_error`` (``tuser`` with the last beat) and frames
@@ -35,7 +42,8 @@ class EthernetReceiver(wiring.Component):
     cycles on the wire with its preamble and gap), so it overflows only on a
     frame longer than ``depth`` beats or when the layers above stall. Then frames that
     are shorter than 60 bytes (``runt``), not for our MAC nor broadcast
-    (``address``), or neither IPv4 nor ARP (``ethertype``) are dropped.
+    (``address``; MAC control frames: not for our MAC nor 01-80-C2-00-00-01), or
+    neither IPv4, ARP nor MAC control (``ethertype``) are dropped.
 
     Counters (32 bits, wrapping): ``mac_error``, ``overflow``, ``runt``,
     ``address``, ``ethertype``, ``truncated``. The router ends in a register
@@ -54,6 +62,7 @@ class EthernetReceiver(wiring.Component):
             "i_config": In(NetworkConfig),
             "o_arp": Out(packet_signature(ETH_RX_META, width=width)),
             "o_ipv4": Out(packet_signature(ETH_RX_META, width=width)),
+            "o_mac_control": Out(packet_signature(ETH_RX_META, width=width)),
             "o_counters": Out(self.counters_layout()),
         })
 
@@ -69,7 +78,7 @@ class EthernetReceiver(wiring.Component):
                                               max_packets=self._depth, width=width)
         m.submodules.header = header = HeaderExtractor("eth", ETHERNET, fifo.o.p.meta.shape(),
                                                        width=width)
-        m.submodules.router = router = PacketRouter(ETH_RX_META, outputs=2,
+        m.submodules.router = router = PacketRouter(ETH_RX_META, outputs=3,
                                                     drop_reasons=self.DROP_REASONS, width=width,
                                                     registered=True)
         connect(m, flipped(self.i), fifo.i)
@@ -78,11 +87,17 @@ class EthernetReceiver(wiring.Component):
         connect(m, header.o, router.i)
         connect(m, router.o[0], flipped(self.o_arp))
         connect(m, router.o[1], flipped(self.o_ipv4))
+        connect(m, router.o[2], flipped(self.o_mac_control))
 
         meta = router.i.p.meta
         eth = meta.eth
         with m.If(meta.length < MIN_FRAME):
             m.d.comb += router.i_drop.eq(router.drop_code("runt"))
+        with m.Elif(eth.ethertype == ETHERTYPE_MAC_CONTROL):
+            with m.If((eth.dst == self.i_config.mac) | (eth.dst == MAC_CONTROL_ADDRESS)):
+                m.d.comb += router.i_route.eq(2)
+            with m.Else():
+                m.d.comb += router.i_drop.eq(router.drop_code("address"))
         with m.Elif((eth.dst != self.i_config.mac) & (eth.dst != BROADCAST)):
             m.d.comb += router.i_drop.eq(router.drop_code("address"))
         with m.Elif(eth.ethertype == ETHERTYPE_ARP):

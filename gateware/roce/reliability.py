@@ -193,7 +193,9 @@ class ReliabilityEngine(wiring.Component):
     acknowledgements: a timer expires up to ``qps`` cycles after its time, plus
     at most one acknowledgement's work (4 cycles and 1 per message it
     completes). ``i_icrc_error`` and ``i_cnp`` (a QP index each) count the
-    acknowledgements dropped for their ICRC and the CNPs of a QP.
+    acknowledgements dropped for their ICRC and the CNPs of a QP. While
+    ``i_paused`` (the link pauses RoCEv2 frames: PAUSE or PFC) the tick count
+    stands still, so pause time counts against no ACK timer or RNR wait.
     """
 
     def __init__(self, *, qps, messages=128, width=BEAT_BYTES):
@@ -207,6 +209,7 @@ class ReliabilityEngine(wiring.Component):
             "i_reset": In(stream.Signature(QP_WRITE)),
             "i_close": In(stream.Signature(QP_INDEX_BITS)),
             "i_config": In(TRANSMIT_CONFIG),
+            "i_paused": In(1),
             "i_ack": In(stream.Signature(ACK_EVENT, always_ready=True)),
             "i_icrc_error": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "i_cnp": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
@@ -291,8 +294,9 @@ class ReliabilityEngine(wiring.Component):
         tick = Signal()
         tick_count = Signal(16)
         now = Signal(_TIME_BITS)
-        m.d.comb += tick.eq(tick_count + 1 >= self.i_config.tick)
-        m.d.sync += tick_count.eq(Mux(tick, 0, tick_count + 1))
+        m.d.comb += tick.eq((tick_count + 1 >= self.i_config.tick) & ~self.i_paused)
+        with m.If(~self.i_paused):
+            m.d.sync += tick_count.eq(Mux(tick, 0, tick_count + 1))
         with m.If(tick):
             m.d.sync += now.eq(now + 1)
 

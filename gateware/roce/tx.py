@@ -41,7 +41,8 @@ class RequesterTransmitter(wiring.Component):
     state and counters a cycle later. Each QP keeps the
     payload of its unacknowledged packets in a ring of ``ring_beats`` beats
     and up to ``messages`` unacknowledged messages; when either is full, the
-    QP waits (and the request and payload streams with it).
+    QP waits (and the request and payload streams with it). ``i_paused``
+    (the link pauses RoCEv2 frames) stops the ACK timers and RNR waits.
 
     Register → planner → descriptor FIFO → segmenter (payload: new from
     ``i_payload`` through a register, and into the retransmit buffer, or
@@ -67,6 +68,7 @@ class RequesterTransmitter(wiring.Component):
             "i_qp_write": In(stream.Signature(QP_WRITE)),
             "i_qp_close": In(stream.Signature(QP_INDEX_BITS)),
             "i_config": In(TRANSMIT_CONFIG),
+            "i_paused": In(1),
             "i_ack": In(stream.Signature(ACK_EVENT, always_ready=True)),
             "i_icrc_error": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "i_cnp": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
@@ -124,6 +126,7 @@ class RequesterTransmitter(wiring.Component):
             planner.read_path.eq(table.read_path),
             planner.i_config.eq(self.i_config),
             reliability.i_config.eq(self.i_config),
+            reliability.i_paused.eq(self.i_paused),
             reliability.new_qp.eq(planner.new_qp),
             planner.new_view.eq(reliability.new_view),
             reliability.replay_qp.eq(planner.replay_qp),

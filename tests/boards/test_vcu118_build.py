@@ -81,6 +81,10 @@ def test_the_whole_top_elaborates_with_the_cmac(tree):
             "stat_rx_remote_fault", "stat_rx_rsfec_am_lock0", "stat_rx_rsfec_am_lock3",
             "stat_rx_rsfec_lane_alignment_status", "stat_rx_rsfec_hi_ser",
             "stat_rx_rsfec_corrected_cw_inc", "stat_rx_rsfec_uncorrected_cw_inc"} <= ports
+    # Pause processing is off in the CMAC: it forwards PAUSE and PFC frames to the core.
+    for kind in ("gcp", "gpp", "pcp", "ppp"):
+        assert re.search(rf"\.ctl_rx_enable_{kind}\(1'h0\)", instance[1]), kind
+    assert re.search(r"\.ctl_rx_pause_enable\(9'h000\)", instance[1])
     # The receive datapath reset is driven (by the watchdog), not tied off.
     assert re.search(r"\.gtwiz_reset_rx_datapath\(\w+\)", instance[1])
     # The receive side runs on the TX user clock.
@@ -138,6 +142,7 @@ def test_tcl_creates_the_cmac_before_synthesis(tree):
     assert properties["GT_REF_CLK_FREQ"] == "156.25" and properties["USER_INTERFACE"] == "AXIS"
     assert properties["INCLUDE_RS_FEC"] == "1" and properties["GT_DRP_CLK"] == "125"
     assert int(properties["RX_MAX_PACKET_LEN"]) >= 4096 + 100
+    assert (properties["RX_FLOW_CONTROL"], properties["RX_FORWARD_CONTROL_FRAMES"]) == ("1", "1")
     assert properties == cmac_ip_properties(qsfp)
 
 

@@ -18,6 +18,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
 from gateware.config import parse_ipv4
+from gateware.core import TOS_ECT0
 from gateware.roce.requests import FIRST_QPN, CompletionStatus, PathMtu, Verb
 from sim.bench import MIN_FRAME, NetworkBench
 from sim.responder import Completion, Responder
@@ -31,7 +32,6 @@ from sim.rocev2 import (
 PARAMS = json.loads(os.environ["BENCH_PARAMS"])
 OUR_MAC, OUR_IP = "02:00:00:00:00:02", "10.77.0.2"
 PEER_MAC, PEER_IP = "52:54:00:12:34:56", "10.77.0.1"
-TOS_ECT0 = 0x02
 VERBS = [verb.name for verb in Verb]
 SUCCESS = CompletionStatus.SUCCESS.value
 

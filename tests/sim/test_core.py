@@ -2,7 +2,8 @@
 the network layer (network_bench: ARP, ICMP echo, UDP echo, every bad input), the
 RoCEv2 requester (roce_bench: frames byte for byte against Scapy, ICRC included, and
 what lands at a responder model) and its reliability (reliability_bench: responder
-models with faults), and against a ConnectX-class peer (connectx_bench)."""
+models with faults), against a ConnectX-class peer (connectx_bench), and PAUSE and
+PFC frames (pause_bench)."""
 
 from pathlib import Path
 
@@ -61,6 +62,10 @@ TESTCASES = {
     ],
     "fuzz_bench": [
         "mutated_frames_of_every_protocol",
+    ],
+    "pause_bench": [
+        "pause_holds_every_frame_longer_than_the_ack_timeout",
+        "pfc_holds_the_roce_priority_only",
     ],
 }
 

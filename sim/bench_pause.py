@@ -1,0 +1,65 @@
+"""How soon the core obeys a PAUSE or a PFC: prints a table; ``make bench``.
+
+The core (the tests' build) runs under Verilator (sim/bench_pause_runs.py, cocotb)
+with its MAC side at the rate of a 100 Gb/s line, one QP streaming RDMA WRITEs to a
+ConnectX-like peer. A PAUSE, or a PFC for the RoCEv2 priority (3), comes in at a
+different moment after a frame start each time; the response is the cycles (of the
+322.265625 MHz core clock) from the pause frame's last beat in to the start of the
+last frame the core sent before it held: that frame was under way, or had passed the
+gate before the timer ran. Nothing starts after it until the pause ends.
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from gateware.core import NetworkCore
+
+from .bench import CORE_PARAMS
+from .bench_connectx import frame_length
+from .runner import BUILD, build, run, simulator
+
+ROWS = [{"length": 64, "messages": 400}, {"length": 1024, "messages": 80},
+        {"length": 4096, "messages": 40}]
+INJECTIONS = 8
+HOLD = 200
+
+
+def measure(design, rows):
+    with tempfile.TemporaryDirectory() as directory:
+        results = Path(directory) / "pause.json"
+        run(design, module="bench_pause_runs", test_dir=Path(__file__).parent,
+            testcase="pause_response",
+            params={"pcap": str(BUILD / "pcap" / "bench-pause.pcap"), "rows": rows,
+                    "results": str(results)})
+        return json.loads(results.read_text())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.parse_args()
+    print(f"Building the core with {simulator()} (cached after the first run)...", flush=True)
+    design = build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
+    os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    rows = [{**row, "kind": kind, "injections": INJECTIONS, "hold": HOLD}
+            for kind in ("PAUSE", "PFC") for row in ROWS]
+    print(f"Pause response: cycles from the pause frame's last beat in to the last frame "
+          f"start out, over {INJECTIONS} pauses at successive cycles after a frame start; "
+          "1 QP of RDMA WRITEs at 100 Gb/s line rate.")
+    print("| pause | WRITE payload | frame B | frame beats | response min | max | mean |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for row in measure(design, rows):
+        frame = frame_length("RDMA_WRITE", row["length"])
+        responses = row["responses"]
+        print(f"| {row['kind']} | {row['length']} | {frame} | {-(-frame // 64)} | "
+              f"{min(responses)} | {max(responses)} | "
+              f"{sum(responses) / len(responses):.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
