@@ -196,8 +196,8 @@ class DcqcnReactionPoint(wiring.Component):
         dividend_bits = 10 + 3 + INTERVAL_FRACTION_BITS + RATE_FRACTION_BITS
         dividend = Signal(dividend_bits)
 
-        max_rate = Signal(_RATE)
-        m.d.comb += max_rate.eq(Mux(config.rpg_max_rate != 0, config.rpg_max_rate,
+        max_rate = Signal(_RATE)                # (a register: settings change seldom)
+        m.d.sync += max_rate.eq(Mux(config.rpg_max_rate != 0, config.rpg_max_rate,
                                     config.line_rate) << RATE_FRACTION_BITS)
         min_rate = config.rpg_min_rate << RATE_FRACTION_BITS
         g_complement = (1 << ALPHA_BITS) - config.dce_tcp_g
@@ -308,14 +308,14 @@ class DcqcnReactionPoint(wiring.Component):
                     m.next = "CUT_PRODUCT"
             with m.State("CUT_PRODUCT"):
                 m.d.sync += product.eq(state.rate * state.alpha)
+                m.next = "CUT_SHIFT"
+            with m.State("CUT_SHIFT"):
+                m.d.sync += product.eq(product >> (config.rpg_gd + _ALPHA_EXTRA))
                 m.next = "CUT"
             with m.State("CUT"):
-                cut = Signal(_RATE)
+                cut = product
                 lowered = Signal(_RATE)
-                m.d.comb += [
-                    cut.eq(product >> (config.rpg_gd + _ALPHA_EXTRA)),
-                    lowered.eq(Mux(cut < state.rate, state.rate - cut, 0)),
-                ]
+                m.d.comb += lowered.eq(Mux(cut < state.rate, state.rate - cut, 0))
                 with m.If(config.clamp_tgt_rate
                           | (config.clamp_tgt_rate_after_time_inc & (state.time_stage != 0))):
                     m.d.sync += state.target.eq(state.rate)
