@@ -193,6 +193,7 @@ class DcqcnReactionPoint(wiring.Component):
         quotient = Signal(INTERVAL_BITS)
         remainder = Signal(_RATE + 1)
         step = Signal(range(64))
+        step_rate = Signal(_MBPS)               # the increase of Rt of this event
         dividend_bits = 10 + 3 + INTERVAL_FRACTION_BITS + RATE_FRACTION_BITS
         dividend = Signal(dividend_bits)
 
@@ -357,13 +358,14 @@ class DcqcnReactionPoint(wiring.Component):
                            state.byte_stage)
                 least = Mux(state.time_stage > state.byte_stage, state.byte_stage,
                             state.time_stage)
-                step_rate = Signal(_MBPS)
                 with m.If(most < threshold):
-                    m.d.comb += step_rate.eq(0)                     # fast recovery
+                    m.d.sync += step_rate.eq(0)                     # fast recovery
                 with m.Elif(least > threshold):
-                    m.d.comb += step_rate.eq(config.rpg_hai_rate)   # hyper increase
+                    m.d.sync += step_rate.eq(config.rpg_hai_rate)   # hyper increase
                 with m.Else():
-                    m.d.comb += step_rate.eq(config.rpg_ai_rate)    # additive increase
+                    m.d.sync += step_rate.eq(config.rpg_ai_rate)    # additive increase
+                m.next = "RAISE"
+            with m.State("RAISE"):
                 raised = Signal(_RATE + 1)
                 m.d.comb += raised.eq(state.target + (step_rate << RATE_FRACTION_BITS))
                 m.d.sync += [
