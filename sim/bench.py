@@ -31,6 +31,7 @@ from gateware.cm.manager import CM_CONFIG
 from gateware.config import NetworkConfig
 from gateware.core import NetworkCore
 from gateware.eth.mac_control import PAUSE_CONFIG
+from gateware.roce.dcqcn import DCQCN_CONFIG, DCQCN_DEFAULTS
 from gateware.roce.planner import TRANSMIT_CONFIG
 from gateware.roce.requests import COMPLETION, QP_STATUS, QP_WRITE, WORK_REQUEST
 
@@ -137,7 +138,7 @@ class NetworkBench:
     async def reset(self):
         self.dut.rst.value = 1
         for port in ("config", "work_request", "qp_write", "roce_config", "cm_config",
-                     "pause_config"):
+                     "pause_config", "dcqcn_config"):
             getattr(self.dut, f"{port}__valid").value = 0
         self.dut.payload__tvalid.value = 0
         self.dut.completion__ready.value = 1
@@ -178,6 +179,12 @@ class NetworkBench:
         quantum (8.8 fixed point)."""
         await self._put("pause_config", PAUSE_CONFIG, {"roce_priority": roce_priority,
                                                        "quantum_cycles": quantum_cycles})
+
+    async def configure_dcqcn(self, **changes):
+        """Set the DCQCN reaction point: ConnectX's defaults at the bench's clock, but for
+        ``changes`` (fields of DCQCN_CONFIG)."""
+        defaults = DCQCN_DEFAULTS(1e12 / CLOCK_PERIOD_PS)
+        await self._put("dcqcn_config", DCQCN_CONFIG, {**defaults, **changes})
 
     async def configure_cm(self, **config):
         """Set how the connection manager sets up the QPs it opens, its access list and

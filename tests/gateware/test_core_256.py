@@ -1,7 +1,9 @@
 # amaranth: UnusedElaboratable=no
 """The whole core built for 256 QPs (small retransmit rings and message slots), in
 Amaranth's simulator: a host opens a QP through the CM and runs the generator on it,
-user logic sends on QP 255, a responder model acknowledges, and STATUS reports both."""
+user logic sends on QP 255, a responder model acknowledges, and STATUS reports both;
+with DCQCN on by default, RoCEv2 packets carry ECT(0) whatever ECN the traffic class
+set asks for."""
 
 from collections import deque
 
@@ -34,6 +36,7 @@ class Bench:
         self.cm_replies = []
         self.completions = []
         self.responders = {}
+        self.roce_tos = set()           # the IPv4 traffic classes of RoCEv2 packets
         self.cycle = 0
 
     def host_frame(self, payload, *, dport):
@@ -80,6 +83,7 @@ class Bench:
         elif UDP in packet and packet[UDP].sport == protocol.CM_PORT:
             self.cm_replies.append(bytes(packet[UDP].payload)[:protocol.DATAGRAM_BYTES])
         elif BTH in packet:
+            self.roce_tos.add(packet[IP].tos)
             self.responders[packet[BTH].dqpn].receive(frame, self.cycle)
 
     async def completions_sink(self, ctx):
@@ -112,7 +116,7 @@ def test_256_qps_cm_generator_user_logic_and_status():
 
     async def main(ctx):
         ctx.set(dut.roce_config.valid, 1)
-        ctx.set(dut.roce_config.payload, {"tos": 2, "tick": 16})
+        ctx.set(dut.roce_config.payload, {"tos": 0xB8, "tick": 16})   # ECN Not-ECT asked
         await ctx.tick()
         ctx.set(dut.roce_config.valid, 0)
 
@@ -154,6 +158,7 @@ def test_256_qps_cm_generator_user_logic_and_status():
         assert generated.memory == b"".join(protocol.generator_payload(k, 1500)
                                             for k in range(3))
         assert user.memory == payload
+        assert bench.roce_tos == {0xBA}     # DCQCN on (the default): ECT(0) all the same
         assert sorted(bench.completions) == [(0, "SUCCESS")] * 3 + [(255, "SUCCESS")]
         status = Status.from_reply(await bench.cm(ctx, protocol.status(256)))
         assert (status.open, status.messages, status.packets, status.bytes,

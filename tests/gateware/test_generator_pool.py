@@ -143,3 +143,23 @@ def test_refusals_stops_and_what_the_query_keeps():
                        for k in range(len(stopped))]
 
 
+
+
+def test_a_paced_qps_run_is_passed_over_while_the_other_sends():
+    """While QP 1 is paced, only QP 2's messages come (QP 1's first, offered before it
+    was paced, may be one more); once it is not, both take turns again."""
+    bench = Bench(seed=3)
+    runs = [make_run(64, 12, qp=1, base=0x1000), make_run(64, 12, qp=2, base=0x2000)]
+
+    async def main(ctx):
+        ctx.set(bench.dut.i_paced, 1 << 1)
+        for run in runs:
+            assert await bench.start(ctx, run)
+        await wait_for(ctx, lambda: len(bench.requests) >= 8, 2000)
+        assert sum(request[1] == 1 for request in bench.requests) <= 1, bench.requests
+        ctx.set(bench.dut.i_paced, 0)
+        await wait_for(ctx, lambda: len(bench.payloads) == 24, 5000)
+
+    bench.run(main)
+    for run in runs:
+        assert len(bench.messages_of(run["qp"])) == run["count"]
