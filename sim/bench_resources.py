@@ -77,6 +77,7 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "HeaderInserter (IPv4)": lambda: _load("gateware.packet.insert.HeaderInserter")(
         "ip", IPV4, meta_with(NEXT_HOP_META, ip=IPV4), width=WIDTH),
     "NetworkCore": lambda: _load("gateware.core.NetworkCore")(width=WIDTH),
+    "NetworkCore (256 QPs)": lambda: _load("gateware.core.NetworkCore")(qps=256, width=WIDTH),
     "ArpLayer": lambda: _load("gateware.arp.layer.ArpLayer")(
         lifetime=60 * 322_265_625, retry_interval=322_265_625,
         patient_ports=(4791, 17185), width=WIDTH),
