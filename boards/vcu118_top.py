@@ -10,9 +10,9 @@ from amaranth.lib.fifo import AsyncFIFOBuffered
 from amaranth.lib.wiring import connect
 
 from gateware.core import CMAC_CLOCK_HZ, NetworkCore
-from gateware.stream import BEAT_BYTES
 from gateware.counters import COUNTER_BITS
 from gateware.packet.store_forward import PacketStoreForward
+from gateware.stream import BEAT_BYTES
 
 from .board_address import BoardAddress
 from .cmac import Cmac
