@@ -16,7 +16,7 @@ from pathlib import Path
 import amaranth
 from amaranth.back import verilog
 
-__all__ = ["ROOT", "BUILD", "Build", "simulator", "build", "run"]
+__all__ = ["ROOT", "BUILD", "Build", "simulator", "build", "build_verilog", "run"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "sim"
@@ -105,14 +105,21 @@ def build(name: str, component, toplevel: str = "top", *, key: str | None = None
     function that makes it: the Verilog is then converted only when the gateware or
     the key changed.
     """
-    from cocotb_tools.runner import get_runner
-
-    sim = simulator()
-    _prepare_environment(sim)
     if key is None:
         text = simulation_verilog(component, toplevel)
     else:
         text = cached_verilog(component, toplevel, key)
+    return build_verilog(name, text, toplevel)
+
+
+def build_verilog(name: str, text: str, toplevel: str = "top", *,
+                  library: tuple[Path, ...] = (), sim: str | None = None) -> Build:
+    """Compiles the Verilog ``text`` (with the modules of ``library``, files of cell
+    models) for ``sim`` (default: the selected simulator)."""
+    from cocotb_tools.runner import get_runner
+
+    sim = sim or simulator()
+    _prepare_environment(sim)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     build_dir = BUILD / f"{name}-{sim}-{digest}"
     source = build_dir / f"{toplevel}.v"
@@ -122,7 +129,7 @@ def build(name: str, component, toplevel: str = "top", *, key: str | None = None
     runner = get_runner(sim)
     args = (["-Wno-fatal", "-Wno-WIDTH", "-Wno-ASCRANGE", "-Wno-CASEINCOMPLETE"]
             if sim == "verilator" else ["-g2005"])
-    runner.build(sources=[source], hdl_toplevel=toplevel, build_dir=build_dir,
+    runner.build(sources=[source, *library], hdl_toplevel=toplevel, build_dir=build_dir,
                  build_args=args, timescale=("1ps", "1ps"), always=False)
     return Build(runner, toplevel, build_dir)
 
