@@ -20,13 +20,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gateware.core import CMAC_CLOCK_HZ
 from gateware.roce.requests import PathMtu
 
 from .cmac_ip import CMAC_IP_NAME, cmac_ip_tcl
 from .jtag import write_jtag_scripts
 from .timing_gate import failed_checks, gate_report_name, timing_gate_tcl
 from .vcu118 import VCU118Platform
-from .vcu118_top import VCU118Top
+from .vcu118_top import CORE_CLOCK_HZ, VCU118Top
 
 __all__ = ["write_tree", "main"]
 
@@ -41,13 +42,17 @@ def _build_dir(args) -> Path:
 
 def _clock_constraints(platform) -> str:
     """Timing constraints beyond the platform's ``create_clock`` of each clock pin: the
-    board clock and the CMAC's clocks are asynchronous; status pins are not timed."""
+    board clock, the core's clock (its MMCM's output) and the CMAC's clocks are
+    asynchronous; status pins are not timed."""
     cmac = f"[get_cells -hierarchical -filter {{REF_NAME == {CMAC_IP_NAME}}}]"
     return "\n".join([
-        "# The board's 125 MHz clock and the CMAC's GT clocks (which the IP's own",
-        "# constraints create) are asynchronous; every crossing goes through a synchronizer.",
+        "# The board's 125 MHz clock, the core's 250 MHz (Vivado derives it at the MMCM's",
+        "# output) and the CMAC's GT clocks (which the IP's own constraints create) are",
+        "# asynchronous; every crossing goes through a synchronizer or an asynchronous FIFO",
+        "# (whose gray-code pointers have a bus skew constraint after synthesis).",
         "set_clock_groups -asynchronous"
-        " -group [get_clocks -include_generated_clocks clk125_0__p]"
+        " -group [get_clocks clk125_0__p]"
+        " -group [get_clocks -of_objects [get_pins core_mmcm/CLKOUT0]]"
         f" -group [get_clocks -include_generated_clocks -of_objects [get_pins -of_objects {cmac}"
         " -filter {REF_PIN_NAME == gt_txusrclk2}]]",
         "# LEDs, switches, the UART and QSFP28 low-speed pins: static or slow, not timed.",
@@ -56,6 +61,29 @@ def _clock_constraints(platform) -> str:
         "set_false_path -from [get_ports {cpu_reset_0__io qsfp_*__present__io switch_*__io}]",
         platform.bitstream_constraints(),
     ])
+
+
+#: The asynchronous FIFOs of the top between the core's and the CMAC's clocks.
+CLOCK_CROSSING_FIFOS = ("rx_fifo", "tx_fifo")
+
+
+def _crossing_constraints() -> str:
+    """Tcl run after synthesis: each asynchronous FIFO's gray-code pointers (write and
+    read position) reach their synchronizer with a bus skew under the faster clock's
+    period, so the synchronizer never samples a mix of two positions. Amaranth's flow
+    puts false paths on the synchronizers' inputs (``amaranth.vivado.false_path``, applied
+    just before this) and the clock groups cut the FIFO's memory paths; a bus skew
+    constraint holds through both (UG903)."""
+    skew = 1e9 / max(CMAC_CLOCK_HZ, CORE_CLOCK_HZ)
+    lines = ["# Bus skew of the asynchronous FIFOs' gray-code pointers (boards/build.py)."]
+    for fifo in CLOCK_CROSSING_FIFOS:
+        for synchronizer in ("produce_cdc", "consume_cdc"):
+            to = (f"[get_cells -hierarchical -filter "
+                  f"{{NAME =~ {fifo}/*/{synchronizer}/stage0_reg*}}]")
+            lines.append(
+                f"set_bus_skew -from [all_fanin -flat -startpoints_only [get_pins -of_objects "
+                f"{to} -filter {{REF_PIN_NAME == D}}]] -to {to} {skew:.3f}")
+    return "\n".join(lines)
 
 
 def write_tree(build_dir: Path, *, board: str = "vcu118", qsfp: int = 1, rsfec: bool = True,
@@ -68,6 +96,7 @@ def write_tree(build_dir: Path, *, board: str = "vcu118", qsfp: int = 1, rsfec: 
         top, name=NAME, build_dir=str(build_dir), do_build=False,
         add_constraints=_clock_constraints(platform),
         script_after_read=cmac_ip_tcl(qsfp),
+        script_after_synth=_crossing_constraints(),
         script_before_bitstream=timing_gate_tcl(NAME))
     plan.extract(str(build_dir))
     write_jtag_scripts(build_dir, name=NAME, device=platform.device, hw_server=hw_server)

@@ -19,6 +19,15 @@ abc9, Yosys's default there). The table gives per target:
   ``ltp`` counts more cells (it also passes through LUTRAM writes), its
   count follows in parentheses.
 
+Board tops (``VCU118Top``) are synthesized whole, as ``make bitstream``
+writes them (core, FIFOs, link and status logic, I/O buffers, MMCM), the
+CMAC a black box whose ports are registers of its clock. For them a second
+table gives per clock domain its frequency, flip-flops and the path with
+the most LUT levels into one of its registers, against the domain's budget
+(:data:`LUT_LEVEL_BUDGET`), and a last line names the worst of these:
+``worst path: N LUT levels at F MHz (domain, from → to)`` (the one
+furthest over, or closest to, its budget).
+
 A path from an input port or to an output port goes on in the neighbour,
 so for a block with latency 0 the depth adds to that of the blocks around
 it. Files of each run (RTLIL, netlist JSON, Yosys log) stay in
@@ -50,6 +59,7 @@ from amaranth import Signal, Value
 from amaranth.back import rtlil
 from amaranth.lib import wiring
 
+from boards.cmac_ip import CMAC_IP_NAME
 from gateware.headers import IPV4
 from gateware.ip.tx import IP_TX_META, NEXT_HOP_META
 from gateware.stream import meta_with
@@ -77,6 +87,7 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "HeaderInserter (IPv4)": lambda: _load("gateware.packet.insert.HeaderInserter")(
         "ip", IPV4, meta_with(NEXT_HOP_META, ip=IPV4), width=WIDTH),
     "NetworkCore": lambda: _load("gateware.core.NetworkCore")(width=WIDTH),
+    "NetworkCore (256 QPs)": lambda: _load("gateware.core.NetworkCore")(qps=256, width=WIDTH),
     "ArpLayer": lambda: _load("gateware.arp.layer.ArpLayer")(
         lifetime=60 * 322_265_625, retry_interval=322_265_625,
         patient_ports=(4791, 17185), width=WIDTH),
@@ -102,7 +113,25 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "Pacer (16 QPs)": lambda: _load("gateware.roce.pacer.Pacer")(qps=16),
     "ConnectionManager (16 QPs)": lambda: _load("gateware.cm.manager.ConnectionManager")(
         qps=16, width=WIDTH),
+    "VCU118Top": lambda: _load("boards.vcu118_top.VCU118Top")(),
+    "VCU118Top (2 QPs)": lambda: _load("boards.vcu118_top.VCU118Top")(**SMALL_CORE),
 }
+
+#: The reduced core of ``VCU118Top (2 QPs)``, which the logic-depth budget test synthesizes:
+#: every block of the core, with 2 QPs, one generator run and small buffers.
+SMALL_CORE = {"qps": 2, "retransmit_beats": 64, "messages": 8, "generator_runs": 1,
+              "rx_depth": 64, "echo_depth": 64}
+
+#: Clock domains of the board top: the names of the clock's net (the first one present)
+#: and the most LUT levels a path into one of its registers may have. 6 on the CMAC's
+#: 322 MHz (comfortable on UltraScale+), 8 in the core's 250 MHz.
+LUT_LEVEL_BUDGET = {"cmac": 6, "sync": 8, "init": 8}
+CLOCK_NETS = {"cmac": ("cmac_clk",), "sync": ("clk",), "init": ("init_clk", "power_on_clk")}
+#: Hard IP in the board top, taken as registers clocked by one of its ports.
+HARD_IP_CLOCK = {CMAC_IP_NAME: "gt_txusrclk2"}
+#: How Yosys is told the CMAC's port directions (it has no model of it).
+HARD_IP_PORTS = {CMAC_IP_NAME: "o:gt_tx* o:usr_* o:tx_axis_tready o:tx_unfout o:tx_ovfout "
+                               "o:rx_axis_* o:stat_* i:*"}
 
 def _with_ports(component):
     """The component and its port signals; constant members (the ``ready`` of an
@@ -132,6 +161,21 @@ class SynthesisError(Exception):
 
 
 @dataclass
+class DomainDepth:
+    """A clock domain of a board top: its registers and its deepest path."""
+    name: str
+    hz: float
+    flip_flops: int
+    lut_levels: int
+    start: str
+    end: str
+
+    @property
+    def budget(self) -> int:
+        return LUT_LEVEL_BUDGET[self.name]
+
+
+@dataclass
 class Result:
     name: str
     cells: dict[str, int] = field(default_factory=dict)
@@ -139,7 +183,8 @@ class Result:
     ltp_cells: int | None = None
     lut_levels: int = 0
     lut_path: str = ""
-    paths: list[tuple[int, str, str]] = field(default_factory=list)
+    paths: list[tuple[int, str, str, int | None]] = field(default_factory=list)
+    domains: list["DomainDepth"] = field(default_factory=list)
     seconds: float = 0.0
     error: str | None = None
 
@@ -169,15 +214,41 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")
 
 
+def board_verilog(top) -> str:
+    """The Verilog of a board top as ``make bitstream`` writes it (I/O buffers included)."""
+    from boards.vcu118 import VCU118Platform
+
+    plan = VCU118Platform(toolchain="Vivado").build(top, name="top", do_build=False)
+    return plan.files["top.v"]
+
+
+def domain_hz() -> dict[str, float]:
+    """The board top's clock frequencies by domain."""
+    from boards.cmac_ip import INIT_CLOCK_MHZ
+    from boards.vcu118_top import CORE_CLOCK_HZ
+    from gateware.core import CMAC_CLOCK_HZ
+
+    return {"cmac": CMAC_CLOCK_HZ, "sync": CORE_CLOCK_HZ, "init": INIT_CLOCK_MHZ * 1e6}
+
+
 def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[str],
                workdir: Path, timeout: float) -> Result:
-    """Convert, synthesize and measure one target."""
+    """Convert, synthesize and measure one target (a component, or a board top)."""
     result = Result(name)
     start = time.monotonic()
+    board = False
     try:
         try:
-            component, ports = _with_ports(factory())
-            design = rtlil.convert(component, name="top", ports=ports)
+            design = factory()
+            board = not isinstance(design, wiring.Component)
+            if board:
+                read = ["read_verilog top.v", *[f"hierarchy -generate {kind} {ports}"
+                                                for kind, ports in HARD_IP_PORTS.items()]]
+                source, text = "top.v", board_verilog(design)
+            else:
+                component, ports = _with_ports(design)
+                read = ["read_rtlil design.il"]
+                source, text = "design.il", rtlil.convert(component, name="top", ports=ports)
         except RecursionError as error:
             raise SynthesisError(
                 "Python ran out of recursion converting the design to RTLIL "
@@ -186,10 +257,10 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
             raise SynthesisError(f"could not build the design: {type(error).__name__}: "
                                  f"{error}") from error
         workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "design.il").write_text(design)
+        (workdir / source).write_text(text)
         # Paths are relative: WebAssembly Yosys sees the working directory, not /tmp.
         script = "; ".join([
-            "read_rtlil design.il",
+            *read,
             SYNTH,
             "tee -q -o stat.json stat -json",
             "select top",                       # leave the cell library out of the JSON
@@ -224,6 +295,9 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
         netlist = json.loads((workdir / "netlist.json").read_text())
         result.depth_cells, result.lut_levels, result.lut_path = depth(
             netlist["modules"]["top"], result.paths)
+        if board:
+            result.cells.pop(CMAC_IP_NAME, None)
+            result.domains = domain_depths(netlist["modules"]["top"], result.paths, domain_hz())
     except SynthesisError as error:
         result.error = str(error)
     result.seconds = time.monotonic() - start
@@ -258,7 +332,7 @@ def depth(module: dict, paths: list | None = None) -> tuple[int, int, str]:
     driver: dict[int, int] = {}
     for cell in module["cells"].values():
         kind = cell["type"]
-        if SEQUENTIAL.match(kind) or kind.startswith("$"):
+        if sequential(kind) or kind.startswith("$"):
             continue
         directions, connections = cell["port_directions"], cell["connections"]
         if LUTRAM.match(kind):
@@ -336,16 +410,37 @@ def depth(module: dict, paths: list | None = None) -> tuple[int, int, str]:
     return max(most_cells), most_luts[last], f"{origin[last]} → {end}"
 
 
+def sequential(kind: str) -> bool:
+    """Whether cells of a type end and start paths: registers, block RAM, hard IP."""
+    return bool(SEQUENTIAL.match(kind)) or kind in HARD_IP_CLOCK
+
+
+def clock_of(cell: dict, port: str) -> int | None:
+    """The clock bit an input ``port`` of a sequential cell is sampled on: the write
+    clock for a block RAM's write side, the read clock for the rest."""
+    connections = cell["connections"]
+    if cell["type"] in HARD_IP_CLOCK:
+        clock = HARD_IP_CLOCK[cell["type"]]
+    elif "CLKARDCLK" in connections:
+        write = "BWR" in port or port.startswith(("DIN", "WE"))
+        clock = "CLKBWRCLK" if write else "CLKARDCLK"
+    else:
+        clock = next((name for name in ("C", "CLK", "WRCLK") if name in connections), None)
+    bits = connections.get(clock, [None])
+    return bits[0] if isinstance(bits[0], int) else None
+
+
 def worst_paths(module: dict, names: dict[int, str], driver: dict[int, int],
-                most_luts: list[int], origin: list[str]) -> list[tuple[int, str, str]]:
+                most_luts: list[int], origin: list[str]) -> list[tuple[int, str, str, int | None]]:
     """Per end of a path (an output port, or a register named by its output, bits of one
-    name together), the most LUT levels into it and where that path starts, most first."""
-    ends: dict[int, str] = {}
+    name together), the most LUT levels into it, where that path starts and the clock bit
+    of its end (None for a port), most first."""
+    ends: dict[int, tuple[str, int | None]] = {}
     for name, port in module["ports"].items():
         if port["direction"] == "output":
-            ends.update((bit, name) for bit in port["bits"] if isinstance(bit, int))
+            ends.update((bit, (name, None)) for bit in port["bits"] if isinstance(bit, int))
     for cell_name, cell in module["cells"].items():
-        if SEQUENTIAL.match(cell["type"]):
+        if sequential(cell["type"]):
             connections, directions = cell["connections"], cell["port_directions"]
             out = next((bit for port, bits in connections.items()
                         if directions[port] == "output" for bit in bits), None)
@@ -354,15 +449,61 @@ def worst_paths(module: dict, names: dict[int, str], driver: dict[int, int],
                 name = f"a {cell['type']} ({cell_name.rsplit('$', 1)[-1]})"
             for port, bits in connections.items():
                 if directions[port] == "input":
-                    ends.update((bit, name) for bit in bits
+                    clock = clock_of(cell, port)
+                    ends.update((bit, (name, clock)) for bit in bits
                                 if isinstance(bit, int) and bit not in ends)
-    worst: dict[str, tuple[int, str]] = {}
-    for bit, name in ends.items():
+    worst: dict[tuple[str, int | None], tuple[int, str]] = {}
+    for bit, end in ends.items():
         if bit in driver:
             luts = most_luts[driver[bit]]
-            if luts > worst.get(name, (-1, ""))[0]:
-                worst[name] = (luts, origin[driver[bit]])
-    return sorted(((luts, start, name) for name, (luts, start) in worst.items()), reverse=True)
+            if luts > worst.get(end, (-1, ""))[0]:
+                worst[end] = (luts, origin[driver[bit]])
+    return sorted(((luts, start, name, clock) for (name, clock), (luts, start) in worst.items()),
+                  key=lambda path: path[:3], reverse=True)
+
+
+def domain_depths(module: dict, paths: list[tuple[int, str, str, int | None]],
+                  hz: dict[str, float]) -> list[DomainDepth]:
+    """Per clock domain of a board top (:data:`CLOCK_NETS`): flip-flops and the path with
+    the most LUT levels into its registers (``paths`` as :func:`worst_paths` gives them)."""
+    domain_of: dict[int, str] = {}
+    for domain, nets in CLOCK_NETS.items():
+        net = next((module["netnames"][net] for net in nets if net in module["netnames"]), None)
+        if net is None:
+            raise SynthesisError(f"no clock net {' or '.join(nets)} of domain {domain!r}")
+        domain_of.setdefault(net["bits"][0], domain)
+    flip_flops: dict[str, int] = defaultdict(int)
+    for cell in module["cells"].values():
+        if cell["type"].startswith("FD"):
+            flip_flops[domain_of.get(clock_of(cell, "D"), "other")] += 1
+    domains = []
+    for domain in CLOCK_NETS:
+        luts, start, end = max(((luts, start, end) for luts, start, end, clock in paths
+                                if domain_of.get(clock) == domain), default=(0, "", ""))
+        domains.append(DomainDepth(domain, hz[domain], flip_flops[domain], luts, start, end))
+    return domains
+
+
+def worst_domain(domains: list[DomainDepth]) -> DomainDepth:
+    """The domain whose deepest path is furthest over (or least under) its budget; of
+    equals, the faster."""
+    return max(domains, key=lambda domain: (domain.lut_levels - domain.budget, domain.hz))
+
+
+def worst_path_line(domain: DomainDepth) -> str:
+    return (f"worst path: {domain.lut_levels} LUT levels at {domain.hz / 1e6:g} MHz "
+            f"({domain.name}, {domain.start} → {domain.end})")
+
+
+def domain_table(results: list[Result]) -> str:
+    rows = ["| target | domain | clock (MHz) | FF | LUT levels | budget | deepest path |",
+            "|---|---|---:|---:|---:|---:|---|"]
+    for r in results:
+        for d in r.domains:
+            verdict = "" if d.lut_levels <= d.budget else " **over**"
+            rows.append(f"| {r.name} | {d.name} | {d.hz / 1e6:g} | {d.flip_flops} | "
+                        f"{d.lut_levels}{verdict} | {d.budget} | {d.start} → {d.end} |")
+    return "\n".join(rows)
 
 
 def sink(module: dict, bits: list[int], names: dict[int, str]) -> str:
@@ -372,7 +513,7 @@ def sink(module: dict, bits: list[int], names: dict[int, str]) -> str:
         if port["direction"] == "output" and ends & set(port["bits"]):
             return name
     for cell in module["cells"].values():
-        if SEQUENTIAL.match(cell["type"]):
+        if sequential(cell["type"]):
             connections, directions = cell["connections"], cell["port_directions"]
             if any(ends & set(bits) for port, bits in connections.items()
                    if directions[port] == "input"):
@@ -462,8 +603,13 @@ def main() -> int:
             print(f"- {result.name}: **failed**: {result.error}")
         elif result.lut_path:
             print(f"- {result.name}: most LUT levels on {result.lut_path}")
-            for luts, start, end in result.paths[:args.paths]:
+            for luts, start, end, _ in result.paths[:args.paths]:
                 print(f"  - {luts} LUT levels: {start} → {end}")
+    boards = [result for result in results if result.domains]
+    if boards:
+        print(f"\nPer clock domain (LUT levels into its registers):\n\n{domain_table(boards)}\n")
+        for result in boards:
+            print(worst_path_line(worst_domain(result.domains)))
     return 1 if any(result.error for result in results) else 0
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import amaranth
 from amaranth.back import verilog
 
-__all__ = ["ROOT", "BUILD", "Build", "simulator", "build", "run"]
+__all__ = ["ROOT", "BUILD", "Build", "simulator", "build", "build_verilog", "run"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "sim"
@@ -118,19 +118,29 @@ def build(name: str, component, toplevel: str = "top", *, key: str | None = None
     function that makes it: the Verilog is then converted only when the gateware or
     the key changed. Builds of one ``name`` never run at once.
     """
-    sim = simulator()
-    _prepare_environment(sim)
     with _exclusive(name):
-        return _build(sim, name, component, toplevel, key)
+        if key is None:
+            text = simulation_verilog(component, toplevel)
+        else:
+            text = cached_verilog(component, toplevel, key)
+        return _compile(name, text, toplevel, (), None)
 
 
-def _build(sim: str, name: str, component, toplevel: str, key: str | None) -> Build:
+def build_verilog(name: str, text: str, toplevel: str = "top", *,
+                  library: tuple[Path, ...] = (), sim: str | None = None) -> Build:
+    """Compiles the Verilog ``text`` (with the modules of ``library``, files of cell
+    models) for ``sim`` (default: the selected simulator). Builds of one ``name`` never
+    run at once."""
+    with _exclusive(name):
+        return _compile(name, text, toplevel, library, sim)
+
+
+def _compile(name: str, text: str, toplevel: str, library: tuple[Path, ...],
+             sim: str | None) -> Build:
     from cocotb_tools.runner import get_runner
 
-    if key is None:
-        text = simulation_verilog(component, toplevel)
-    else:
-        text = cached_verilog(component, toplevel, key)
+    sim = sim or simulator()
+    _prepare_environment(sim)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     build_dir = BUILD / f"{name}-{sim}-{digest}"
     source = build_dir / f"{toplevel}.v"
@@ -140,7 +150,7 @@ def _build(sim: str, name: str, component, toplevel: str, key: str | None) -> Bu
     runner = get_runner(sim)
     args = (["-Wno-fatal", "-Wno-WIDTH", "-Wno-ASCRANGE", "-Wno-CASEINCOMPLETE"]
             if sim == "verilator" else ["-g2005"])
-    runner.build(sources=[source], hdl_toplevel=toplevel, build_dir=build_dir,
+    runner.build(sources=[source, *library], hdl_toplevel=toplevel, build_dir=build_dir,
                  build_args=args, timescale=("1ps", "1ps"), always=False)
     return Build(runner, toplevel, build_dir)
 

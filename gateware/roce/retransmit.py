@@ -5,7 +5,10 @@ from amaranth.lib.wiring import In, Out
 from ..stream import BEAT_BYTES
 from .descriptor import BUFFER_READ, buffer_beat, buffer_write
 
-__all__ = ["RetransmitBuffer"]
+__all__ = ["RetransmitBuffer", "READ_LATENCY"]
+
+#: Cycles from a beat's read to its data on ``o_read``.
+READ_LATENCY = 3
 
 
 class RetransmitBuffer(wiring.Component):
@@ -16,8 +19,12 @@ class RetransmitBuffer(wiring.Component):
     ``i_write`` stores a beat at an address (QP index above ring offset, as the
     planner makes it). ``i_read`` asks for ``beats`` (1 or more) beats from an
     address, which ``o_read`` returns in order, ``last`` on the final one; the
-    ring offset wraps within the QP's ring. Read latency 1 cycle, then a beat
-    per cycle.
+    ring offset wraps within the QP's ring. Read latency :data:`READ_LATENCY`
+    cycles, then a beat per cycle: the memory's registered read and two
+    output registers, which an UltraRAM array of this size needs at 250 MHz
+    (Vivado puts them in the URAMs' output registers and cascade pipeline; 16
+    QPs of 2048 beats are 8 URAMs wide and cascades of 8 deep). While
+    ``o_read`` is held the whole pipeline holds.
     """
 
     def __init__(self, *, qps, ring_beats, width=BEAT_BYTES):
@@ -60,14 +67,25 @@ class RetransmitBuffer(wiring.Component):
         m.d.comb += [
             read.addr.eq(Cat(offset, qp[:qp_bits])),
             read.en.eq(free),
-            self.o_read.p.data.eq(read.data),
             self.i_read.ready.eq(~active),
         ]
+        # The read's valid and last travel with its data through the output registers.
+        valid = Signal(READ_LATENCY, name="pipeline_valid")
+        last = Signal(READ_LATENCY, name="pipeline_last")
+        data = [read.data]
         with m.If(free):
             m.d.sync += [
-                self.o_read.valid.eq(issue),
-                self.o_read.p.last.eq(left == 1),
+                valid.eq(Cat(issue, valid)),
+                last.eq(Cat(left == 1, last)),
             ]
+            for stage in range(READ_LATENCY - 1):
+                data.append(Signal.like(read.data, name=f"read_data_{stage + 1}"))
+                m.d.sync += data[-1].eq(data[-2])
+        m.d.comb += [
+            self.o_read.valid.eq(valid[-1]),
+            self.o_read.p.last.eq(last[-1]),
+            self.o_read.p.data.eq(data[-1]),
+        ]
         with m.If(issue):
             m.d.sync += [
                 offset.eq(offset + 1),

@@ -118,6 +118,38 @@ def test_xdc_constrains_every_clock(tree):
     assert "set_property CONFIG_VOLTAGE 1.8 [current_design]" in xdc
 
 
+def test_core_runs_at_250_mhz_behind_asynchronous_fifos(tree):
+    """The MMCM makes 250 MHz from the 125 MHz board clock (the VCO within UltraScale+'s
+    800-1600 MHz); the core's clock is its output, the CMAC's TX user clock is another
+    domain, and the FIFOs between them are constrained: the three clocks asynchronous in
+    the XDC, each FIFO's two gray-code pointers with a bus skew after synthesis."""
+    _, build_dir = tree
+    verilog = (build_dir / "top.v").read_text()
+    mmcm = re.search(r"^  MMCME4_BASE #\((.*?)\) core_mmcm \((.*?)\);", verilog, re.M | re.S)
+    assert mmcm, "no MMCM"
+    parameters = {name: float(value) for name, value in
+                  re.findall(r"\.(\w+)\((?:32'd)?([\d.]+)\)", mmcm[1])}
+    vco = 1000 / parameters["CLKIN1_PERIOD"] * parameters["CLKFBOUT_MULT_F"] \
+        / parameters["DIVCLK_DIVIDE"]
+    assert 800 <= vco <= 1600 and vco / parameters["CLKOUT0_DIVIDE_F"] == 250
+    for fifo in ("rx_fifo", "tx_fifo"):
+        assert re.search(rf"^module \\top\.{fifo}\.unbuffered\b", verilog, re.M), fifo
+    xdc = (build_dir / "top.xdc").read_text()
+    groups = re.search(r"set_clock_groups -asynchronous (.*)", xdc)[1].split(" -group ")
+    assert len(groups) == 3 and "core_mmcm/CLKOUT0" in groups[1]
+    script = (build_dir / "top.tcl").read_text()
+    synthesis, placement = script.index("synth_design -top top"), script.index("opt_design")
+    skews = re.findall(r"^set_bus_skew .*NAME =~ (\w+)/\*/(\w+)/stage0_reg.* ([\d.]+)$",
+                       script, re.M)
+    assert sorted((fifo, cdc) for fifo, cdc, _ in skews) == [
+        (fifo, cdc) for fifo in ("rx_fifo", "tx_fifo") for cdc in ("consume_cdc", "produce_cdc")]
+    assert all(float(skew) <= 1e3 / 322.265625 for *_, skew in skews)
+    assert all(synthesis < script.index(f"{fifo}/*/{cdc}") < placement for fifo, cdc, _ in skews)
+    # Amaranth's flow cuts every synchronizer's input (the pointers' too) just before.
+    false_paths = script.index('amaranth.vivado.false_path == "TRUE"')
+    assert synthesis < false_paths < script.index("set_bus_skew")
+
+
 def test_tcl_creates_the_cmac_before_synthesis(tree):
     qsfp, build_dir = tree
     lines = (build_dir / "top.tcl").read_text().splitlines()

@@ -1,0 +1,97 @@
+"""The logic-depth budget of the board top, and how ``make resources`` counts paths per
+clock domain.
+
+The budget: the VCU118 top with the reduced core (``VCU118Top (2 QPs)``: every block of
+the core, 2 QPs, small buffers) synthesized by Yosys as ``make resources`` does; no clock
+domain may have a path with more LUT levels than :data:`MEASURED_LUT_LEVELS`, so a change
+that deepens a path fails. It takes as long as synthesizing the core (the reduced core
+took 3030 s of CPU for sim/netlist.py), so it runs when ``BOARD_SYNTH=1`` asks for it.
+The README gives the design's budget: 6 on the CMAC clock, 8 in the core's."""
+
+import json
+import os
+import re
+
+import pytest
+from amaranth import Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from sim.bench_resources import (
+    LUT_LEVEL_BUDGET,
+    TARGETS,
+    SynthesisError,
+    domain_depths,
+    synthesize,
+    worst_domain,
+    worst_path_line,
+    yosys_command,
+)
+from sim.runner import BUILD
+
+#: The most LUT levels of a path into each domain's registers. Not yet measured on the
+#: reduced top: the core's 19 of the whole core on main (roce_tx.reliability.sweep →
+#: icrc_cleared), the design's budgets for the CMAC clock and the board clock; replace
+#: them with the figures `python -m sim.bench_resources "VCU118Top (2 QPs)"` prints.
+MEASURED_LUT_LEVELS = {"cmac": 6, "sync": 19, "init": 8}
+
+
+@pytest.mark.skipif(not os.environ.get("BOARD_SYNTH"),
+                    reason="synthesizing the board top takes ~50 CPU-minutes: set BOARD_SYNTH=1")
+def test_no_clock_domain_of_the_board_top_gets_deeper():
+    try:
+        yosys = yosys_command()
+    except SynthesisError as error:
+        pytest.skip(str(error))
+    name = "VCU118Top (2 QPs)"
+    result = synthesize(name, TARGETS[name], yosys, BUILD / "resources-test", timeout=7200)
+    assert result.error is None, result.error
+    depths = {domain.name: domain for domain in result.domains}
+    assert sorted(depths) == sorted(LUT_LEVEL_BUDGET)
+    assert all(domain.flip_flops > 0 for domain in depths.values()), depths
+    assert result.cells.get("URAM288", 0) + result.cells.get("RAMB36E2", 0) > 0
+    over = {name: (domain.lut_levels, f"{domain.start} → {domain.end}")
+            for name, domain in depths.items()
+            if domain.lut_levels > MEASURED_LUT_LEVELS[name]}
+    assert not over, f"paths deeper than the budget {MEASURED_LUT_LEVELS}: {over}"
+    assert depths["cmac"].lut_levels <= LUT_LEVEL_BUDGET["cmac"]
+    line = worst_path_line(worst_domain(result.domains))
+    assert re.fullmatch(r"worst path: \d+ LUT levels at [\d.]+ MHz \(\w+, .+ → .+\)", line)
+
+
+class ThreeDomains(wiring.Component):
+    """A register in each of the board top's domains behind an XOR tree: of 216 inputs in
+    sync, 36 in cmac, 6 in init (deepest in sync, shallowest in init)."""
+
+    def __init__(self):
+        super().__init__({"i": In(216), "o_sync": Out(1), "o_cmac": Out(1), "o_init": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        for domain, inputs in (("sync", 216), ("cmac", 36), ("init", 6)):
+            register = Signal(name=f"{domain}_xor", reset_less=True)
+            m.d[domain] += register.eq(self.i[:inputs].xor())
+            m.d.comb += getattr(self, f"o_{domain}").eq(register)
+        return m
+
+
+def test_paths_are_counted_in_the_domain_of_their_end(tmp_path):
+    try:
+        yosys = yosys_command()
+    except SynthesisError as error:
+        pytest.skip(str(error))
+    result = synthesize("three domains", ThreeDomains, yosys, tmp_path, timeout=300)
+    assert result.error is None, result.error
+    module = json.loads((tmp_path / "netlist.json").read_text())["modules"]["top"]
+    hz = {"cmac": 322e6, "sync": 250e6, "init": 125e6}
+    depths = {d.name: d for d in domain_depths(module, result.paths, hz)}
+    # A register and the output port it drives are one net: either name may be given.
+    assert {name: (d.flip_flops, d.end in (f"{name}_xor", f"o_{name}"))
+            for name, d in depths.items()} == {name: (1, True) for name in depths}
+    assert depths["sync"].lut_levels > depths["cmac"].lut_levels > depths["init"].lut_levels >= 1
+    # The worst path is the one with least room under its domain's budget.
+    margins = {name: LUT_LEVEL_BUDGET[name] - d.lut_levels for name, d in depths.items()}
+    worst = depths[min(margins, key=margins.get)]
+    line = worst_path_line(worst_domain(list(depths.values())))
+    assert line.startswith(f"worst path: {worst.lut_levels} LUT levels at "
+                           f"{hz[worst.name] / 1e6:g} MHz ({worst.name}, i[")

@@ -1,0 +1,66 @@
+"""A Vivado-free check that synthesis keeps the design's meaning: the reduced core
+(2 QPs, small buffers) simulated as RTL and as Yosys's ``synth_xilinx`` netlist (Xilinx
+cells with Yosys's models, memories in distributed RAM), the same bench on both
+(tests/sim/netlist_bench.py: ARP, ping, an RDMA WRITE run opened through the CM); the
+frames the core sends, and the cycles they leave on, must be the same."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from scapy.layers.l2 import Ether
+from scapy.utils import rdpcap
+
+from gateware.core import NetworkCore
+from sim.bench import CORE_PARAMS
+from sim.bench_resources import SMALL_CORE, SynthesisError, yosys_command
+from sim.netlist import cell_models, synthesized_netlist
+from sim.runner import BUILD, build, build_verilog, run
+
+HERE = Path(__file__).parent
+CORE_MAC = "02:00:00:00:00:02"
+NETLIST_CORE = {**CORE_PARAMS, **SMALL_CORE}
+
+
+def small_core():
+    return NetworkCore(**NETLIST_CORE)
+
+
+def core_frames(pcap):
+    """(time, bytes) of every frame the core sent, in order."""
+    return [(packet.time, bytes(packet)) for packet in rdpcap(str(pcap))
+            if Ether(bytes(packet)).src == CORE_MAC]
+
+
+#: synth_xilinx of the reduced core takes about 50 minutes of CPU with the WebAssembly Yosys
+#: (sim/netlist.py), far beyond make test's budget: the test runs when asked for.
+needs_netlist = pytest.mark.skipif(
+    not os.environ.get("NETLIST_SIM"),
+    reason="synthesizing the core's netlist takes ~50 CPU-minutes: set NETLIST_SIM=1")
+
+
+@needs_netlist
+@pytest.mark.skipif(shutil.which("iverilog") is None,
+                    reason="the netlist runs on Icarus Verilog: apt-get install iverilog")
+def test_netlist_sends_the_frames_of_the_rtl():
+    try:
+        yosys_command()
+    except SynthesisError as error:
+        pytest.skip(str(error))
+    designs = {
+        "rtl": build("netlist-rtl", small_core, key=repr(NETLIST_CORE)),
+        "netlist": build_verilog("netlist-gates", synthesized_netlist(small_core),
+                                 library=cell_models(), sim="icarus"),
+    }
+    frames = {}
+    for kind, design in designs.items():
+        pcap = BUILD / "pcap" / f"netlist-{kind}.pcap"
+        run(design, module="netlist_bench", test_dir=HERE, params={"pcap": str(pcap)})
+        frames[kind] = core_frames(pcap)
+    assert len(frames["rtl"]) >= 6, "ARP reply, ping reply, CM reply, two WRITEs, STATUS"
+    assert len(frames["netlist"]) == len(frames["rtl"]), \
+        f"{len(frames['netlist'])} frames from the netlist, {len(frames['rtl'])} from the RTL"
+    for index, (rtl, netlist) in enumerate(zip(frames["rtl"], frames["netlist"], strict=True)):
+        assert netlist == rtl, f"frame {index}: netlist {netlist[1].hex()} at {netlist[0]} ns, " \
+                               f"RTL {rtl[1].hex()} at {rtl[0]} ns"
