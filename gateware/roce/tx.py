@@ -9,6 +9,7 @@ from ..udp.tx import UDP_TX_META
 from .ack import ACK_EVENT
 from .descriptor import (
     BUFFER_READ,
+    MAX_PACKET_PAYLOAD,
     MESSAGE_END,
     PACKET_DESCRIPTOR,
     ROCE_TX_META,
@@ -16,6 +17,7 @@ from .descriptor import (
     TRANSPORT_LENGTHS,
     buffer_beat,
 )
+from .icrc import ICRC_BYTES
 from .planner import TRANSMIT_CONFIG, PacketPlanner
 from .qp_table import QpTable
 from .reliability import STATUS_PORTS, ReliabilityEngine
@@ -24,6 +26,11 @@ from .retransmit import RetransmitBuffer
 from .segmenter import PayloadSegmenter
 
 __all__ = ["RequesterTransmitter"]
+
+
+def frame_beats(descriptor, width):
+    """The beats the segmenter sends for a packet descriptor (payload, pad and ICRC)."""
+    return (descriptor.frame_length + width - 1) >> (width - 1).bit_length()
 
 
 class RequesterTransmitter(wiring.Component):
@@ -47,7 +54,10 @@ class RequesterTransmitter(wiring.Component):
     ``i_payload`` through a register, and into the retransmit buffer, or
     resent from it) → register → transport header inserter → register: 3
     cycles of latency on the data path, one beat per cycle, no idle cycle
-    between the packets of a message. ``i_request``, ``i_payload``,
+    between the packets of a message. The planner plans one packet of the
+    largest payload ahead of the one being segmented at most (shorter packets:
+    as many as the descriptor FIFO holds), so a go-back-N resend starts no
+    later than two packets after its NAK. ``i_request``, ``i_payload``,
     ``i_qp_write`` and ``i_qp_close`` end in register slices, and the
     planner's descriptors, the segmenter's message ends, the engine's
     completions and the retransmit buffer's reads and writes pass through
@@ -152,7 +162,30 @@ class RequesterTransmitter(wiring.Component):
         m.submodules.message_ends = message_ends = StreamRegister(
             stream.Signature(MESSAGE_END))
         m.submodules.completions = completions = StreamRegister(stream.Signature(COMPLETION))
-        connect(m, planner.o_packet, planned.i)
+        # The planner runs ahead of the segmenter by one packet of the largest payload
+        # (planned while the one before it is segmented), not by the depth of the queue
+        # between them (its register slice and FIFO hold 6 descriptors): a go-back-N
+        # resend goes out behind every packet planned before it, and each 4 KiB packet
+        # queued is 108 cycles of a 100 Gb/s line more resent in vain.
+        lookahead = -(-(MAX_PACKET_PAYLOAD + ICRC_BYTES) // width) + 1
+        ahead = Signal(range(2 * lookahead + 1))            # beats planned, not segmented
+        entered = Signal.like(ahead)                        # beats planned last cycle
+        left = Signal.like(ahead)                           # beats segmented last cycle
+        open_ = Signal()                                    # the planner may plan a packet
+        packet_taken = planner.o_packet.valid & planner.o_packet.ready
+        m.d.comb += [
+            planned.i.valid.eq(planner.o_packet.valid & open_),
+            planned.i.p.eq(planner.o_packet.p),
+            planner.o_packet.ready.eq(planned.i.ready & open_),
+        ]
+        m.d.sync += [
+            entered.eq(Mux(packet_taken, frame_beats(planner.o_packet.p, width), 0)),
+            left.eq(Mux(descriptors.r_en & descriptors.r_rdy,
+                        frame_beats(PACKET_DESCRIPTOR(descriptors.r_data), width), 0)),
+            ahead.eq(ahead + entered - left),
+            # Closed for the cycle after a packet is planned, until ``ahead`` counts it.
+            open_.eq(~packet_taken & (ahead + entered < lookahead)),
+        ]
         connect(m, segmenter.o_message_end, message_ends.i)
         connect(m, reliability.o_completion, completions.i)
         m.d.comb += [
