@@ -17,7 +17,6 @@ from .descriptor import (
     TRANSPORT_LENGTHS,
     buffer_beat,
 )
-from .icrc import ICRC_BYTES
 from .planner import TRANSMIT_CONFIG, PacketPlanner
 from .qp_table import QpTable
 from .reliability import STATUS_PORTS, ReliabilityEngine
@@ -26,6 +25,11 @@ from .retransmit import RetransmitBuffer
 from .segmenter import PayloadSegmenter
 
 __all__ = ["RequesterTransmitter"]
+
+
+#: Beats of its planned packets the segmenter has yet to send when the planner may plan
+#: the next: enough for the next descriptor to reach the segmenter in time (6 cycles).
+LOOKAHEAD_BEATS = 16
 
 
 def frame_beats(descriptor, width):
@@ -54,10 +58,10 @@ class RequesterTransmitter(wiring.Component):
     ``i_payload`` through a register, and into the retransmit buffer, or
     resent from it) → register → transport header inserter → register: 3
     cycles of latency on the data path, one beat per cycle, no idle cycle
-    between the packets of a message. The planner plans one packet of the
-    largest payload ahead of the one being segmented at most (shorter packets:
-    as many as the descriptor FIFO holds), so a go-back-N resend starts no
-    later than two packets after its NAK. ``i_request``, ``i_payload``,
+    between the packets of a message. The planner plans a packet once the
+    segmenter has fewer than ``LOOKAHEAD_BEATS`` beats left to send (short
+    packets: several ahead), so a go-back-N resend starts after the packet
+    being segmented when its NAK comes. ``i_request``, ``i_payload``,
     ``i_qp_write`` and ``i_qp_close`` end in register slices, and the
     planner's descriptors, the segmenter's message ends, the engine's
     completions and the retransmit buffer's reads and writes pass through
@@ -162,15 +166,15 @@ class RequesterTransmitter(wiring.Component):
         m.submodules.message_ends = message_ends = StreamRegister(
             stream.Signature(MESSAGE_END))
         m.submodules.completions = completions = StreamRegister(stream.Signature(COMPLETION))
-        # The planner runs ahead of the segmenter by one packet of the largest payload
-        # (planned while the one before it is segmented), not by the depth of the queue
-        # between them (its register slice and FIFO hold 6 descriptors): a go-back-N
-        # resend goes out behind every packet planned before it, and each 4 KiB packet
-        # queued is 108 cycles of a 100 Gb/s line more resent in vain.
-        lookahead = -(-(MAX_PACKET_PAYLOAD + ICRC_BYTES) // width) + 1
-        ahead = Signal(range(2 * lookahead + 1))            # beats planned, not segmented
+        # The planner plans a packet once the segmenter has fewer than LOOKAHEAD_BEATS
+        # beats left to send of those planned, not as long as the queue between them has
+        # room (its register slice and FIFO hold 6 descriptors): a go-back-N resend goes
+        # out behind every packet planned before it, and each 4 KiB packet queued is 108
+        # cycles of a 100 Gb/s line more resent in vain. (A descriptor sends its frame's
+        # beats, a ``drop`` one none.)
+        ahead = Signal(range(LOOKAHEAD_BEATS + MAX_PACKET_PAYLOAD // width + 2))
         entered = Signal.like(ahead)                        # beats planned last cycle
-        left = Signal.like(ahead)                           # beats segmented last cycle
+        sent_beat = Signal()                                # a beat segmented last cycle
         open_ = Signal()                                    # the planner may plan a packet
         packet_taken = planner.o_packet.valid & planner.o_packet.ready
         m.d.comb += [
@@ -179,12 +183,12 @@ class RequesterTransmitter(wiring.Component):
             planner.o_packet.ready.eq(planned.i.ready & open_),
         ]
         m.d.sync += [
-            entered.eq(Mux(packet_taken, frame_beats(planner.o_packet.p, width), 0)),
-            left.eq(Mux(descriptors.r_en & descriptors.r_rdy,
-                        frame_beats(PACKET_DESCRIPTOR(descriptors.r_data), width), 0)),
-            ahead.eq(ahead + entered - left),
+            entered.eq(Mux(packet_taken & ~planner.o_packet.p.drop,
+                           frame_beats(planner.o_packet.p, width), 0)),
+            sent_beat.eq(segmenter.o.valid & segmenter.o.ready),
+            ahead.eq(ahead + entered - sent_beat),
             # Closed for the cycle after a packet is planned, until ``ahead`` counts it.
-            open_.eq(~packet_taken & (ahead + entered < lookahead)),
+            open_.eq(~packet_taken & (ahead + entered < LOOKAHEAD_BEATS)),
         ]
         connect(m, segmenter.o_message_end, message_ends.i)
         connect(m, reliability.o_completion, completions.i)
