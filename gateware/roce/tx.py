@@ -10,6 +10,7 @@ from .ack import ACK_EVENT
 from .dcqcn import DCQCN_CONFIG, DcqcnReactionPoint
 from .descriptor import (
     BUFFER_READ,
+    MAX_PACKET_PAYLOAD,
     MESSAGE_END,
     PACKET_DESCRIPTOR,
     ROCE_TX_META,
@@ -26,6 +27,16 @@ from .retransmit import RetransmitBuffer
 from .segmenter import PayloadSegmenter
 
 __all__ = ["RequesterTransmitter"]
+
+
+#: Beats of its planned packets the segmenter has yet to send when the planner may plan
+#: the next: enough for the next descriptor to reach the segmenter in time (6 cycles).
+LOOKAHEAD_BEATS = 16
+
+
+def frame_beats(descriptor, width):
+    """The beats the segmenter sends for a packet descriptor (payload, pad and ICRC)."""
+    return (descriptor.frame_length + width - 1) >> (width - 1).bit_length()
 
 
 class RequesterTransmitter(wiring.Component):
@@ -52,7 +63,10 @@ class RequesterTransmitter(wiring.Component):
     ``i_payload`` through a register, and into the retransmit buffer, or
     resent from it) → register → transport header inserter → register: 3
     cycles of latency on the data path, one beat per cycle, no idle cycle
-    between the packets of a message. ``i_request``, ``i_payload``,
+    between the packets of a message. The planner plans a packet once the
+    segmenter has fewer than ``LOOKAHEAD_BEATS`` beats left to send (short
+    packets: several ahead), so a go-back-N resend starts after the packet
+    being segmented when its NAK comes. ``i_request``, ``i_payload``,
     ``i_qp_write`` and ``i_qp_close`` end in register slices, and the
     planner's descriptors, the segmenter's message ends, the engine's
     completions and the retransmit buffer's reads and writes pass through
@@ -186,7 +200,30 @@ class RequesterTransmitter(wiring.Component):
         m.submodules.message_ends = message_ends = StreamRegister(
             stream.Signature(MESSAGE_END))
         m.submodules.completions = completions = StreamRegister(stream.Signature(COMPLETION))
-        connect(m, planner.o_packet, planned.i)
+        # The planner plans a packet once the segmenter has fewer than LOOKAHEAD_BEATS
+        # beats left to send of those planned, not as long as the queue between them has
+        # room (its register slice and FIFO hold 6 descriptors): a go-back-N resend goes
+        # out behind every packet planned before it, and each 4 KiB packet queued is 108
+        # cycles of a 100 Gb/s line more resent in vain. (A descriptor sends its frame's
+        # beats, a ``drop`` one none.)
+        ahead = Signal(range(LOOKAHEAD_BEATS + MAX_PACKET_PAYLOAD // width + 2))
+        entered = Signal.like(ahead)                        # beats planned last cycle
+        sent_beat = Signal()                                # a beat segmented last cycle
+        open_ = Signal()                                    # the planner may plan a packet
+        packet_taken = planner.o_packet.valid & planner.o_packet.ready
+        m.d.comb += [
+            planned.i.valid.eq(planner.o_packet.valid & open_),
+            planned.i.p.eq(planner.o_packet.p),
+            planner.o_packet.ready.eq(planned.i.ready & open_),
+        ]
+        m.d.sync += [
+            entered.eq(Mux(packet_taken & ~planner.o_packet.p.drop,
+                           frame_beats(planner.o_packet.p, width), 0)),
+            sent_beat.eq(segmenter.o.valid & segmenter.o.ready),
+            ahead.eq(ahead + entered - sent_beat),
+            # Closed for the cycle after a packet is planned, until ``ahead`` counts it.
+            open_.eq(~packet_taken & (ahead + entered < LOOKAHEAD_BEATS)),
+        ]
         connect(m, segmenter.o_message_end, message_ends.i)
         connect(m, reliability.o_completion, completions.i)
         m.d.comb += [

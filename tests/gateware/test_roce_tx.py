@@ -25,11 +25,11 @@ VERBS = [verb.name for verb in Verb]
 
 class Qp:
     def __init__(self, index, *, remote_qpn, psn, rkey, remote_ip, path_mtu, src_port,
-                 timeout=8, retry_count=7):
+                 timeout=8, retry_count=7, ring_beats=RING_BEATS):
         self.index, self.remote_qpn, self.psn, self.rkey = index, remote_qpn, psn, rkey
         self.remote_ip, self.path_mtu, self.src_port = remote_ip, path_mtu, src_port
         self.timeout, self.retry_count = timeout, retry_count
-        self.ring = RetransmitRing(RING_BEATS)
+        self.ring = RetransmitRing(ring_beats)
 
     def state(self):
         """The QP's state as a QP_STATE constant; path MTU 0 stands for a missing one."""
@@ -69,8 +69,9 @@ class Bench:
     """Work requests, payloads and QP writes in; datagrams and completions out, each
     checked in order against the model."""
 
-    def __init__(self, *, qps=4, tos=0x02, seed=0, gaps=True, acknowledge=None):
-        self.dut = RequesterTransmitter(qps=qps, ring_beats=RING_BEATS, messages=4, width=WIDTH)
+    def __init__(self, *, qps=4, tos=0x02, seed=0, gaps=True, acknowledge=None,
+                 ring_beats=RING_BEATS):
+        self.dut = RequesterTransmitter(qps=qps, ring_beats=ring_beats, messages=4, width=WIDTH)
         self.tos = tos
         self.acknowledge = acknowledge or (lambda qp, psn: ACK)
         self.acks = []              # (qp, psn, syndrome) to send
@@ -412,6 +413,48 @@ def test_a_resend_stops_for_an_rnr_wait():
     assert not during, f"sent during the RNR wait: PSNs {during}"
     after = [psn for cycle, psn in sent if cycle >= rnr_at[0] + 300]
     assert after[:1] == [3], after
+
+
+def test_a_resend_waits_for_the_packet_being_segmented_only():
+    """A NAK for PSN 3 of a message of 4 KiB packets: its resend's first beat leaves
+    after the packet being segmented (66 beats with the transport headers) and at most
+    24 cycles more (here 68 cycles). The planner used to fill the queue to the
+    segmenter (6 descriptors): 393 cycles, and each 4 KiB packet queued costs a further
+    108 cycles of a 100 Gb/s line before a go-back-N resend."""
+    nak = []
+
+    def acknowledge(qp, psn):
+        # A go-back-N responder: after its NAK it answers nothing until PSN 3 comes again.
+        if psn == 3:
+            nak.append(psn)
+            return NAK_SEQUENCE if len(nak) == 1 else ACK
+        return None if len(nak) == 1 else ACK
+
+    bench = Bench(seed=27, gaps=False, acknowledge=acknowledge, ring_beats=512)
+    qp = bench.add_qp(Qp(0, remote_qpn=5, psn=0, rkey=9, remote_ip="10.77.0.3", path_mtu=4096,
+                         src_port=0xC123, ring_beats=512))
+    bench.message(qp, Message("RDMA_WRITE", pattern(12 * 4096, 1), 0x4000))
+    dut = bench.dut
+    starts = []                                     # (cycle, PSN) of each datagram
+    nak_at = []
+
+    async def monitor(ctx):
+        cycle, first = 0, True
+        async for _, _, valid, ready, beat, ack_valid, ack in ctx.tick().sample(
+                dut.o.valid, dut.o.ready, dut.o.p, dut.i_ack.valid, dut.i_ack.p):
+            cycle += 1
+            if valid and ready:
+                if first:
+                    starts.append((cycle, int.from_bytes(
+                        beat.data.to_bytes(WIDTH, "little")[9:12], "big")))
+                first = beat.last
+            if ack_valid and ack.syndrome == NAK_SEQUENCE:
+                nak_at.append(cycle)
+
+    bench.run(monitors=[monitor])
+    assert len(nak_at) == 1
+    resend = next(cycle for cycle, psn in starts if psn == 3 and cycle > nak_at[0])
+    assert resend - nak_at[0] <= 66 + 24, (resend - nak_at[0], starts)
 
 
 @pytest.mark.parametrize("syndrome, status", [
