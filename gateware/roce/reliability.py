@@ -190,7 +190,7 @@ class ReliabilityEngine(wiring.Component):
     combinationally; the engine's own reads are registered, addressed a cycle
     ahead), its 1-bit flags in registers. The timers are start times on a
     count of ticks, checked by a sweep of one QP per cycle and served before
-    acknowledgements: a timer expires up to ``qps`` cycles after its time, plus
+    acknowledgements: a timer expires up to ``qps`` + 2 cycles after its time, plus
     at most one acknowledgement's work (4 cycles and 1 per message it
     completes). ``i_icrc_error`` and ``i_cnp`` (a QP index each) count the
     acknowledgements dropped for their ICRC and the CNPs of a QP.
@@ -504,17 +504,20 @@ class ReliabilityEngine(wiring.Component):
                 m.d.comb += write.data.eq(kept)
         counts = {name: Signal(name=f"count_{name}") for name in _EVENT_COUNTERS.members}
 
-        # The sweep of the timers: one QP per cycle, held while its timer has expired
-        # and the FSM has yet to take it.
+        # The sweep of the timers: one QP per cycle, its verdict registered (``expired``
+        # for ``expired_qp``), and held while that verdict waits for the FSM to take it.
         sweep = Signal(qp_bits)
         sweep_next = Signal(qp_bits)
         sweep_taken = Signal()
         sweep_expired = Signal()
+        expired = Signal()
+        expired_qp = Signal(qp_bits)
+        expired_rnr = Signal()
         # Under reset the sweep addresses QP 0: the read ports' address registers take
         # it too, so nothing downstream of them starts undefined (a 4-state simulator
         # shows X there otherwise; the FPGA's flip-flops happen to start at 0).
         m.d.comb += sweep_next.eq(Mux(ResetSignal(), 0,
-                                      Mux(sweep_expired & ~sweep_taken, sweep,
+                                      Mux(expired, sweep,
                                           Mux(sweep == qps - 1, 0, sweep + 1))))
         m.d.sync += sweep.eq(sweep_next)
         w_una = current(una, una_write, sweep_next)
@@ -532,6 +535,29 @@ class ReliabilityEngine(wiring.Component):
             elapsed >= rnr_delays[w_timer.rnr_code],
             (w_una != w_nxt) & (w_peer.timeout != 0)
             & (elapsed >= (C(1, _TIME_BITS) << w_peer.timeout)[:_TIME_BITS])))
+        # The verdict is read from the state as it was a cycle before; it goes stale when
+        # the QP's timer state is written after that (the FSM working on the QP, a reset
+        # of it, a packet of it sent), which the registers below tell a cycle later.
+        wrote_busy = Signal()
+        wrote_reset = Signal()
+        wrote_reset_qp = Signal(qp_bits)
+        wrote_sent = Signal()
+        wrote_sent_qp = Signal(qp_bits)
+        m.d.sync += [
+            wrote_busy.eq(~engine_idle),
+            wrote_reset.eq(reset_write),
+            wrote_reset_qp.eq(reset.qp[:qp_bits]),
+            wrote_sent.eq(sent.valid),
+            wrote_sent_qp.eq(sent.p.qp[:qp_bits]),
+        ]
+        expired_stale = ((wrote_busy & (qp[:qp_bits] == expired_qp))
+                         | (wrote_reset & (wrote_reset_qp == expired_qp))
+                         | (wrote_sent & (wrote_sent_qp == expired_qp)))
+        with m.If(~expired):
+            m.d.sync += [expired.eq(sweep_expired), expired_qp.eq(sweep),
+                         expired_rnr.eq(w_rnr_wait)]
+        with m.Elif(sweep_taken | expired_stale):
+            m.d.sync += expired.eq(0)
 
         event = Signal(ACK_TAKEN)
         record = Signal(MESSAGE)
@@ -595,9 +621,10 @@ class ReliabilityEngine(wiring.Component):
                         m.next = "CLOSE"
                 # A timer expired goes first, so that acknowledgements streaming in do
                 # not hold it (a packet sent in this cycle may start the timer).
-                with m.Elif(sweep_expired & ~(sent.valid & (sent.p.qp == sweep))):
-                    m.d.comb += [qp_next.eq(sweep), sweep_taken.eq(1)]
-                    m.d.sync += expired_rnr_wait.eq(w_rnr_wait)
+                with m.Elif(expired & ~expired_stale
+                            & ~(sent.valid & (sent.p.qp[:qp_bits] == expired_qp))):
+                    m.d.comb += [qp_next.eq(expired_qp), sweep_taken.eq(1)]
+                    m.d.sync += expired_rnr_wait.eq(expired_rnr)
                     m.next = "EXPIRE"
                 with m.Elif(intake.o.valid):
                     m.d.comb += [intake.o.ready.eq(1), qp_next.eq(intake.o.p.qp)]
