@@ -183,10 +183,11 @@ class ReliabilityEngine(wiring.Component):
     ``i_reset`` is taken when the engine is idle, in a cycle without
     ``i_sent`` or ``i_loaded`` in the cycle before (while their register
     writes them) and with no resend being looked up: while it waits, no new
-    resend starts and the engine takes nothing else, and while it waits on an idle engine both views show every
-    QP without a free slot, and from the next cycle on blocked, so that the
-    planner pauses its new messages and the reset soon goes in. The caller sends no packet of the
-    QP being set in the cycle it sets it (the planner's ``holds``).
+    resend starts and the engine takes nothing else, and while it waits on an
+    idle engine both views show every QP without a free slot, and from the
+    next cycle on blocked, so that the planner pauses its new messages and the
+    reset soon goes in. The caller sends no packet of the QP being set in the
+    cycle it sets it (the planner's ``holds``).
 
     Each QP's state lives in memories (distributed RAM where a view reads it
     combinationally; the engine's own reads are registered, addressed a cycle
