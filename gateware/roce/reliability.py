@@ -885,7 +885,8 @@ class ReliabilityEngine(wiring.Component):
             flag_writes[flag.name] = writes
             value = flag
             for enable, bit, index in writes:
-                mask = Mux(enable, (C(1, entries) << index[:qp_bits])[:entries], 0)
+                # One-hot as a decoder (a LUT per bit), not a shifter of a 1.
+                mask = Mux(enable, Cat(index[:qp_bits] == entry for entry in range(entries)), 0)
                 value = (value & ~mask) | Mux(bit, mask, 0)
             m.d.sync += flag.eq(value)
 
