@@ -184,8 +184,8 @@ class ReliabilityEngine(wiring.Component):
     ``i_sent`` or ``i_loaded`` in the cycle before (while their register
     writes them) and with no resend being looked up: while it waits, no new
     resend starts and the engine takes nothing else, and while it waits on an
-    idle engine both views show every QP blocked and without a free slot
-    (from the next cycle on), so that the planner pauses its new messages and the
+    idle engine both views show every QP without a free slot, and from the
+    next cycle on blocked, so that the planner pauses its new messages and the
     reset soon goes in. The caller sends no packet of the QP being set in the
     cycle it sets it (the planner's ``holds``).
 
@@ -462,7 +462,7 @@ class ReliabilityEngine(wiring.Component):
         walk_qp = Signal(QP_INDEX_BITS)
         engine_idle = Signal()
         reset_waiting = Signal()
-        m.d.sync += reset_waiting.eq(self.i_reset.valid & engine_idle)
+        m.d.comb += reset_waiting.eq(self.i_reset.valid & engine_idle)
         for qp, view in ((self.new_qp, self.new_view), (self.replay_qp, self.replay_view)):
             shown = {}
             for name, store in (("nxt", nxt), ("tail", tail), ("end", end),
@@ -907,7 +907,7 @@ class ReliabilityEngine(wiring.Component):
                 view.rnr_wait.eq(next_flag_of(rnr_wait, view_qp)),
                 view.blocked.eq(next_flag_of(resend, view_qp) | next_flag_of(rnr_wait, view_qp)
                                 | ((walking | walk_clear) & (walk_qp == view_qp))
-                                | (self.i_reset.valid & engine_idle)),
+                                | reset_waiting),
             ]
 
         # A QP's state for the user and the connection manager: the memories as they were
