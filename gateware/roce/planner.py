@@ -133,8 +133,8 @@ class PacketPlanner(wiring.Component):
     as BAD_REQUEST; one for a QP in ERROR completes as FLUSHED; a message whose
     QP fails while it is sent ends with a ``drop`` descriptor that drains the
     rest of its payload. Two cycles per message load, then a packet per cycle.
-    ``holds`` tells whether a context was in the middle of a message of QP
-    ``holds_qp`` (or loading a resend of it) in the cycle before.
+    ``holds`` tells whether a context is in the middle of a message of QP
+    ``holds_qp``.
     """
 
     def __init__(self, *, qps, ring_beats, width=BEAT_BYTES):
@@ -344,13 +344,9 @@ class PacketPlanner(wiring.Component):
             m.d.sync += replaying.eq(0)
 
         # Whether a context is in the middle of a message of ``holds_qp`` (a QP may
-        # be set again only between its messages), as it was a cycle before: a register.
-        # A replay being loaded holds already; a new message being loaded shows a cycle
-        # later, while its ``o_loaded`` keeps the reliability engine from taking a reset.
-        loading_replay = Signal()
-        m.d.sync += self.holds.eq((new_sending & (new.qp == self.holds_qp))
-                                  | ((replaying | loading_replay)
-                                     & (replay.qp == self.holds_qp)))
+        # be set again only between its messages).
+        m.d.comb += self.holds.eq((new_sending & (new.qp == self.holds_qp))
+                                  | (replaying & (replay.qp == self.holds_qp)))
 
         # Load contexts: a resend when the replay context is free, else a new message.
         m.d.comb += [
@@ -397,7 +393,6 @@ class PacketPlanner(wiring.Component):
                     m.next = "LOAD_NEW"
 
             with m.State("LOAD_REPLAY"):
-                m.d.comb += loading_replay.eq(1)
                 m.d.sync += [
                     replay.path.eq(self.read_path),
                     replaying.eq(1),

@@ -113,15 +113,11 @@ class RequesterTransmitter(wiring.Component):
         # timers into the engine.
         connect(m, flipped(self.i_qp_write), qp_write_in.i)
         qp_write = qp_write_in.o
-        # The planner's ``holds`` is a cycle old: a write goes on from its second cycle,
-        # when ``holds`` is that of its QP.
-        qp_write_seen = Signal()
-        m.d.sync += qp_write_seen.eq(qp_write.valid & ~qp_write.ready)
         m.d.comb += [
             planner.holds_qp.eq(qp_write.p.qp),
-            reliability.i_reset.valid.eq(qp_write.valid & qp_write_seen & ~planner.holds),
+            reliability.i_reset.valid.eq(qp_write.valid & ~planner.holds),
             reliability.i_reset.p.eq(qp_write.p),
-            qp_write.ready.eq(reliability.i_reset.ready & qp_write_seen & ~planner.holds),
+            qp_write.ready.eq(reliability.i_reset.ready & ~planner.holds),
             table.i_write.valid.eq(qp_write.valid & qp_write.ready),
             table.i_write.p.eq(qp_write.p),
             table.read_qp.eq(planner.read_qp),
