@@ -232,6 +232,8 @@ class NetworkCore(wiring.Component):
         # And after UDP and ICMP. (On the receive path, each layer's router ends in one.)
         m.submodules.udp_out = udp_out = PacketRegister(IP_TX_META, width=width)
         m.submodules.icmp_out = icmp_out = PacketRegister(IP_TX_META, width=width)
+        # And after the connection manager, whose replies leave straight from its FSM.
+        m.submodules.cm_out = cm_out = PacketRegister(UDP_TX_META, width=width)
         for layer in (eth_rx, arp, ip_rx, ip_tx, eth_tx):
             m.d.comb += layer.i_config.eq(config)
 
@@ -334,7 +336,8 @@ class NetworkCore(wiring.Component):
         # Transmit: services → UDP → IPv4 (with ICMP first) → ICRC → ARP → Ethernet → pause
         # gate → MAC.
         connect(m, udp_echo.o, udp_mux.i[0])
-        connect(m, cm.o, udp_mux.i[1])
+        connect(m, cm.o, cm_out.i)
+        connect(m, cm_out.o, udp_mux.i[1])
         connect(m, roce_tx.o, roce_gate.i)
         connect(m, roce_gate.o, udp_mux.i[2])
         connect(m, udp_mux.o, udp_tx.i)

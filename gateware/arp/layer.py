@@ -11,6 +11,7 @@ from ..ip.tx import NEXT_HOP_META
 from ..packet.arbiter import PacketArbiter
 from ..packet.extract import HeaderExtractor
 from ..packet.insert import HeaderInserter
+from ..packet.register import PacketRegister
 from ..stream import BEAT_BYTES, meta_with, packet_signature
 from .cache import ArpCache
 from .resolver import ArpResolver
@@ -40,7 +41,7 @@ class ArpLayer(wiring.Component):
     peer in steady use never misses. ARP frames, parked packets and the
     stream share ``o`` in turn, a packet at a time.
 
-    Latency: 2 cycles from ``i_ip`` to ``o``, one beat per cycle also between
+    Latency: 3 cycles from ``i_ip`` to ``o``, one beat per cycle also between
     packets to different next hops. A received ARP packet is answered and
     learnt 1 cycle after its first beat (plus the cache's 2 cycles until
     lookups see it).
@@ -142,7 +143,11 @@ class ArpLayer(wiring.Component):
         connect(m, resolver.o_done, tx.i_resolved)
         connect(m, cache.o_refresh, resolver.i_refresh)
         connect(m, tx.o_parked, arbiter.i[1])
-        connect(m, tx.o_direct, arbiter.i[2])
+        # A register slice on the direct path: the transmitter's stage-2 handshake ends in
+        # its ``ready`` instead of going on through the arbiter's grant and what follows.
+        m.submodules.direct = direct = PacketRegister(ETH_TX_META, width=width)
+        connect(m, tx.o_direct, direct.i)
+        connect(m, direct.o, arbiter.i[2])
 
         # ARP frames: a reply when one is waiting, else a request.
         out = frame.i.p.meta

@@ -56,9 +56,10 @@ class AckReceiver(wiring.Component):
     ones, in one flat XOR per bit, then over the AETH or the reserved bytes in
     another. Never stalls the receive path (``i`` is always ready). ``o`` has
     no backpressure: an event is valid for one cycle, 3 cycles after the
-    datagram's beat (the headers' share of the ICRC is computed in one, the
-    rest and the comparison in the next); so are ``o_icrc_error``, the QP of an
-    acknowledgement dropped for its ICRC, and ``o_cnp``, the QP of a CNP.
+    datagram's beat (the headers' share of the ICRC and, apart, the tail's
+    are computed in one, their sum and the comparison in the next); so are
+    ``o_icrc_error``, the QP of an acknowledgement dropped for its ICRC, and
+    ``o_cnp``, the QP of a CNP.
     """
 
     def __init__(self, *, qps, width=BEAT_BYTES):
@@ -128,7 +129,10 @@ class AckReceiver(wiring.Component):
         constant = (data_matrix @ mask) ^ (register_matrix @ ICRC.process(ICRC.initial,
                                                                           PSEUDO_LRH))
         register = Signal(ICRC.width)
-        after = Signal.like(tail)
+        # The tail's share of the ICRC, worked out here from its bytes beside the register.
+        tail_lengths = {"ack": AETH.length, "cnp": CNP_RESERVED}
+        tails = {kind: ICRC.matrices(length) for kind, length in tail_lengths.items()}
+        tail_share = {kind: Signal(ICRC.width, name=f"{kind}_tail_share") for kind in tails}
         received = {"ack": Signal.like(ack_icrc), "cnp": Signal.like(cnp_icrc)}
         wanted = {"ack": Signal(), "cnp": Signal()}     # a candidate of that kind, known QP
         found = Signal(ACK_EVENT)
@@ -138,19 +142,19 @@ class AckReceiver(wiring.Component):
                     if (row >> bit) & 1 and not (mask >> bit) & 1).xor()
                 ^ ((constant >> index) & 1)
                 for index, row in enumerate(data_matrix.rows))),
-            after.eq(tail),
             received["ack"].eq(ack_icrc),
             received["cnp"].eq(cnp_icrc),
             wanted["ack"].eq(candidate & is_ack & known_qp),
             wanted["cnp"].eq(candidate & is_cnp & known_qp),
             found.eq(event),
         ]
+        for kind, length in tail_lengths.items():
+            m.d.sync += tail_share[kind].eq(tails[kind][1].apply(tail[:8 * length]))
 
         # Stage 3: the rest of the ICRC, and the verdict.
         right = {}
-        for kind, length in (("ack", AETH.length), ("cnp", CNP_RESERVED)):
-            tail_registers, tail_data = ICRC.matrices(length)
-            final = tail_registers.apply(register) ^ tail_data.apply(after[:8 * length])
+        for kind in ("ack", "cnp"):
+            final = tails[kind][0].apply(register) ^ tail_share[kind]
             right[kind] = ICRC.finalize_value(final) == received[kind]
         accepted = wanted["ack"] & right["ack"]
         cnp = wanted["cnp"] & right["cnp"]

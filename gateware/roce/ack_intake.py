@@ -99,7 +99,8 @@ class AckIntake(wiring.Component):
         clear = self.i_clear
 
         def one_hot(enable, qp):
-            return Mux(enable, (C(1, entries) << qp[:qp_bits])[:entries], 0)
+            # A decoder (a LUT per bit), not a shifter of a 1.
+            return Mux(enable, Cat(qp[:qp_bits] == entry for entry in range(entries)), 0)
 
         def cleared(qp):
             return clear.valid & (clear.p[:qp_bits] == qp[:qp_bits])

@@ -36,7 +36,7 @@ class GeneratorPool(wiring.Component):
     paced (``i_paced``, a bit per QP) is passed over until it is not. ``o_request`` and
     ``o_payload`` come from register slices (1 cycle of latency).
 
-    ``query_qp`` → ``query``: that QP's run, combinationally: whether one is in
+    ``query_qp`` → ``query``: that QP's run, a cycle later: whether one is in
     progress, and the requests issued in it, or in the QP's last run (kept in a
     memory of ``qps`` words when a run ends; 0 after a stop).
     """
@@ -151,7 +151,10 @@ class GeneratorPool(wiring.Component):
 
         # The query: a generator running the QP (or whose ended run is not kept yet),
         # else the count kept.
-        query = self.query
+        # A register: the CM's decisions on it do not chain with the pool's on its starts
+        # and stops.
+        query = Signal(RUN_STATUS)
+        m.d.sync += self.query.eq(query)
         m.d.comb += [shown.addr.eq(self.query_qp), query.messages.eq(shown.data)]
         for index in reversed(range(runs)):
             generator = generators[index]

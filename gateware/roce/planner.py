@@ -388,7 +388,9 @@ class PacketPlanner(wiring.Component):
                     ]
                     m.next = "LOAD_REPLAY"
                 with m.Elif(self.i_request.valid & ~new_sending & ~new_refusing):
-                    m.d.comb += self.read_qp.eq(self.i_request.p.qp)
+                    # The engine's view of the QP is a cycle late: ask for it already.
+                    m.d.comb += [self.read_qp.eq(self.i_request.p.qp),
+                                 self.new_qp.eq(self.i_request.p.qp)]
                     m.next = "LOAD_NEW"
 
             with m.State("LOAD_REPLAY"):

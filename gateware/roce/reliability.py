@@ -134,7 +134,9 @@ class ReliabilityEngine(wiring.Component):
     and whether the QP may send (``new_view``/``replay_view``, combinational
     from ``new_qp``/``replay_qp``; an event shows from the next cycle on, a
     message loaded or a packet sent, which pass a register first, from the
-    second), and hands it the messages to resend (``o_replay``).
+    second; whether the QP may send, ``error``, ``rnr_wait`` and ``blocked``,
+    is a register, for ``new_qp``/``replay_qp`` of the cycle before), and hands
+    it the messages to resend (``o_replay``).
 
     Acknowledgements (``i_ack``, one a cycle at any rate) go through an
     :class:`AckIntake`: from the QP's peer address, inside the window of
@@ -181,16 +183,17 @@ class ReliabilityEngine(wiring.Component):
     ``i_reset`` is taken when the engine is idle, in a cycle without
     ``i_sent`` or ``i_loaded`` in the cycle before (while their register
     writes them) and with no resend being looked up: while it waits, no new
-    resend starts, and while it waits on an idle engine both views show every
-    QP blocked and without a free slot, so that the planner pauses its new
-    messages and the reset soon goes in. The caller sends no packet of the
-    QP being set in the cycle it sets it (the planner's ``holds``).
+    resend starts and the engine takes nothing else, and while it waits on an
+    idle engine both views show every QP without a free slot, and from the
+    next cycle on blocked, so that the planner pauses its new messages and the
+    reset soon goes in. The caller sends no packet of the QP being set in the
+    cycle it sets it (the planner's ``holds``).
 
     Each QP's state lives in memories (distributed RAM where a view reads it
     combinationally; the engine's own reads are registered, addressed a cycle
     ahead), its 1-bit flags in registers. The timers are start times on a
     count of ticks, checked by a sweep of one QP per cycle and served before
-    acknowledgements: a timer expires up to ``qps`` cycles after its time, plus
+    acknowledgements: a timer expires up to ``qps`` + 2 cycles after its time, plus
     at most one acknowledgement's work (4 cycles and 1 per message it
     completes). ``i_icrc_error`` and ``i_cnp`` (a QP index each) count the
     acknowledgements dropped for their ICRC and the CNPs of a QP. While
@@ -478,10 +481,6 @@ class ReliabilityEngine(wiring.Component):
                 view.slot.eq(shown["end"][:slot_bits]),
                 view.slot_free.eq(((shown["end"] - shown["positions"].first)[:slot_bits + 1]
                                    != messages) & ~reset_waiting),
-                view.error.eq(flag_of(error, qp)),
-                view.rnr_wait.eq(flag_of(rnr_wait, qp)),
-                view.blocked.eq(flag_of(resend, qp) | flag_of(rnr_wait, qp)
-                                | (walking & (walk_qp == qp)) | reset_waiting),
             ]
 
         # The engine's FSM works on one QP, ``qp``, at a time; it reads that QP's state
@@ -508,17 +507,20 @@ class ReliabilityEngine(wiring.Component):
                 m.d.comb += write.data.eq(kept)
         counts = {name: Signal(name=f"count_{name}") for name in _EVENT_COUNTERS.members}
 
-        # The sweep of the timers: one QP per cycle, held while its timer has expired
-        # and the FSM has yet to take it.
+        # The sweep of the timers: one QP per cycle, its verdict registered (``expired``
+        # for ``expired_qp``), and held while that verdict waits for the FSM to take it.
         sweep = Signal(qp_bits)
         sweep_next = Signal(qp_bits)
         sweep_taken = Signal()
         sweep_expired = Signal()
+        expired = Signal()
+        expired_qp = Signal(qp_bits)
+        expired_rnr = Signal()
         # Under reset the sweep addresses QP 0: the read ports' address registers take
         # it too, so nothing downstream of them starts undefined (a 4-state simulator
         # shows X there otherwise; the FPGA's flip-flops happen to start at 0).
         m.d.comb += sweep_next.eq(Mux(ResetSignal(), 0,
-                                      Mux(sweep_expired & ~sweep_taken, sweep,
+                                      Mux(expired, sweep,
                                           Mux(sweep == qps - 1, 0, sweep + 1))))
         m.d.sync += sweep.eq(sweep_next)
         w_una = current(una, una_write, sweep_next)
@@ -536,6 +538,22 @@ class ReliabilityEngine(wiring.Component):
             elapsed >= rnr_delays[w_timer.rnr_code],
             (w_una != w_nxt) & (w_peer.timeout != 0)
             & (elapsed >= (C(1, _TIME_BITS) << w_peer.timeout)[:_TIME_BITS])))
+        # The verdict is read from the state as it was a cycle before; it is dropped when
+        # the QP's timer state is written in the cycle it is read or held (the FSM working
+        # on the QP, a reset of it, a packet of it sent). So when the FSM takes it, the
+        # QP's state is the one it was read from but for a packet sent in that cycle,
+        # which cannot start the timer: an expired ACK timer runs with packets
+        # outstanding, and an RNR wait sends nothing.
+        def written(index):
+            return ((~engine_idle & (qp[:qp_bits] == index))
+                    | (reset_write & (reset.qp[:qp_bits] == index))
+                    | (sent.valid & (sent.p.qp[:qp_bits] == index)))
+
+        with m.If(~expired):
+            m.d.sync += [expired.eq(sweep_expired & ~written(sweep)), expired_qp.eq(sweep),
+                         expired_rnr.eq(w_rnr_wait)]
+        with m.Elif(sweep_taken | written(expired_qp)):
+            m.d.sync += expired.eq(0)
 
         event = Signal(ACK_TAKEN)
         record = Signal(MESSAGE)
@@ -591,17 +609,19 @@ class ReliabilityEngine(wiring.Component):
         with m.FSM() as engine:
             with m.State("IDLE"):
                 m.d.comb += self.i_reset.ready.eq(quiet)
-                with m.If(self.i_reset.valid & quiet):
-                    m.d.comb += resetting.eq(1)
+                # While a reset waits for quiet, nothing else goes in (the views soon
+                # block new packets): the other choices do not wait on ``quiet``.
+                with m.If(self.i_reset.valid):
+                    m.d.comb += resetting.eq(quiet)
                 with m.Elif(self.i_close.valid):
                     m.d.comb += [self.i_close.ready.eq(1), qp_next.eq(self.i_close.p)]
                     with m.If(self.i_close.p < qps):
                         m.next = "CLOSE"
                 # A timer expired goes first, so that acknowledgements streaming in do
-                # not hold it (a packet sent in this cycle may start the timer).
-                with m.Elif(sweep_expired & ~(sent.valid & (sent.p.qp == sweep))):
-                    m.d.comb += [qp_next.eq(sweep), sweep_taken.eq(1)]
-                    m.d.sync += expired_rnr_wait.eq(w_rnr_wait)
+                # not hold it.
+                with m.Elif(expired):
+                    m.d.comb += [qp_next.eq(expired_qp), sweep_taken.eq(1)]
+                    m.d.sync += expired_rnr_wait.eq(expired_rnr)
                     m.next = "EXPIRE"
                 with m.Elif(intake.o.valid):
                     m.d.comb += [intake.o.ready.eq(1), qp_next.eq(intake.o.p.qp)]
@@ -853,6 +873,7 @@ class ReliabilityEngine(wiring.Component):
         m.d.comb += walker_idle.eq(walker.ongoing("IDLE"))
 
         # The flags: each writer sets or clears one QP's bit; a later one wins.
+        flag_writes = {}
         for flag, *writes in (
                 (error, (*fsm_flags["error"], qp), (reset_write, 0, reset.qp)),
                 (resend, (walk_clear, 0, walk_qp), (*fsm_flags["resend"], qp),
@@ -865,11 +886,33 @@ class ReliabilityEngine(wiring.Component):
                 (cnp_cleared, (cnp.valid, 0, cnp.p), (reset_write, 1, reset.qp)),
                 (intake_cleared, (verdict.valid, 0, verdict.p.qp),
                  (reset_write, 1, reset.qp))):
+            flag_writes[flag.name] = writes
             value = flag
             for enable, bit, index in writes:
-                mask = Mux(enable, (C(1, entries) << index[:qp_bits])[:entries], 0)
+                # One-hot as a decoder (a LUT per bit), not a shifter of a 1.
+                mask = Mux(enable, Cat(index[:qp_bits] == entry for entry in range(entries)), 0)
                 value = (value & ~mask) | Mux(bit, mask, 0)
             m.d.sync += flag.eq(value)
+
+        def next_flag_of(flag, index):
+            """The flag of QP ``index`` as the writes of this cycle leave it."""
+            value = flag_of(flag, index)
+            for enable, bit, written in flag_writes[flag.name]:
+                value = Mux(enable & (written[:qp_bits] == index[:qp_bits]), bit, value)
+            return value
+
+        # Whether a QP may send, for the planner's views: registers, for the view's QP of
+        # the cycle before, from the flags as this cycle's writes leave them (so a flag
+        # shows in the view when the flag register itself has it); a resend looked up or
+        # a reset waiting shows a cycle later.
+        for view_qp, view in ((self.new_qp, self.new_view), (self.replay_qp, self.replay_view)):
+            m.d.sync += [
+                view.error.eq(next_flag_of(error, view_qp)),
+                view.rnr_wait.eq(next_flag_of(rnr_wait, view_qp)),
+                view.blocked.eq(next_flag_of(resend, view_qp) | next_flag_of(rnr_wait, view_qp)
+                                | ((walking | walk_clear) & (walk_qp == view_qp))
+                                | reset_waiting),
+            ]
 
         # A QP's state for the user and the connection manager: the memories as they were
         # in the cycle of the request.

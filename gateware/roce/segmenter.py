@@ -41,7 +41,8 @@ class PayloadSegmenter(wiring.Component):
     payload, so pad and ICRC slot stay zero) to the retransmit buffer at the
     descriptor's address on; a ``replay`` descriptor takes its payload from
     the buffer's ``i_replay`` beats instead and leaves the message's payload
-    stream alone. Latency 0; one beat per cycle, no idle cycle between
+    stream alone. Latency 0; one beat per cycle (while ``o_message_end`` is
+    ready, also for beats that end no message), no idle cycle between
     packets.
     """
 
@@ -125,8 +126,10 @@ class PayloadSegmenter(wiring.Component):
             consumed_last = take & ~replay & payload.p.last
             completes = closing & (ended | consumed_last)
             m.d.comb += [
+                # A beat waits for room for a message end, also a beat that ends none: the
+                # handshake does not wait on the beat's own checks.
                 self.o.valid.eq(self.i_packet.valid & (source_valid | ~take)
-                                & (message_end.ready | ~completes)),
+                                & message_end.ready),
                 self.o.p.data.eq(beat_data),
                 self.o.p.keep.eq(keep_mask(beat_frame, width)),
                 self.o.p.last.eq(last_beat),

@@ -79,7 +79,8 @@ def test_every_event_is_counted():
 
 
 def test_a_qp_is_set_again_once_no_packet_is_sent():
-    """While a reset waits on packets sent, the views block every QP; it goes in at the
+    """While a reset waits on packets sent, the views show no free slot and block every
+    QP (from its second cycle on, until the cycle after it went in); it goes in at the
     first cycle without one. (A packet sent passes a register: the engine sees it, and
     the reset waits on it, from the next cycle on.)"""
     dut = ReliabilityEngine(qps=QPS, messages=4)
@@ -93,9 +94,11 @@ def test_a_qp_is_set_again_once_no_packet_is_sent():
         await ctx.tick()
         ctx.set(dut.i_reset.valid, 1)
         ctx.set(dut.i_reset.p, {"qp": 2, "state": qp_state(next_psn=700)})
-        for _ in range(10):
+        for cycle in range(10):
             assert not ctx.get(dut.i_reset.ready)
-            assert ctx.get(dut.new_view.blocked) and not ctx.get(dut.new_view.slot_free)
+            # The views block from the cycle after the reset's first on (a register).
+            assert ctx.get(dut.new_view.blocked) == (cycle > 0)
+            assert not ctx.get(dut.new_view.slot_free)
             assert ctx.get(dut.new_view.next_psn) == 50
             await ctx.tick()
         ctx.set(dut.i_sent.valid, 0)
@@ -104,6 +107,8 @@ def test_a_qp_is_set_again_once_no_packet_is_sent():
         assert ctx.get(dut.i_reset.ready)
         await ctx.tick()
         ctx.set(dut.i_reset.valid, 0)
+        assert ctx.get(dut.new_view.blocked) and ctx.get(dut.new_view.slot_free)
+        await ctx.tick()
         assert not ctx.get(dut.new_view.blocked) and ctx.get(dut.new_view.slot_free)
         assert ctx.get(dut.new_view.next_psn) == 700
 

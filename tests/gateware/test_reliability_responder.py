@@ -134,9 +134,9 @@ def test_rnr_nak_with_a_sequence_nak_for_ten_rounds_completes():
             await req.cycle(ack=req.ack(1, 0xFFFFFE, RNR_NAK))
             await req.cycle()
             await req.cycle(ack=req.ack(1, 0xFFFFFE, NAK_SEQUENCE))
-            await req.idle(6)
             req.ctx.set(dut.replay_qp, 1)
             req.ctx.set(dut.new_qp, 1)
+            await req.idle(6)
             assert req.ctx.get(dut.replay_view.rnr_wait), "no RNR wait"
             assert req.ctx.get(dut.new_view.blocked)
             assert len(req.replays) == replays, "resent during the RNR wait"
