@@ -162,6 +162,7 @@ class QueueStats:
 class _Entry:
     item: object
     size: int
+    marked: bool
     done: float                 # when its last byte has left
 
 
@@ -228,7 +229,7 @@ class EgressQueue:
         marked = probability >= 1 or (probability > 0 and self._random.random() < probability)
         start = max(self._busy_until, now)
         self._busy_until = start + (size + settings.overhead) / settings.rate
-        self._queue.append(_Entry(item, size, self._busy_until))
+        self._queue.append(_Entry(item, size, marked, self._busy_until))
         self._depth += size
         stats.max_depth = max(stats.max_depth, self._depth)
         if marked:
@@ -237,8 +238,9 @@ class EgressQueue:
             self._send_pause(True, now)
         return "marked" if marked else "queued"
 
-    def advance(self, now: float) -> list[tuple[float, object]]:
-        """The packets (their departure time and item) that have left by ``now``."""
+    def advance(self, now: float) -> list[tuple[float, object, bool]]:
+        """The packets that have left by ``now``: their departure time, item and
+        whether they were marked."""
         if now < self._now:
             raise ValueError(f"time went backwards: {now} after {self._now}")
         self._now = now
@@ -251,7 +253,7 @@ class EgressQueue:
                 entry = self._queue.popleft()
                 self._depth -= entry.size
                 self.stats.departed += 1
-                departed.append((entry.done, entry.item))
+                departed.append((entry.done, entry.item, entry.marked))
                 if self._paused and self._depth <= settings.xon:
                     self._send_pause(False, entry.done)
             elif refresh is not None and refresh <= now:
@@ -317,20 +319,21 @@ class CongestedSwitch:
     def receive(self, frame: bytes, now: int) -> None:
         frame = bytes(frame)
         packet = Ether(frame)
-        ip = packet[IP] if IP in packet else None
-        ect = ip is not None and ecn_capable(ip.tos)
+        ect = IP in packet and ecn_capable(packet[IP].tos)
         dqpn = packet[BTH].dqpn if BTH in packet else None
         depth = self._queue.depth()
         verdict = self._queue.offer(packet, len(frame), ect, now)
         self.arrivals.append(Arrival(now, depth, dqpn, len(frame), verdict))
-        if verdict == "marked":
-            ip.tos |= ECN_CE
-            ip.chksum = None
 
     def poll(self, now: int) -> tuple[list[bytes], list[bytes]]:
         """(frames that left toward the receivers, PFC or PAUSE frames for the
         sender) by ``now``, oldest first."""
-        forwarded = [bytes(packet) for _, packet in self._queue.advance(now)]
+        forwarded = []
+        for _, packet, marked in self._queue.advance(now):
+            if marked:
+                packet[IP].tos |= ECN_CE
+                packet[IP].chksum = None
+            forwarded.append(bytes(packet))
         upstream = []
         for when, pause in self._queue.pause_changes():
             frame = self.pause_frame(self._queue.settings.pause_quanta if pause else 0)

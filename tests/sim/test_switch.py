@@ -56,10 +56,10 @@ def test_queue_drains_at_its_rate_in_order():
     assert queue.offer("b", 4, True, 1) == "queued"          # waits behind a: done at 9
     assert queue.depth() == 14 and queue.next_due == 6
     assert queue.advance(5) == []
-    assert queue.advance(6) == [(6, "a")] and queue.depth() == 4
-    assert queue.advance(20) == [(9, "b")] and queue.depth() == 0
+    assert queue.advance(6) == [(6, "a", False)] and queue.depth() == 4
+    assert queue.advance(20) == [(9, "b", False)] and queue.depth() == 0
     queue.offer("c", 4, False, 30)                          # an idle port starts at once
-    assert queue.advance(33) == [(33, "c")]
+    assert queue.advance(33) == [(33, "c", False)]
     assert (queue.stats.arrived, queue.stats.departed, queue.stats.max_depth) == (3, 3, 14)
     with pytest.raises(ValueError, match="backwards"):
         queue.advance(32)
@@ -70,7 +70,7 @@ def test_full_queue_tail_drops_and_counts():
     assert [queue.offer(n, 8, True, 0) for n in range(3)] == ["queued", "queued", "dropped"]
     assert queue.offer(3, 4, True, 0) == "queued"           # a smaller one still fits
     assert (queue.stats.dropped, queue.depth()) == (1, 20)
-    assert [item for _, item in queue.advance(1000)] == [0, 1, 3]
+    assert [item for _, item, _ in queue.advance(1000)] == [0, 1, 3]
 
 
 def test_only_ecn_capable_packets_are_marked():
@@ -79,6 +79,7 @@ def test_only_ecn_capable_packets_are_marked():
     assert queue.offer("not-ect", 10, False, 0) == "queued"
     assert queue.offer("ect", 10, True, 0) == "marked"
     assert queue.stats.marked == 1
+    assert [marked for _, _, marked in queue.advance(1000)] == [False, False, True]
 
 
 def test_red_marks_with_its_probability_between_the_thresholds():
