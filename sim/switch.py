@@ -9,7 +9,9 @@ models the first two, independently of the gateware, in the benches' time unit
 
 - :class:`EgressQueue`: the switch's bottleneck egress port, a FIFO of ``buffer``
   bytes drained at ``rate`` bytes a cycle. It marks ECN-capable packets with RED on
-  the queue depth at their arrival (:class:`Red`), never Not-ECT ones; it drops
+  the queue depth they leave behind as they leave (:class:`Red`; marking at dequeue,
+  as the DCQCN authors' NS-3 switch does, so the mark does not wait out the queue),
+  never Not-ECT ones; it drops
   (counted) a packet that does not fit; it asks the sender to pause when the depth
   passes ``xoff`` and to resume when it falls back to ``xon``. It knows packets only
   by their size, so the closed-loop runs of ``sim/bench_dcqcn.py`` use it directly.
@@ -162,7 +164,7 @@ class QueueStats:
 class _Entry:
     item: object
     size: int
-    marked: bool
+    ect: bool
     done: float                 # when its last byte has left
 
 
@@ -216,8 +218,8 @@ class EgressQueue:
         return self._settings.pause_quanta * self._settings.quantum_cycles / 2
 
     def offer(self, item: object, size: int, ect: bool, now: float) -> str:
-        """A packet of ``size`` bytes arrives at ``now``: ``"dropped"`` (it does not
-        fit), ``"marked"`` (ECN-capable, ``ect``, and RED chose it) or ``"queued"``."""
+        """A packet of ``size`` bytes arrives at ``now``, ECN-capable if ``ect``:
+        ``"dropped"`` (it does not fit) or ``"queued"``."""
         self.advance(now)
         settings, stats = self._settings, self.stats
         stats.arrived += 1
@@ -225,18 +227,14 @@ class EgressQueue:
         if self._depth + size > settings.buffer:
             stats.dropped += 1
             return "dropped"
-        probability = settings.red.probability(self._depth) if ect else 0.0
-        marked = probability >= 1 or (probability > 0 and self._random.random() < probability)
         start = max(self._busy_until, now)
         self._busy_until = start + (size + settings.overhead) / settings.rate
-        self._queue.append(_Entry(item, size, marked, self._busy_until))
+        self._queue.append(_Entry(item, size, ect, self._busy_until))
         self._depth += size
         stats.max_depth = max(stats.max_depth, self._depth)
-        if marked:
-            stats.marked += 1
         if settings.xoff is not None and not self._paused and self._depth >= settings.xoff:
             self._send_pause(True, now)
-        return "marked" if marked else "queued"
+        return "queued"
 
     def advance(self, now: float) -> list[tuple[float, object, bool]]:
         """The packets that have left by ``now``: their departure time, item and
@@ -253,13 +251,20 @@ class EgressQueue:
                 entry = self._queue.popleft()
                 self._depth -= entry.size
                 self.stats.departed += 1
-                departed.append((entry.done, entry.item, entry.marked))
+                marked = entry.ect and self._mark(self._depth)
+                departed.append((entry.done, entry.item, marked))
                 if self._paused and self._depth <= settings.xon:
                     self._send_pause(False, entry.done)
             elif refresh is not None and refresh <= now:
                 self._send_pause(True, refresh)
             else:
                 return departed
+
+    def _mark(self, depth: int) -> bool:
+        probability = self._settings.red.probability(depth)
+        marked = probability >= 1 or (probability > 0 and self._random.random() < probability)
+        self.stats.marked += marked
+        return marked
 
     def pause_changes(self) -> list[tuple[float, bool]]:
         """The pause requests to the sender since the last call: (time, True for XOFF,
@@ -280,7 +285,7 @@ class EgressQueue:
 @dataclass
 class Arrival:
     """One frame at a :class:`CongestedSwitch`: when, the queue depth it found, its
-    destination QP (None if not RoCEv2), its size and what the queue did with it."""
+    destination QP (None if not RoCEv2), its size and whether it was queued or dropped."""
     time: int
     depth: int
     dqpn: int | None

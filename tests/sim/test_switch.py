@@ -26,7 +26,7 @@ OUR_MAC, OUR_IP = "02:00:00:00:00:02", "10.77.0.2"
 PEER_MAC, PEER_IP = "52:54:00:12:34:56", "10.77.0.1"
 QPN, PEER_QPN, RKEY = 0x300, 0x102, 0xC000
 ETHERTYPE_MAC_CONTROL = 0x8808
-ALWAYS = Red(k_min=0, k_max=0, p_max=0.0)       # every ECN-capable packet on a non-empty queue
+ALWAYS = Red(k_min=0, k_max=0, p_max=0.0)       # every ECN-capable packet leaving others behind
 NEVER = Red(k_min=1 << 30, k_max=1 << 30, p_max=0.0)
 
 
@@ -73,28 +73,28 @@ def test_full_queue_tail_drops_and_counts():
     assert [item for _, item, _ in queue.advance(1000)] == [0, 1, 3]
 
 
-def test_only_ecn_capable_packets_are_marked():
+def test_only_ecn_capable_packets_are_marked_as_they_leave():
     queue = EgressQueue(SwitchSettings(rate=1, buffer=1000, red=ALWAYS))
-    assert queue.offer("first", 10, True, 0) == "queued"   # an empty queue: depth 0 <= K_min
-    assert queue.offer("not-ect", 10, False, 0) == "queued"
-    assert queue.offer("ect", 10, True, 0) == "marked"
-    assert queue.stats.marked == 1
-    assert [marked for _, _, marked in queue.advance(1000)] == [False, False, True]
+    for item, ect in (("a", True), ("not-ect", False), ("b", True), ("last", True)):
+        assert queue.offer(item, 10, ect, 0) == "queued"
+    # The last leaves an empty queue behind: depth 0 <= K_min.
+    assert [marked for _, _, marked in queue.advance(1000)] == [True, False, True, False]
+    assert queue.stats.marked == 2
 
 
 def test_red_marks_with_its_probability_between_the_thresholds():
-    # Nothing drains: the n-th 100-byte packet finds 100 n bytes, marked with
-    # probability 0.5 * (100 n - 1000) / 9000 between K_min 1000 and K_max 10000.
+    # 111 packets of 100 bytes at once: packet n leaves 100 (110 - n) bytes behind,
+    # marked with probability 0.5 * (depth - 1000) / 9000 between K_min 1000 and
+    # K_max 10000, always above.
     red = Red(k_min=1000, k_max=10_000, p_max=0.5)
-    queue = EgressQueue(SwitchSettings(rate=1e-9, buffer=1 << 20, red=red, seed=7))
-    verdicts = [queue.offer(n, 100, True, 0) for n in range(100)]
-    expected = sum(red.probability(100 * n) for n in range(100))
-    marked = verdicts.count("marked")
-    assert "marked" not in verdicts[:11]                    # at or below K_min
-    assert abs(marked - expected) <= 4 * expected ** 0.5, (marked, expected)
-    assert red.probability(queue.depth()) == 0.5            # at K_max: P_max
-    queue.offer(100, 100, True, 0)
-    assert [queue.offer(n, 100, True, 0) for n in range(101, 111)] == ["marked"] * 10
+    queue = EgressQueue(SwitchSettings(rate=1, buffer=1 << 20, red=red, seed=7))
+    for n in range(111):
+        queue.offer(n, 100, True, 0)
+    marks = [marked for _, _, marked in queue.advance(1 << 20)]
+    assert marks[:10] == [True] * 10                        # above K_max
+    assert not any(marks[100:])                             # at or below K_min
+    expected = sum(red.probability(100 * (110 - n)) for n in range(10, 100))
+    assert abs(sum(marks[10:100]) - expected) <= 4 * expected ** 0.5, (marks, expected)
 
 
 def test_xoff_above_the_threshold_and_xon_when_drained():
@@ -129,13 +129,12 @@ def test_marked_frame_changes_only_its_ecn_bits_and_ip_checksum():
     frames = write_frames(3) + write_frames(1, tos=0x00)   # the last one is Not-ECT
     for frame in frames:
         switch.receive(frame, 0)
-    assert [arrival.verdict for arrival in switch.arrivals] == \
-        ["queued", "marked", "marked", "queued"]
+    assert [arrival.verdict for arrival in switch.arrivals] == ["queued"] * 4
     assert {arrival.dqpn for arrival in switch.arrivals} == {QPN}
     forwarded, upstream = switch.poll(1 << 20)
     assert upstream == []
-    assert forwarded[0] == frames[0] and forwarded[3] == frames[3]
-    for original, marked in zip(frames[1:3], forwarded[1:3], strict=True):
+    assert forwarded[3] == frames[3]                        # Not-ECT: never marked
+    for original, marked in zip(frames[:3], forwarded[:3], strict=True):
         ip_start = len(Ether())
         changed = [at for at in range(len(original)) if original[at] != marked[at]]
         assert len(marked) == len(original)
@@ -196,7 +195,7 @@ def test_marked_frames_draw_cnps_from_a_connectx_receiver():
             responder.receive(frame, now)
         answers += responder.poll(now)
     cnps = [frame for frame in answers if Ether(frame)[BTH].opcode == OP_CNP]
-    # Frames 1-3 are marked; they leave 322 cycles apart, all within one gap.
+    # Frames 0-2 leave others behind and are marked, all within one gap.
     assert responder.stats["ce_marked"] == 3 and len(cnps) == 1
     transport = bytes(Ether(cnps[0])[BTH])
     opcode, flags, pkey, becn_dqpn, psn = struct.unpack_from("!BBHII", transport)
