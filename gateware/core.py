@@ -19,8 +19,10 @@ from .ip.tx import IP_TX_META, NEXT_HOP_META, IPv4Transmitter
 from .packet.arbiter import PacketArbiter
 from .packet.register import PacketRegister
 from .roce.ack import ACK_COUNTERS, AckReceiver
+from .roce.dcqcn import DCQCN_CONFIG, DCQCN_DEFAULTS
 from .roce.generator_pool import GeneratorPool
 from .roce.icrc import IcrcInserter
+from .roce.pacer import PacedGate
 from .roce.planner import TRANSMIT_CONFIG
 from .roce.request_arbiter import RequestArbiter
 from .roce.requests import (
@@ -49,6 +51,11 @@ ECHO_PORT = 7
 #: Default IPv4 traffic class of RoCEv2 packets: DSCP 0, ECN ECT(0), so that
 #: ECN-capable switches mark instead of dropping.
 TOS_ECT0 = 0b10
+
+#: The ECN field of RoCEv2 packets (RFC 3168): ECT(0) while DCQCN reacts to the CNPs
+#: that marks bring, Not-ECT when it is off (whatever ``roce_config.tos`` says).
+ECN_ECT0 = 0b10
+ECN_NOT_ECT = 0b00
 
 
 class NetworkCore(wiring.Component):
@@ -94,7 +101,9 @@ class NetworkCore(wiring.Component):
         access list, by default the subnet of ``ip``/``netmask``.
 
     ``roce_config`` sets the RoCEv2 traffic class and the cycles of the IB
-    timers' 4.096 us tick (default: at ``clock_hz``); ``qp_status_select`` →
+    timers' 4.096 us tick (default: at ``clock_hz``); ``dcqcn_config`` the DCQCN
+    reaction point (on by default, with ConnectX's defaults; its ``enable`` also
+    picks the ECN field: ECT(0) when on, Not-ECT when off); ``qp_status_select`` →
     ``qp_status``: that QP's reliability state and counters, a cycle later.
 
     The connection manager on UDP port 17185 opens and closes QPs and starts
@@ -123,6 +132,7 @@ class NetworkCore(wiring.Component):
             "rnr_retry": rnr_retry, **access_list(ip, netmask),
             "lease_tick": lease_tick(60 * clock_hz if cm_lease is None else cm_lease)})
         self._tick = ticks_at(clock_hz)
+        self._dcqcn_defaults = DCQCN_CONFIG.const(DCQCN_DEFAULTS(clock_hz))
         self._width = width
         super().__init__({
             "rx": In(axi_stream_signature(width=width, ready=False)),
@@ -135,6 +145,7 @@ class NetworkCore(wiring.Component):
             "qp_write": In(stream.Signature(QP_WRITE)),
             "cm_config": In(stream.Signature(CM_CONFIG)),
             "roce_config": In(stream.Signature(TRANSMIT_CONFIG)),
+            "dcqcn_config": In(stream.Signature(DCQCN_CONFIG)),
             "qp_status_select": In(QP_INDEX_BITS),
             "qp_status": Out(QP_STATUS),
         })
@@ -249,7 +260,24 @@ class NetworkCore(wiring.Component):
             requests.i_payload[0].p.last.eq(self.payload.tlast),
             self.payload.tready.eq(requests.i_payload[0].ready),
         ]
-        connect(m, flipped(self.work_request), requests.i_request[0])
+        # DCQCN: its settings; the ECN field says whether it is on (RFC 3168: ECT(0)
+        # only from a sender that reacts to congestion); user requests of a paced QP
+        # wait at the work_request port, the generator's runs are passed over.
+        dcqcn_config = Signal(DCQCN_CONFIG, init=self._dcqcn_defaults)
+        m.d.comb += self.dcqcn_config.ready.eq(1)
+        with m.If(self.dcqcn_config.valid):
+            m.d.sync += dcqcn_config.eq(self.dcqcn_config.p)
+        m.submodules.paced_gate = paced_gate = PacedGate()
+        m.d.comb += [
+            roce_tx.i_dcqcn.eq(dcqcn_config),
+            # (the traffic class's ECN bits, over the roce_config assignment above)
+            roce_tx.i_config.tos.eq(Cat(Mux(dcqcn_config.enable, ECN_ECT0, ECN_NOT_ECT),
+                                        roce_config.tos[2:])),
+            paced_gate.i_paced.eq(roce_tx.o_paced),
+            generator.i_paced.eq(roce_tx.o_paced),
+        ]
+        connect(m, flipped(self.work_request), paced_gate.i)
+        connect(m, paced_gate.o, requests.i_request[0])
         connect(m, generator.o_request, requests.i_request[1])
         connect(m, generator.o_payload, requests.i_payload[1])
         connect(m, requests.o_request, roce_tx.i_request)

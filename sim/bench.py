@@ -31,6 +31,7 @@ from gateware.cm.datagram import CM_PORT
 from gateware.cm.manager import CM_CONFIG
 from gateware.config import NetworkConfig
 from gateware.core import NetworkCore
+from gateware.roce.dcqcn import DCQCN_CONFIG, DCQCN_DEFAULTS
 from gateware.roce.planner import TRANSMIT_CONFIG
 from gateware.roce.requests import COMPLETION, QP_STATUS, QP_WRITE, WORK_REQUEST
 
@@ -138,7 +139,8 @@ class NetworkBench:
 
     async def reset(self):
         self.dut.rst.value = 1
-        for port in ("config", "work_request", "qp_write", "roce_config", "cm_config"):
+        for port in ("config", "work_request", "qp_write", "roce_config", "cm_config",
+                     "dcqcn_config"):
             getattr(self.dut, f"{port}__valid").value = 0
         self.dut.payload__tvalid.value = 0
         self.dut.completion__ready.value = 1
@@ -173,6 +175,12 @@ class NetworkBench:
     async def configure_roce(self, *, tos, tick):
         """Set the RoCEv2 traffic class and the clock cycles of a 4.096 us timer tick."""
         await self._put("roce_config", TRANSMIT_CONFIG, {"tos": tos, "tick": tick})
+
+    async def configure_dcqcn(self, **changes):
+        """Set the DCQCN reaction point: ConnectX's defaults at the bench's clock, but for
+        ``changes`` (fields of DCQCN_CONFIG)."""
+        defaults = DCQCN_DEFAULTS(1e12 / CLOCK_PERIOD_PS)
+        await self._put("dcqcn_config", DCQCN_CONFIG, {**defaults, **changes})
 
     async def configure_cm(self, **config):
         """Set how the connection manager sets up the QPs it opens, its access list and

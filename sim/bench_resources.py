@@ -95,6 +95,9 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "PacketStoreForward (512 beats)": lambda: _load(
         "gateware.packet.store_forward.PacketStoreForward")(depth=512, width=WIDTH),
     "CmacLink": lambda: _load("boards.cmac_link.CmacLink")(width=WIDTH),
+    "DcqcnReactionPoint (16 QPs)": lambda: _load("gateware.roce.dcqcn.DcqcnReactionPoint")(
+        qps=16),
+    "Pacer (16 QPs)": lambda: _load("gateware.roce.pacer.Pacer")(qps=16),
     "ConnectionManager (16 QPs)": lambda: _load("gateware.cm.manager.ConnectionManager")(
         qps=16, width=WIDTH),
 }

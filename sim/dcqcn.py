@@ -129,7 +129,7 @@ class ReactionPoint:
             self.limited = True
             self.alpha = float(s.initial_alpha_value)
             self._next_alpha = now + s.dce_tcp_rtt
-            self._cnp_in_period = False
+            self._cnp_in_period = True
             if s.rate_to_set_on_first_cnp:
                 self.rate = self.target = float(min(s.rate_to_set_on_first_cnp, s.max_rate))
                 self._restart(now)

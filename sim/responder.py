@@ -264,6 +264,9 @@ class ConnectX:
       a congested switch marks it), besides those that arrive marked (0: only those).
       Each marked packet gets a CNP for the QP unless one went less than ``cnp_gap``
       cycles before (mlx5's ``min_time_between_cnps``).
+    - ``cnp_interval``: a request packet counts as marked when the QP's last CNP went
+      at least this many cycles before (or none did): a CNP every interval while the
+      QP sends, as a switch that marks the flow steadily causes (0: none).
     - ``cnp_dscp``: the DSCP of the CNPs' IPv4 header (mlx5's ``cnp_dscp``); their ECN
       bits are 0 (not ECN-capable), so a CNP is never marked itself.
 
@@ -275,6 +278,7 @@ class ConnectX:
     coalesce: int = 0
     cnp_every: int = 0
     cnp_gap: int = 0
+    cnp_interval: int = 0
     cnp_dscp: int = CNP_DSCP
 
     def __post_init__(self) -> None:
@@ -590,7 +594,9 @@ class Responder:
         connectx = self._connectx
         self._requests_seen += 1
         marked = bth.underlayer.underlayer.tos & _ECN_CE == _ECN_CE or \
-            (connectx.cnp_every and self._requests_seen % connectx.cnp_every == 0)
+            (connectx.cnp_every and self._requests_seen % connectx.cnp_every == 0) or \
+            (connectx.cnp_interval and (self._last_cnp is None
+                                        or now - self._last_cnp >= connectx.cnp_interval))
         if not marked:
             return
         self.stats["ce_marked"] += 1

@@ -63,6 +63,7 @@ PACKET_SENT = data.StructLayout({
     "qp": QP_INDEX_BITS,
     "replay": 1,
     "bytes": range(MAX_PACKET_PAYLOAD + 1),
+    "datagram": 16,             # UDP payload bytes (transport headers to ICRC), for pacing
     "next_psn": 24,
     "next_tail": POINTER_BITS,
 })

@@ -8,6 +8,7 @@ from ..counters import counters_layout, event_counter
 from ..packet.register import PacketRegister, StreamRegister
 from ..stream import BEAT_BYTES, NO_META, packet_signature
 from .generator import GENERATOR_RUN, TrafficGenerator
+from .pacer import QP_BITS, PacedGate
 from .request_arbiter import RequestArbiter
 from .requests import QP_INDEX_BITS, WORK_REQUEST, check_qp_count
 
@@ -31,7 +32,8 @@ class GeneratorPool(wiring.Component):
     after the message being offered (see :class:`TrafficGenerator`) and
     forgets its message count. The runs' messages are merged whole, in
     round-robin order (:class:`RequestArbiter`), so every run gets an equal
-    share of messages and one run alone fills the output. ``o_request`` and
+    share of messages and one run alone fills the output; a run whose QP is
+    paced (``i_paced``, a bit per QP) is passed over until it is not. ``o_request`` and
     ``o_payload`` come from register slices (1 cycle of latency).
 
     ``query_qp`` → ``query``: that QP's run, combinationally: whether one is in
@@ -51,6 +53,7 @@ class GeneratorPool(wiring.Component):
             "i_stop": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "query_qp": In(QP_INDEX_BITS),
             "query": Out(RUN_STATUS),
+            "i_paced": In(QP_BITS),
             "o_request": Out(stream.Signature(WORK_REQUEST)),
             "o_payload": Out(packet_signature(NO_META, width=width)),
             "o_counters": Out(self.counters_layout()),
@@ -84,7 +87,10 @@ class GeneratorPool(wiring.Component):
         for index in range(runs):
             generator = TrafficGenerator(width=self._width)
             m.submodules[f"generator{index}"] = generator
-            connect(m, generator.o_request, arbiter.i_request[index])
+            m.submodules[f"gate{index}"] = gate = PacedGate()
+            connect(m, generator.o_request, gate.i)
+            connect(m, gate.o, arbiter.i_request[index])
+            m.d.comb += gate.i_paced.eq(self.i_paced)
             connect(m, generator.o_payload, arbiter.i_payload[index])
             generators.append(generator)
             owners.append(Signal(QP_INDEX_BITS, name=f"owner{index}"))

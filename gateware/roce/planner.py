@@ -318,6 +318,7 @@ class PacketPlanner(wiring.Component):
             self.o_sent.p.qp.eq(context.qp),
             self.o_sent.p.replay.eq(replay_go),
             self.o_sent.p.bytes.eq(payload_length),
+            self.o_sent.p.datagram.eq(descriptor.meta.length),
             self.o_sent.p.next_psn.eq(Mux(replay_go, replay_advanced.psn, new_advanced.psn)),
             self.o_sent.p.next_tail.eq(Mux(replay_go, replay_advanced.offset,
                                            new_advanced.offset)),

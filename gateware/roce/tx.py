@@ -7,6 +7,7 @@ from ..packet.register import PacketRegister, StreamRegister
 from ..stream import BEAT_BYTES, NO_META, packet_signature
 from ..udp.tx import UDP_TX_META
 from .ack import ACK_EVENT
+from .dcqcn import DCQCN_CONFIG, DcqcnReactionPoint
 from .descriptor import (
     BUFFER_READ,
     MESSAGE_END,
@@ -16,6 +17,7 @@ from .descriptor import (
     TRANSPORT_LENGTHS,
     buffer_beat,
 )
+from .pacer import QP_BITS, WIRE_OVERHEAD, Pacer
 from .planner import TRANSMIT_CONFIG, PacketPlanner
 from .qp_table import QpTable
 from .reliability import STATUS_PORTS, ReliabilityEngine
@@ -34,7 +36,9 @@ class RequesterTransmitter(wiring.Component):
     ``i_request`` takes one work request per message and ``i_payload`` its
     payload as one packet; ``o_completion`` reports each message once the
     responder has acknowledged it (or its QP failed). ``i_ack`` takes the ACK
-    receiver's acknowledgements (``i_cnp`` its CNPs, counted). ``i_qp_write``
+    receiver's acknowledgements (``i_cnp`` its CNPs, counted, and acted on by the
+    DCQCN reaction point with the settings ``i_dcqcn``: ``o_paced`` tells which QPs
+    must wait before their next message, see :class:`Pacer`). ``i_qp_write``
     sets a QP (once no message of it is being planned, in a cycle the
     reliability engine is free: new messages pause while it waits); ``i_qp_close`` flushes it (see
     :class:`ReliabilityEngine`); ``status_qp[n]`` → ``status[n]`` reads a QP's
@@ -70,6 +74,8 @@ class RequesterTransmitter(wiring.Component):
             "i_ack": In(stream.Signature(ACK_EVENT, always_ready=True)),
             "i_icrc_error": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "i_cnp": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "i_dcqcn": In(DCQCN_CONFIG),
+            "o_paced": Out(QP_BITS),
             "o": Out(packet_signature(UDP_TX_META, width=width)),
             "o_completion": Out(stream.Signature(COMPLETION)),
             "status_qp": In(QP_INDEX_BITS).array(STATUS_PORTS),
@@ -108,6 +114,8 @@ class RequesterTransmitter(wiring.Component):
         m.submodules.transport = transport = HeaderInserter(
             "transport", TRANSPORT, ROCE_TX_META, width=width, lengths=TRANSPORT_LENGTHS)
         m.submodules.framed = framed = PacketRegister(UDP_TX_META, width=width)
+        m.submodules.reaction = reaction = DcqcnReactionPoint(qps=self._qps)
+        m.submodules.pacer = pacer = Pacer(qps=self._qps)
 
         # Setting a QP (between its messages): its path into the table, its PSN and
         # timers into the engine.
@@ -140,9 +148,32 @@ class RequesterTransmitter(wiring.Component):
         connect(m, qp_close_in.o, reliability.i_close)
         connect(m, flipped(self.i_ack), reliability.i_ack)
         connect(m, flipped(self.i_icrc_error), reliability.i_icrc_error)
-        connect(m, flipped(self.i_cnp), reliability.i_cnp)
         connect(m, planner.o_loaded, reliability.i_loaded)
-        connect(m, planner.o_sent, reliability.i_sent)
+
+        # Congestion control: CNPs and packets sent to the reaction point, whose rates
+        # pace each QP's messages (``o_paced`` holds back their work requests); a QP set
+        # again returns to the line rate.
+        sent = planner.o_sent
+        m.d.comb += [
+            reliability.i_cnp.valid.eq(self.i_cnp.valid),
+            reliability.i_cnp.p.eq(self.i_cnp.p),
+            reaction.i_cnp.valid.eq(self.i_cnp.valid),
+            reaction.i_cnp.p.eq(self.i_cnp.p),
+            reliability.i_sent.valid.eq(sent.valid),
+            reliability.i_sent.p.eq(sent.p),
+            reaction.i_bytes.valid.eq(sent.valid),
+            reaction.i_bytes.p.qp.eq(sent.p.qp),
+            reaction.i_bytes.p.bytes.eq(sent.p.datagram + WIRE_OVERHEAD),
+            pacer.i_sent.valid.eq(sent.valid),
+            pacer.i_sent.p.qp.eq(sent.p.qp),
+            pacer.i_sent.p.bytes.eq(sent.p.datagram + WIRE_OVERHEAD),
+            reaction.i_reset.valid.eq(table.i_write.valid),
+            reaction.i_reset.p.eq(table.i_write.p.qp),
+            reaction.i_config.eq(self.i_dcqcn),
+            pacer.i_cycles_per_us.eq(self.i_dcqcn.cycles_per_us),
+            self.o_paced.eq(pacer.o_paced),
+        ]
+        connect(m, reaction.o_rate, pacer.i_rate)
         connect(m, reliability.o_replay, planner.i_replay)
 
         # Register slices after the planner's descriptors and before the engine's and the

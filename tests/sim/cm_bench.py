@@ -38,9 +38,10 @@ async def cm(bench, datagram, **kwargs):
     return await bench.cm_request(datagram.encode(), host_ip=PEER_IP, **kwargs)
 
 
-async def open_qp(run, host, *, memory_size=1 << 16):
+async def open_qp(run, host, *, memory_size=1 << 16, **responder_params):
     """OPEN_QP through the CM; checks the reply against the codec and attaches a
-    responder model as the host QP. Returns the endpoint's Qp."""
+    responder model as the host QP (``responder_params``: its mode). Returns the
+    endpoint's Qp."""
     request = protocol.open_qp(host.info, mtu=protocol.PathMtu.from_size(host.path_mtu))
     raw = await cm(run.bench, request)
     reply = Datagram.decode(raw)
@@ -52,7 +53,7 @@ async def open_qp(run, host, *, memory_size=1 << 16):
             path_mtu=host.path_mtu, src_port=0xC000 + index, memory_base=host.base,
             timeout=14)
     qp.opened_psn = reply.loc.psn
-    run.attach_peer(qp, memory_size=memory_size)
+    run.attach_peer(qp, memory_size=memory_size, **responder_params)
     return qp
 
 

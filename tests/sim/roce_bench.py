@@ -224,10 +224,12 @@ class RoceRun:
         return status
 
 
-async def start(dut, *, tos=TOS_ECT0, **kwargs):
+async def start(dut, *, tos=TOS_ECT0, dcqcn=True, **kwargs):
     bench = NetworkBench(dut, pcap=PARAMS["pcap"], peers={PEER_IP: PEER_MAC}, **kwargs)
     await bench.reset()
     await bench.configure_roce(tos=tos, tick=TICK)
+    if not dcqcn:
+        await bench.configure_dcqcn(enable=0)
     return bench
 
 
@@ -263,8 +265,9 @@ async def every_verb_length_and_path_mtu_matches_scapy(dut):
 @cocotb.test()
 async def psn_wraps_in_a_long_back_to_back_run(dut):
     """Messages back to back on one QP keep the PSN exact across the 2^24 wrap, and
-    AckReq follows the retransmit ring."""
-    bench = await start(dut, tos=0xB8, seed=3)
+    AckReq follows the retransmit ring. DCQCN is off, so the ECN field is Not-ECT
+    though the traffic class set asks for ECT(0) (DSCP 46 and ECN 10: 0xBA)."""
+    bench = await start(dut, tos=0xBA, seed=3, dcqcn=False)
     run = RoceRun(bench, tos=0xB8)
     qp = Qp(5, remote_qpn=0xABCDEF, psn=(1 << 24) - 40, rkey=0x1234, path_mtu=256,
             src_port=0xFFFF)

@@ -59,6 +59,9 @@ TESTCASES = {
         "lost_nak_on_a_slow_qp_is_resent_one_timeout_after_the_lost_packet",
         "timer_expires_on_time_while_other_qps_are_acknowledged",
     ],
+    "dcqcn_bench": [
+        "cnps_every_50_us_on_one_of_two_qps",
+    ],
     "fuzz_bench": [
         "mutated_frames_of_every_protocol",
     ],

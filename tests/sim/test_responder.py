@@ -781,6 +781,17 @@ def test_cnps_answer_congestion_marks_at_most_one_per_gap():
         payload(8, k) for k in range(6))
 
 
+def test_cnp_interval_marks_one_packet_per_interval():
+    responder = connectx(mode={"cnp_interval": 100, "round_trip": 0})
+    times = [0, 10, 99, 100, 180, 210, 330]
+    for k, now in enumerate(times):
+        responder.receive(frames("RDMA_WRITE", payload(8, k), psn=PSN + k, offset=8 * k)[0],
+                          now)
+    out = responder.poll(1000)
+    assert sum(Ether(frame)[BTH].opcode == OP_CNP for frame in out) == 4   # 0, 100, 210, 330
+    assert responder.stats["ce_marked"] == responder.stats["cnps_sent"] == 4
+
+
 def test_connectx_arguments_are_checked():
     with pytest.raises(ValueError, match="round_trip"):
         ConnectX(round_trip=-1)

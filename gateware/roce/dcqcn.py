@@ -1,0 +1,421 @@
+"""DCQCN's reaction point, per QP: the rate each QP may send at, cut on CNPs and raised
+again by timers and a byte counter (Zhu et al., SIGCOMM 2015; the settings of ConnectX
+firmware, see ``sim/dcqcn.py`` for their meaning and sources)."""
+
+from amaranth import *
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .requests import QP_INDEX_BITS, check_qp_count
+
+__all__ = ["DcqcnReactionPoint", "DCQCN_CONFIG", "DCQCN_DEFAULTS", "RATE_UPDATE",
+           "RATE_FRACTION_BITS", "INTERVAL_FRACTION_BITS", "INTERVAL_BITS", "ALPHA_BITS",
+           "rate_interval"]
+
+#: Fraction bits of a rate in Mb/s: 1/256 Mb/s, so a halving keeps 1 % down to 1 Mb/s.
+RATE_FRACTION_BITS = 8
+
+#: α in 1/1024 in the settings, as the firmware keeps it; the state keeps 6 bits more,
+#: so that a thousand updates' rounding stays far below 1 % of a cut.
+ALPHA_BITS = 10
+_ALPHA_EXTRA = 6
+_ALPHA = ALPHA_BITS + _ALPHA_EXTRA
+
+#: Fraction bits of a pacing interval in clock cycles per byte.
+INTERVAL_FRACTION_BITS = 16
+
+_RATE = 17 + RATE_FRACTION_BITS         # up to 131071 Mb/s
+_MBPS = 17                              # settings in whole Mb/s
+_MICROSECONDS = 17                      # settings in µs (ConnectX: 1..131071)
+_TIME_BITS = 20                         # the µs count timers are stamped with (wraps)
+_STAGE_BITS = 5
+INTERVAL_BITS = 32                          # cycles per byte: up to 2^16 at 1 Mb/s
+
+#: The reaction point's settings (ConnectX's names; rates in Mb/s, times in µs).
+#: ``rpg_min_dec_fac`` is not here: with ``rpg_gd`` ≥ 11 a cut is at most half the
+#: rate, so its default (50 %) never binds.
+DCQCN_CONFIG = data.StructLayout({
+    "enable": 1,                        # 0: no QP is ever rate limited (and ECN Not-ECT)
+    "cycles_per_us": 10,                # clock cycles of one µs (the time base)
+    "line_rate": _MBPS,
+    "rpg_max_rate": _MBPS,              # 0: the line rate
+    "rpg_min_rate": _MBPS,
+    "rpg_ai_rate": _MBPS,
+    "rpg_hai_rate": _MBPS,
+    "rate_to_set_on_first_cnp": _MBPS,  # 0: cut from the line rate
+    "rpg_time_reset": _MICROSECONDS,
+    "rpg_byte_reset": 24,               # bytes; 0: no byte counter
+    "rpg_threshold": _STAGE_BITS,
+    "rpg_gd": 4,
+    "rate_reduce_monitor_period": _MICROSECONDS,
+    "dce_tcp_g": ALPHA_BITS,
+    "dce_tcp_rtt": _MICROSECONDS,
+    "initial_alpha_value": ALPHA_BITS,
+    "clamp_tgt_rate": 1,
+    "clamp_tgt_rate_after_time_inc": 1,
+})
+
+
+def DCQCN_DEFAULTS(clock_hz):
+    """ConnectX's defaults at a clock frequency (a dict for ``DCQCN_CONFIG.const``)."""
+    return {
+        "enable": 1, "cycles_per_us": round(clock_hz / 1e6), "line_rate": 100_000,
+        "rpg_max_rate": 0, "rpg_min_rate": 1, "rpg_ai_rate": 5, "rpg_hai_rate": 50,
+        "rate_to_set_on_first_cnp": 0, "rpg_time_reset": 300, "rpg_byte_reset": 32767,
+        "rpg_threshold": 1, "rpg_gd": 11, "rate_reduce_monitor_period": 4,
+        "dce_tcp_g": 1019, "dce_tcp_rtt": 1, "initial_alpha_value": 1023,
+        "clamp_tgt_rate": 0, "clamp_tgt_rate_after_time_inc": 1,
+    }
+
+
+#: A QP's new rate: whether it is limited, and if so its rate (Mb/s, fixed point) and
+#: the clock cycles one byte takes at it (fixed point, for the pacer).
+RATE_UPDATE = data.StructLayout({
+    "qp": QP_INDEX_BITS,
+    "limited": 1,
+    "rate": _RATE,
+    "interval": INTERVAL_BITS,
+})
+
+
+def rate_interval(rate, cycles_per_us):
+    """What the gateware computes for a rate (fixed point): cycles per byte × 2^16."""
+    return (cycles_per_us * 8 << INTERVAL_FRACTION_BITS + RATE_FRACTION_BITS) // rate
+
+
+#: A QP's reaction-point state, in a memory.
+_STATE = data.StructLayout({
+    "limited": 1,                       # rate limited since a CNP (else: the line rate)
+    "rate": _RATE,                      # Rc
+    "target": _RATE,                    # Rt
+    "alpha": _ALPHA,                    # in 1/2^16
+    "cnp_in_period": 1,                 # a CNP came in this α period
+    "cut_waiting": 1,                   # a CNP waits for the monitor period to end
+    "time_stage": _STAGE_BITS,          # T
+    "byte_stage": _STAGE_BITS,          # BC
+    "alpha_time": _TIME_BITS,           # start of this α period
+    "timer_time": _TIME_BITS,           # start of this increase-timer period
+    "cut_time": _TIME_BITS,             # the last cut
+})
+
+#: Most α periods one visit catches up on (a longer backlog is dropped).
+_ALPHA_CATCH_UP = 8
+
+
+class DcqcnReactionPoint(wiring.Component):
+    """The DCQCN reaction point of ``qps`` QPs.
+
+    ``i_cnp`` takes a CNP's QP, ``i_bytes`` the QP and wire bytes of each packet sent
+    (for the byte counter), ``i_reset`` a QP set again (it returns to the line rate);
+    all are always ready and may come every cycle. Each QP's state (:data:`_STATE`)
+    lives in a memory; a sweep visits the QPs in turn and, for a rate-limited QP or
+    one with a CNP waiting, updates α for every α period that ended (at most 8 a
+    visit), cuts the rate for a waiting CNP once the monitor period since the last cut
+    is over, and makes one rate-increase event (timer, else byte counter). A changed
+    rate leaves on ``o_rate`` with the QP's pacing interval, cycles per byte =
+    8·``cycles_per_us``/rate, from a 41-step divider. A visit takes 2 cycles for a QP
+    at the line rate, up to about 60 with a cut and the division; a CNP is acted on
+    within one sweep. Products (Rc·α, α·g) come from one registered multiplier, a
+    cycle each. With ``enable`` low nothing is limited.
+    """
+
+    def __init__(self, *, qps):
+        self._qps = check_qp_count(qps)
+        super().__init__({
+            "i_config": In(DCQCN_CONFIG),
+            "i_cnp": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "i_bytes": In(stream.Signature(data.StructLayout({"qp": QP_INDEX_BITS,
+                                                              "bytes": 14}),
+                                           always_ready=True)),
+            "i_reset": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "o_rate": Out(stream.Signature(RATE_UPDATE, always_ready=True)),
+        })
+
+    @property
+    def qps(self):
+        return self._qps
+
+    def elaborate(self, platform):
+        m = Module()
+        qps = self._qps
+        entries = 1 << max((qps - 1).bit_length(), 1)
+        config = self.i_config
+
+        # The time base: a count of µs.
+        cycle = Signal(10)
+        now = Signal(_TIME_BITS)
+        with m.If(cycle + 1 >= config.cycles_per_us):
+            m.d.sync += [cycle.eq(0), now.eq(now + 1)]
+        with m.Else():
+            m.d.sync += cycle.eq(cycle + 1)
+
+        def elapsed(since, period):
+            return (now - since)[:_TIME_BITS] >= period
+
+        # Events waiting for the sweep, a bit per QP (in registers).
+        cnp_waiting = Signal(entries)
+        byte_event = Signal(entries)
+        reset_waiting = Signal(entries)
+        limited = Signal(entries)               # the sweep's copy, for the byte counter
+        bytes_clear = Signal(entries)           # the byte count starts again (a cut)
+
+        # The byte counter: a read-modify-write a cycle, from a registered input.
+        m.submodules.byte_count = byte_count = memory.Memory(shape=24, depth=entries, init=[])
+        count_read = byte_count.read_port(domain="comb")
+        count_write = byte_count.write_port()
+        sent = Signal.like(self.i_bytes.p)
+        sent_valid = Signal()
+        m.d.sync += [sent.eq(self.i_bytes.p), sent_valid.eq(self.i_bytes.valid)]
+        qp_limited = limited.bit_select(sent.qp, 1)
+        clear = bytes_clear.bit_select(sent.qp, 1)
+        counted = Signal(25)
+        reset_bytes = config.rpg_byte_reset
+        m.d.comb += [
+            count_read.addr.eq(sent.qp),
+            counted.eq(Mux(clear, 0, count_read.data) + sent.bytes),
+            count_write.addr.eq(sent.qp),
+            count_write.en.eq(sent_valid & qp_limited & (reset_bytes != 0)),
+            count_write.data.eq(Mux(counted >= reset_bytes, counted - reset_bytes, counted)),
+        ]
+
+        # The sweep's per-QP state.
+        m.submodules.state = state_memory = memory.Memory(shape=_STATE, depth=entries,
+                                                          init=[])
+        state_read = state_memory.read_port()
+        state_write = state_memory.write_port()
+        index = Signal(range(entries))
+        state = Signal(_STATE)
+        cnp = Signal()                          # a CNP was waiting at this visit
+        byte = Signal()                         # a byte event was waiting
+        catch_up = Signal(range(_ALPHA_CATCH_UP + 1))
+        changed = Signal()                      # the rate changed in this visit
+        product = Signal(_RATE + _ALPHA)
+        quotient = Signal(INTERVAL_BITS)
+        remainder = Signal(_RATE + 1)
+        step = Signal(range(64))
+        dividend_bits = 10 + 3 + INTERVAL_FRACTION_BITS + RATE_FRACTION_BITS
+        dividend = Signal(dividend_bits)
+
+        max_rate = Signal(_RATE)                # (a register: settings change seldom)
+        m.d.sync += max_rate.eq(Mux(config.rpg_max_rate != 0, config.rpg_max_rate,
+                                    config.line_rate) << RATE_FRACTION_BITS)
+        min_rate = config.rpg_min_rate << RATE_FRACTION_BITS
+        g_complement = (1 << ALPHA_BITS) - config.dce_tcp_g
+
+        m.d.comb += [
+            state_read.addr.eq(index),
+            state_write.addr.eq(index),
+            state_write.data.eq(state),
+            self.o_rate.p.qp.eq(index),
+            self.o_rate.p.limited.eq(state.limited),
+            self.o_rate.p.rate.eq(state.rate),
+            self.o_rate.p.interval.eq(quotient),
+        ]
+
+        # Events in: set the waiting bits (after the sweep's clears, so a new event wins).
+        def clear_bit(vector):
+            m.d.sync += vector.bit_select(index, 1).eq(0)
+
+        def set_bit(vector, qp, value=1):
+            m.d.sync += vector.bit_select(qp, 1).eq(value)
+
+        with m.If(sent_valid):
+            set_bit(bytes_clear, sent.qp, 0)          # (a cut's set, below, wins)
+
+        with m.FSM():
+            with m.State("NEXT"):
+                m.d.sync += index.eq(Mux(index + 1 >= qps, 0, index + 1))
+                m.next = "READ"
+            with m.State("READ"):
+                m.next = "LOAD"
+            with m.State("LOAD"):
+                waiting_cnp = cnp_waiting.bit_select(index, 1) & config.enable
+                waiting_reset = reset_waiting.bit_select(index, 1) | ~config.enable
+                m.d.sync += [
+                    state.eq(state_read.data),
+                    cnp.eq(waiting_cnp),
+                    byte.eq(byte_event.bit_select(index, 1)),
+                    catch_up.eq(0),
+                    changed.eq(0),
+                ]
+                clear_bit(cnp_waiting)
+                clear_bit(byte_event)
+                clear_bit(reset_waiting)
+                with m.If(waiting_reset & (state_read.data.limited | waiting_cnp)):
+                    m.d.sync += [state.eq(0), changed.eq(1), quotient.eq(0)]
+                    m.next = "WRITE"
+                with m.Elif(state_read.data.limited | waiting_cnp):
+                    m.next = "ALPHA"
+                with m.Else():
+                    m.next = "NEXT"
+
+            # α: once for every period that ended (the first CNP starts the periods).
+            with m.State("ALPHA"):
+                m.d.sync += product.eq(state.alpha * config.dce_tcp_g)
+                with m.If(state.limited & elapsed(state.alpha_time, config.dce_tcp_rtt)
+                          & (catch_up < _ALPHA_CATCH_UP)):
+                    m.next = "ALPHA_UPDATE"
+                with m.Else():
+                    with m.If(state.limited & elapsed(state.alpha_time, config.dce_tcp_rtt)):
+                        m.d.sync += state.alpha_time.eq(now)        # too far behind
+                    m.next = "CUT_CHECK"
+            with m.State("ALPHA_UPDATE"):
+                m.d.sync += [
+                    state.alpha.eq((product >> ALPHA_BITS)
+                                   + Mux(state.cnp_in_period, g_complement << _ALPHA_EXTRA, 0)),
+                    state.cnp_in_period.eq(0),
+                    state.alpha_time.eq(state.alpha_time + config.dce_tcp_rtt),
+                    catch_up.eq(catch_up + 1),
+                ]
+                m.next = "ALPHA"
+
+            # A cut, for a waiting CNP: at once for the first, else once the monitor
+            # period since the last cut is over (until then the CNP keeps waiting).
+            with m.State("CUT_CHECK"):
+                m.next = "INCREASE_CHECK"
+                with m.If(cnp):
+                    m.d.sync += state.cnp_in_period.eq(1)
+                    with m.If(~state.limited):
+                        m.d.sync += [
+                            state.limited.eq(1),
+                            state.alpha.eq(config.initial_alpha_value << _ALPHA_EXTRA),
+                            state.alpha_time.eq(now),
+                            state.rate.eq(max_rate),
+                            state.target.eq(max_rate),
+                            state.cut_time.eq(now),
+                            state.timer_time.eq(now),
+                            state.time_stage.eq(0),
+                            state.byte_stage.eq(0),
+                            changed.eq(1),
+                        ]
+                        set_bit(bytes_clear, index)
+                        clear_bit(byte_event)
+                        with m.If(config.rate_to_set_on_first_cnp != 0):
+                            first = config.rate_to_set_on_first_cnp << RATE_FRACTION_BITS
+                            m.d.sync += [
+                                state.rate.eq(Mux(first < max_rate, first, max_rate)),
+                                state.target.eq(Mux(first < max_rate, first, max_rate)),
+                            ]
+                            m.next = "DIVIDE_START"
+                        with m.Else():
+                            m.next = "CUT_PRODUCT"
+                    with m.Else():
+                        m.d.sync += state.cut_waiting.eq(1)
+                        with m.If(elapsed(state.cut_time, config.rate_reduce_monitor_period)):
+                            m.next = "CUT_PRODUCT"
+                with m.Elif(state.cut_waiting
+                            & elapsed(state.cut_time, config.rate_reduce_monitor_period)):
+                    m.next = "CUT_PRODUCT"
+            with m.State("CUT_PRODUCT"):
+                m.d.sync += product.eq(state.rate * state.alpha)
+                m.next = "CUT_SHIFT"
+            with m.State("CUT_SHIFT"):
+                m.d.sync += product.eq(product >> (config.rpg_gd + _ALPHA_EXTRA))
+                m.next = "CUT"
+            with m.State("CUT"):
+                cut = product
+                lowered = Signal(_RATE)
+                m.d.comb += lowered.eq(Mux(cut < state.rate, state.rate - cut, 0))
+                with m.If(config.clamp_tgt_rate
+                          | (config.clamp_tgt_rate_after_time_inc & (state.time_stage != 0))):
+                    m.d.sync += state.target.eq(state.rate)
+                m.d.sync += [
+                    state.rate.eq(Mux(lowered > min_rate, lowered, min_rate)),
+                    state.cut_waiting.eq(0),
+                    state.time_stage.eq(0),
+                    state.byte_stage.eq(0),
+                    state.cut_time.eq(now),
+                    state.timer_time.eq(now),
+                    byte.eq(0),
+                    changed.eq(1),
+                ]
+                set_bit(bytes_clear, index)
+                clear_bit(byte_event)
+                m.next = "DIVIDE_START"
+
+            # One increase event: the timer's, else the byte counter's.
+            with m.State("INCREASE_CHECK"):
+                saturated = (1 << _STAGE_BITS) - 1
+                with m.If(elapsed(state.timer_time, config.rpg_time_reset)):
+                    m.d.sync += [
+                        state.timer_time.eq(state.timer_time + config.rpg_time_reset),
+                        state.time_stage.eq(state.time_stage
+                                            + (state.time_stage != saturated)),
+                    ]
+                    with m.If(byte):
+                        set_bit(byte_event, index)
+                    m.next = "INCREASE"
+                with m.Elif(byte):
+                    m.d.sync += state.byte_stage.eq(state.byte_stage
+                                                    + (state.byte_stage != saturated))
+                    m.next = "INCREASE"
+                with m.Else():
+                    m.next = "WRITE"
+            with m.State("INCREASE"):
+                threshold = config.rpg_threshold
+                most = Mux(state.time_stage > state.byte_stage, state.time_stage,
+                           state.byte_stage)
+                least = Mux(state.time_stage > state.byte_stage, state.byte_stage,
+                            state.time_stage)
+                step_rate = Signal(_MBPS)
+                with m.If(most < threshold):
+                    m.d.comb += step_rate.eq(0)                     # fast recovery
+                with m.Elif(least > threshold):
+                    m.d.comb += step_rate.eq(config.rpg_hai_rate)   # hyper increase
+                with m.Else():
+                    m.d.comb += step_rate.eq(config.rpg_ai_rate)    # additive increase
+                raised = Signal(_RATE + 1)
+                m.d.comb += raised.eq(state.target + (step_rate << RATE_FRACTION_BITS))
+                m.d.sync += [
+                    state.target.eq(Mux(raised < max_rate, raised, max_rate)),
+                    changed.eq(1),
+                ]
+                m.next = "AVERAGE"
+            with m.State("AVERAGE"):
+                average = (state.rate + state.target) >> 1
+                m.d.sync += state.rate.eq(average)
+                # Back at the line rate (to the last fraction bit): no longer limited.
+                with m.If(average + 1 >= max_rate):
+                    m.d.sync += [state.limited.eq(0), state.rate.eq(max_rate),
+                                 state.target.eq(max_rate), quotient.eq(0)]
+                    m.next = "WRITE"
+                with m.Else():
+                    m.next = "DIVIDE_START"
+
+            # The pacing interval: cycles per byte = 8·cycles_per_us / rate, long division.
+            with m.State("DIVIDE_START"):
+                m.d.sync += [
+                    dividend.eq(config.cycles_per_us
+                                << 3 + INTERVAL_FRACTION_BITS + RATE_FRACTION_BITS),
+                    remainder.eq(0),
+                    quotient.eq(0),
+                    step.eq(dividend_bits - 1),
+                ]
+                m.next = "DIVIDE"
+            with m.State("DIVIDE"):
+                shifted = Cat(dividend.bit_select(step, 1), remainder)
+                fits = shifted >= state.rate
+                m.d.sync += [
+                    remainder.eq(Mux(fits, shifted - state.rate, shifted)),
+                    quotient.eq(Cat(fits, quotient)),
+                    step.eq(step - 1),
+                ]
+                with m.If(step == 0):
+                    m.next = "WRITE"
+
+            with m.State("WRITE"):
+                m.d.comb += [
+                    state_write.en.eq(1),
+                    self.o_rate.valid.eq(changed),
+                ]
+                set_bit(limited, index, state.limited)
+                m.next = "NEXT"
+
+        # Events (after the sweep's statements: a new event for the QP it visits wins).
+        with m.If(self.i_cnp.valid & config.enable):
+            set_bit(cnp_waiting, self.i_cnp.p)
+        with m.If(self.i_reset.valid):
+            set_bit(reset_waiting, self.i_reset.p)
+        with m.If(sent_valid & qp_limited & (reset_bytes != 0) & (counted >= reset_bytes)):
+            set_bit(byte_event, sent.qp)
+        return m

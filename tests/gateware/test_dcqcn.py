@@ -1,0 +1,203 @@
+"""The DCQCN reaction point and the pacer against the reference model (sim.dcqcn):
+CNPs, timer and byte-counter events on one QP of several, the rate compared within 1 %
+at sample times; the pacing interval against 8·cycles_per_us/rate."""
+
+import dataclasses
+
+import pytest
+
+from gateware.roce.dcqcn import (
+    DCQCN_CONFIG,
+    DCQCN_DEFAULTS,
+    RATE_FRACTION_BITS,
+    DcqcnReactionPoint,
+    rate_interval,
+)
+from gateware.roce.pacer import PacedGate, Pacer
+from sim.dcqcn import DcqcnSettings, ReactionPoint
+
+from .streams import run_testbenches
+
+#: The simulation's µs: few cycles, so the timers run in few cycles.
+CYCLES_PER_US = 64
+QPS = 4
+
+
+def config(settings, *, enable=1):
+    """The gateware's settings from the model's."""
+    fields = {field.name: getattr(settings, field.name)
+              for field in dataclasses.fields(settings) if field.name != "rpg_min_dec_fac"}
+    return DCQCN_CONFIG.const({**fields, "enable": enable, "cycles_per_us": CYCLES_PER_US})
+
+
+def test_defaults_are_the_models():
+    model = DcqcnSettings()
+    gateware = DCQCN_DEFAULTS(322_265_625)
+    for field in dataclasses.fields(model):
+        if field.name != "rpg_min_dec_fac":
+            assert gateware[field.name] == getattr(model, field.name), field.name
+
+
+def simulate(settings, *, microseconds, cnps, packets, qp=1, other=2):
+    """Run the reaction point with CNPs for ``qp`` at the µs in ``cnps`` (and some
+    for ``other`` in between), and ``packets`` = (every n cycles, bytes) sent on
+    ``qp``; returns the model's and the gateware's rate of ``qp`` at each µs, and the
+    gateware's rate updates."""
+    dut = DcqcnReactionPoint(qps=QPS)
+    model = ReactionPoint(settings)
+    every, length = packets
+    cnp_cycles = {round(time * CYCLES_PER_US) for time in cnps}
+    samples = []
+    updates = []
+
+    async def main(ctx):
+        ctx.set(dut.i_config, config(settings))
+        rate = settings.max_rate
+        for cycle in range(microseconds * CYCLES_PER_US):
+            now = cycle / CYCLES_PER_US
+            model.advance(now)
+            cnp = cycle in cnp_cycles
+            ctx.set(dut.i_cnp.valid, cnp or cycle % 997 == 5)
+            ctx.set(dut.i_cnp.p, qp if cnp else other)
+            if cnp:
+                model.cnp(now)
+            send = every and cycle % every == 3
+            ctx.set(dut.i_bytes.valid, send)
+            ctx.set(dut.i_bytes.p, {"qp": qp, "bytes": length})
+            if send:
+                model.sent(length)
+            if ctx.get(dut.o_rate.valid):
+                update = ctx.get(dut.o_rate.p)
+                updates.append(update)
+                if update.qp == qp:
+                    rate = update.rate / (1 << RATE_FRACTION_BITS) if update.limited \
+                        else settings.max_rate
+            if cycle % CYCLES_PER_US == CYCLES_PER_US // 2:
+                samples.append((now, model.rate, rate))
+            await ctx.tick()
+
+    run_testbenches(dut, main)
+    return samples, updates
+
+
+def assert_follows(samples, tolerance=0.01, settle_us=2):
+    """The gateware's rate within ``tolerance`` of the model's at every sample, but for
+    those within ``settle_us`` of a change of the model's rate (the sweep's delay)."""
+    changes = [now for (now, rate), (_, before) in zip(
+        [(s[0], s[1]) for s in samples[1:]], [(s[0], s[1]) for s in samples], strict=False)
+        if rate != before]
+    checked = 0
+    for now, expected, got in samples:
+        if any(0 <= now - change < settle_us for change in changes):
+            continue
+        assert got == pytest.approx(expected, rel=tolerance), f"at {now} µs"
+        checked += 1
+    assert checked > len(samples) // 2
+
+
+def test_cuts_and_timer_recovery_follow_the_model():
+    """CNPs every 20 µs for 100 µs, then recovery by the timer alone (fast recovery for 5
+    stages, additive, hyper) with the timers scaled down (30 µs)."""
+    settings = DcqcnSettings(rpg_time_reset=30, rpg_byte_reset=0, rpg_threshold=5,
+                             rpg_ai_rate=500, rpg_hai_rate=5000)
+    samples, _ = simulate(settings, microseconds=420, cnps=[10.25 + 20 * n for n in range(5)],
+                          packets=(0, 0))
+    assert min(rate for _, rate, _ in samples) < 20_000          # it was cut hard
+    assert_follows(samples)
+
+
+def test_monitor_period_and_byte_counter_follow_the_model():
+    """CNPs every 2 µs (inside the 4 µs monitor period), bytes counted at 32 Gb/s so the
+    byte counter raises the rate between the timer's events."""
+    settings = DcqcnSettings(rpg_time_reset=40, rpg_byte_reset=32767)
+    samples, _ = simulate(settings, microseconds=200, cnps=[10.25 + 2 * n for n in range(25)],
+                          packets=(16, 1000))
+    assert_follows(samples)
+
+
+def test_minimum_rate_and_first_cnp_rate():
+    settings = DcqcnSettings(rpg_min_rate=2000, rate_to_set_on_first_cnp=40_000,
+                             rpg_time_reset=1000, rpg_byte_reset=0)
+    samples, updates = simulate(settings, microseconds=120, cnps=[5.25 + 4 * n for n in range(26)],
+                                packets=(0, 0))
+    assert_follows(samples)
+    assert samples[-1][2] == 2000
+    for update in updates:
+        if update.limited:
+            assert update.interval == rate_interval(update.rate, CYCLES_PER_US)
+
+
+def test_disabled_limits_nothing():
+    dut = DcqcnReactionPoint(qps=QPS)
+
+    async def main(ctx):
+        ctx.set(dut.i_config, config(DcqcnSettings(), enable=0))
+        for cycle in range(2000):
+            ctx.set(dut.i_cnp.valid, cycle % 50 == 0)
+            ctx.set(dut.i_cnp.p, cycle % QPS)
+            assert not (ctx.get(dut.o_rate.valid) and ctx.get(dut.o_rate.p.limited))
+            await ctx.tick()
+
+    run_testbenches(dut, main)
+
+
+def test_pacer_spaces_a_limited_qps_messages_at_its_rate():
+    """A QP limited to 10 Gb/s (at 64 cycles per µs: 0.0512 cycles a bit): each
+    message may start once its predecessors' wire bytes had their time; QP 0, not
+    limited, is never paced; a QP back at the line rate is let go at once."""
+    dut = Pacer(qps=QPS)
+    rate = 10_000 << RATE_FRACTION_BITS
+    interval = rate_interval(rate, CYCLES_PER_US)
+
+    async def main(ctx):
+        ctx.set(dut.i_cycles_per_us, CYCLES_PER_US)
+        ctx.set(dut.i_rate.valid, 1)
+        ctx.set(dut.i_rate.p, {"qp": 1, "limited": 1, "rate": rate, "interval": interval})
+        await ctx.tick()
+        ctx.set(dut.i_rate.valid, 0)
+        starts = []
+        for cycle in range(6000):
+            paced = ctx.get(dut.o_paced)
+            assert not paced & 1
+            # QP 1 sends a 1000-byte packet whenever it may; QP 0 every cycle.
+            send = not paced & 2 and (not starts or cycle - starts[-1] > 4)
+            if send:
+                starts.append(cycle)
+            ctx.set(dut.i_sent.valid, 1)
+            ctx.set(dut.i_sent.p, {"qp": 1 if send else 0, "bytes": 1000})
+            await ctx.tick()
+        ctx.set(dut.i_sent.valid, 0)
+        # 1000 bytes at 10 Gb/s: 0.8 µs = 51.2 cycles.
+        spacing = (starts[-1] - starts[1]) / (len(starts) - 2)
+        assert spacing == pytest.approx(51.2, rel=0.01)
+        ctx.set(dut.i_rate.valid, 1)
+        ctx.set(dut.i_rate.p, {"qp": 1, "limited": 0})
+        await ctx.tick()
+        ctx.set(dut.i_rate.valid, 0)
+        await ctx.tick()
+        assert not ctx.get(dut.o_paced)
+
+    run_testbenches(dut, main)
+
+
+def test_gate_holds_a_paced_qps_request_and_keeps_an_offered_one():
+    dut = PacedGate()
+
+    async def main(ctx):
+        ctx.set(dut.i.valid, 1)
+        ctx.set(dut.i.p.qp, 3)
+        ctx.set(dut.i_paced, 1 << 3)
+        ctx.set(dut.o.ready, 1)
+        assert not ctx.get(dut.o.valid) and not ctx.get(dut.i.ready)
+        ctx.set(dut.i_paced, 0)
+        ctx.set(dut.o.ready, 0)
+        assert ctx.get(dut.o.valid)
+        await ctx.tick()
+        ctx.set(dut.i_paced, 1 << 3)                 # paced once offered: stays offered
+        assert ctx.get(dut.o.valid)
+        ctx.set(dut.o.ready, 1)
+        assert ctx.get(dut.i.ready)
+        await ctx.tick()
+        assert not ctx.get(dut.o.valid)
+
+    run_testbenches(dut, main)
