@@ -593,10 +593,11 @@ class Responder:
         for a congestion-marked request packet, at most one per ``cnp_gap``."""
         connectx = self._connectx
         self._requests_seen += 1
+        last_cnp = self._notification.last_cnp(self._qpn)
         marked = bth.underlayer.underlayer.tos & _ECN_CE == _ECN_CE or \
             (connectx.cnp_every and self._requests_seen % connectx.cnp_every == 0) or \
-            (connectx.cnp_interval and (self._last_cnp is None
-                                        or now - self._last_cnp >= connectx.cnp_interval))
+            (connectx.cnp_interval and (last_cnp is None
+                                        or now - last_cnp >= connectx.cnp_interval))
         if not marked:
             return
         self.stats["ce_marked"] += 1

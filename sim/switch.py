@@ -365,6 +365,10 @@ class NotificationPoint:
     gap: int
     _last: dict[int, int] = field(default_factory=dict)
 
+    def last_cnp(self, qpn: int) -> int | None:
+        """When the last CNP for QP ``qpn`` went, or None."""
+        return self._last.get(qpn)
+
     def notify(self, qpn: int, now: int) -> bool:
         """A CE-marked packet of QP ``qpn`` arrived at ``now``: whether to send a CNP."""
         last = self._last.get(qpn)
