@@ -132,6 +132,8 @@ def run_loop(points: list[ReactionPoint], switch: SwitchSettings, settings: Loop
                 raise ValueError(f"QP {qp}'s reaction point gave the rate {rate!r} at {ready}")
             starts.append(max(ready, last_start[qp] + wire / rate))
         start = min(starts)
+        if start >= cycles:
+            break
         if cnps and cnps[0][0] <= start:
             now = cnps[0][0]            # taken first at the next look
             continue
