@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from sim.dcqcn import DcqcnSettings, ReactionPoint
+from sim.bench_dcqcn import BOTTLENECK, SCALED, run
 from sim.dcqcn_loop import LoopResult, LoopSettings, convergence, run_loop
 from sim.switch import Red, SwitchSettings
 
@@ -90,23 +90,11 @@ def test_convergence_is_the_start_of_the_last_run_of_windows_within_tolerance():
 
 
 def test_four_dcqcn_qps_converge_with_the_settings_of_switch_bench():
-    """The settings of tests/sim/switch_bench.py (acceptance (d)) in the loop: the
-    same scaled time base (32 cycles a µs), the same switch and peers."""
-    clock_hz = 322_265_625
-    line = 100e9 / 8 / clock_hz
-    scaled_line = round(line * 32 * 8)
-    dcqcn = DcqcnSettings(line_rate=scaled_line, rate_to_set_on_first_cnp=scaled_line // 5,
-                          clamp_tgt_rate=1, rpg_time_reset=15, rpg_byte_reset=0,
-                          rpg_threshold=1, rpg_ai_rate=4, rpg_hai_rate=40, dce_tcp_g=1020,
-                          dce_tcp_rtt=1)
-    red = Red(k_min=500, k_max=20_000, p_max=0.5)
-    result = run_loop([ReactionPoint(dcqcn) for _ in range(4)],
-                      SwitchSettings(rate=line / 2, buffer=1 << 20, red=red),
-                      LoopSettings(line_rate=line, frame=1098, round_trip=322, cnp_gap=128,
-                                   sample=2000, clock_hz=32e6), 250_000)
+    """The settings of tests/sim/switch_bench.py (acceptance (d)) in the loop."""
+    result = run(SCALED, 4)
     converged, shares = convergence(result, window=6, tail=0.5)
     assert converged is not None and converged < 125_000
     assert max(shares) - min(shares) <= 0.1 * min(shares)
-    assert sum(shares) >= 0.95 * line / 2
-    assert max(result.depths[len(result.depths) // 2:]) < red.k_max
+    assert sum(shares) >= 0.95 * BOTTLENECK
+    assert max(result.depths[len(result.depths) // 2:]) < SCALED.red.k_max
     assert result.dropped == 0 and min(result.cnps) > 0
