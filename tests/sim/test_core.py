@@ -62,9 +62,6 @@ TESTCASES = {
     "dcqcn_bench": [
         "cnps_every_50_us_on_one_of_two_qps",
     ],
-    "switch_bench": [
-        "four_qps_converge_behind_a_marking_switch",
-    ],
     "fuzz_bench": [
         "mutated_frames_of_every_protocol",
     ],
