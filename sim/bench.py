@@ -8,7 +8,8 @@ RoCEv2 side: QP writes, work requests with their payload (a cocotbext-axi
 source with optional random gaps), generator starts, the completions and
 the per-QP status. Responder models (:class:`sim.responder.Responder`) can be
 attached: they receive the core's packets for their QPN and their answers
-are sent back into the core, in a time counted in clock cycles (``cycle``).
+are sent back into the core, in a time counted in clock cycles (``cycle``). A
+congested switch (:class:`sim.switch.CongestedSwitch`) can sit in front of them.
 With ``line=True`` the MAC side takes beats at a 100GbE line's rate, as the CMAC does.
 """
 
@@ -107,6 +108,8 @@ class NetworkBench:
         self.cycle = 0                    # clock cycles since the bench started
         self._responders = {}             # attached responder models by their QPN
         self._responder_due = None        # the earliest next_due of any of them
+        self.switch = None                # a CongestedSwitch in front of the responders
+        self._switch_due = None
         self.tx_beats = 0
         self.tx_cycles_valid = 0
         self.line = line
@@ -305,6 +308,25 @@ class NetworkBench:
         stay in ``received`` too), and its answers go into the core when due."""
         self._responders[responder.qpn] = responder
 
+    def attach_switch(self, switch):
+        """Put a congested switch between the core and the attached responders: the
+        core's RoCEv2 frames reach them as they leave its queue (ECN-marked or not),
+        and its PFC or PAUSE frames go into the core."""
+        self.switch = switch
+
+    def _serve_switch(self):
+        """Hand the frames that left the switch to their responders, and its pause
+        frames to the core."""
+        forwarded, upstream = self.switch.poll(self.cycle)
+        for frame in upstream:
+            self.source.send_nowait(self._rx_frame(frame))
+        for frame in forwarded:
+            responder = self._responders.get(Ether(frame)[BTH].dqpn)
+            if responder is not None:
+                responder.receive(frame, self.cycle)
+                self._serve(responder)
+        self._switch_due = self.switch.next_due
+
     def _serve(self, responder):
         """Send the responder's frames that are due, and note when it is due next."""
         for frame in responder.poll(self.cycle):
@@ -349,6 +371,8 @@ class NetworkBench:
                     due = responder.next_due
                     if due is not None and due <= self.cycle:
                         self._serve(responder)
+            if self._switch_due is not None and self._switch_due <= self.cycle:
+                self._serve_switch()
             if dut.tx__tvalid.value == 1:
                 self.tx_cycles_valid += 1
                 if dut.tx__tready.value == 1:
@@ -404,7 +428,10 @@ class NetworkBench:
         if BTH in packet:                           # Scapy's BTH: UDP port 4791
             self.roce_sent.append((self.cycle, packet[BTH].dqpn, packet[BTH].psn))
             responder = self._responders.get(packet[BTH].dqpn)
-            if responder is not None:
+            if self.switch is not None:
+                self.switch.receive(frame, self.cycle)
+                self._serve_switch()
+            elif responder is not None:
                 responder.receive(frame, self.cycle)
                 self._serve(responder)
 

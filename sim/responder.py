@@ -68,6 +68,7 @@ from scapy.packet import Padding
 from scapy.utils import checksum
 
 from sim.rocev2 import PKEY, RETH, ROCEV2_PORT, ImmDt
+from sim.switch import NotificationPoint
 
 __all__ = ["Faults", "ConnectX", "Completion", "Responder", "COUNTERS", "rxe_udp_source_port",
            "spread_losses", "round_trip_cycles", "ACK_UNLIMITED", "RNR_NAK", "NAK_SEQUENCE",
@@ -401,7 +402,7 @@ class Responder:
         self._send_limit: int | None = None
         self._not_acknowledged = 0                  # executed packets no ACK covers yet
         self._requests_seen = 0                     # request packets, for cnp_every
-        self._last_cnp: int | None = None           # when the last CNP went
+        self._notification = NotificationPoint(connectx.cnp_gap if connectx else 0)
         self._acks_decided = 0                      # ACKNOWLEDGE frames, for ack_drop_at
 
         self._order = itertools.count()
@@ -592,16 +593,16 @@ class Responder:
         for a congestion-marked request packet, at most one per ``cnp_gap``."""
         connectx = self._connectx
         self._requests_seen += 1
+        last_cnp = self._notification.last_cnp(self._qpn)
         marked = bth.underlayer.underlayer.tos & _ECN_CE == _ECN_CE or \
             (connectx.cnp_every and self._requests_seen % connectx.cnp_every == 0) or \
-            (connectx.cnp_interval and (self._last_cnp is None
-                                        or now - self._last_cnp >= connectx.cnp_interval))
+            (connectx.cnp_interval and (last_cnp is None
+                                        or now - last_cnp >= connectx.cnp_interval))
         if not marked:
             return
         self.stats["ce_marked"] += 1
-        if self._last_cnp is not None and now - self._last_cnp < connectx.cnp_gap:
+        if not self._notification.notify(self._qpn, now):
             return
-        self._last_cnp = now
         self.stats["cnps_sent"] += 1
         heapq.heappush(self._outbound, (now + self._round_trip, next(self._order),
                                         self._cnp_frame()))
