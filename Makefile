@@ -26,8 +26,10 @@ sim: $(STAMP)
 sim-scapy: $(STAMP)
 	$(VENV)/bin/python -m sim.network_demo
 
+# One pytest worker per CPU (JOBS=N for N, JOBS=0 for none); the tests of a module that share an
+# expensive fixture (a QEMU guest, a board tree) stay on one worker (xdist_group).
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n $(or $(JOBS),auto) --dist loadgroup
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -5,6 +5,8 @@ or ``SIM=icarus`` (Debian's iverilog). Builds live under ``build/sim/<name>``
 and are reused while the Verilog is unchanged.
 """
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -98,17 +100,33 @@ def cached_verilog(make_component, toplevel: str, key: str) -> str:
     return text
 
 
+@contextlib.contextmanager
+def _exclusive(name: str):
+    """Holds a lock file under ``build/sim`` while it runs: processes that build the same
+    design at once (pytest's workers, ``sim.netdev``) take turns, and the later ones find
+    the build done instead of writing the same files."""
+    BUILD.mkdir(parents=True, exist_ok=True)
+    with open(BUILD / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def build(name: str, component, toplevel: str = "top", *, key: str | None = None) -> Build:
     """Writes ``component`` as Verilog and compiles it for the selected simulator.
 
     ``component`` is a component, or with ``key`` (a text naming its parameters) a
     function that makes it: the Verilog is then converted only when the gateware or
-    the key changed.
+    the key changed. Builds of one ``name`` never run at once.
     """
-    from cocotb_tools.runner import get_runner
-
     sim = simulator()
     _prepare_environment(sim)
+    with _exclusive(name):
+        return _build(sim, name, component, toplevel, key)
+
+
+def _build(sim: str, name: str, component, toplevel: str, key: str | None) -> Build:
+    from cocotb_tools.runner import get_runner
+
     if key is None:
         text = simulation_verilog(component, toplevel)
     else:

@@ -19,6 +19,9 @@ from boards import build
 from boards.cmac_ip import cmac_ip_properties
 from boards.timing_gate import gate_report_name
 
+#: Under pytest-xdist, the module's tests stay on one worker, which converts each tree once.
+pytestmark = pytest.mark.xdist_group("vcu118-tree")
+
 #: Small core parameters: the same top and ports, quicker to convert.
 SMALL_CORE = {"qps": 4, "retransmit_beats": 64, "messages": 8}
 
