@@ -3,6 +3,8 @@ counted; a QP set again while packets are sent; an ACK timeout."""
 
 import random
 
+import pytest
+
 from gateware.roce.reliability import ReliabilityEngine
 from gateware.roce.requests import QP_STATE
 
@@ -115,9 +117,11 @@ def test_a_qp_is_set_again_once_no_packet_is_sent():
     run_testbenches(dut, main)
 
 
-def test_an_unacknowledged_packet_times_out_and_is_resent():
+@pytest.mark.parametrize("paused", [0, 50])
+def test_an_unacknowledged_packet_times_out_and_is_resent(paused):
     """ACK timeout 2^3 ticks: the message is handed back for a resend from its packet,
-    and completes once acknowledged."""
+    and completes once acknowledged. ``paused`` cycles of ``i_paused`` (a PAUSE or
+    PFC, longer than the timeout) right after the packet do not count."""
     dut = ReliabilityEngine(qps=QPS, messages=4)
     message = {"request": {"qp": 3, "tag": 77, "length": 100}, "first_psn": 20, "packets": 1,
                "path_mtu": 1}
@@ -135,10 +139,11 @@ def test_an_unacknowledged_packet_times_out_and_is_resent():
         ctx.set(dut.i_sent.valid, 0)
         cycles = 0
         while not ctx.get(dut.o_replay.valid):
+            ctx.set(dut.i_paused, cycles < paused)
             await ctx.tick()
             cycles += 1
-            assert cycles < 100, "no resend"
-        assert 2 * 8 <= cycles <= 2 * 8 + QPS + 8, cycles
+            assert cycles < 200, "no resend"
+        assert paused + 2 * 8 <= cycles <= paused + 2 * 8 + QPS + 8, cycles
         replay = await get_item(ctx, dut.o_replay)
         assert (replay.qp, replay.slot, replay.packet, replay.message.first_psn) == (3, 0, 0, 20)
         status = await status_of(ctx, dut, 3)
