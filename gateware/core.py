@@ -263,7 +263,9 @@ class NetworkCore(wiring.Component):
             mac_control.i_config.eq(pause_config),
             roce_gate.i_hold.eq(mac_control.o_pause_roce),
             pause_gate.i_pause_all.eq(mac_control.o_pause_all),
-            pause_gate.i_pause_roce.eq(mac_control.o_pause_roce),
+            # A PFC holds RoCEv2 frames where they leave the requester only: held before
+            # the MAC, one would hold the ARP, ICMP and CM frames behind it until it ends.
+            pause_gate.i_pause_roce.eq(0),
             roce_tx.i_paused.eq(mac_control.o_pause_roce),
         ]
 

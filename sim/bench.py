@@ -30,7 +30,7 @@ from scapy.layers.l2 import ARP, Ether
 from gateware.cm.datagram import CM_PORT
 from gateware.cm.manager import CM_CONFIG
 from gateware.config import NetworkConfig
-from gateware.core import NetworkCore
+from gateware.core import TOS_ECT0, NetworkCore
 from gateware.eth.mac_control import PAUSE_CONFIG
 from gateware.roce.dcqcn import DCQCN_CONFIG, DCQCN_DEFAULTS
 from gateware.roce.planner import TRANSMIT_CONFIG
@@ -118,6 +118,7 @@ class NetworkBench:
         self.tx_first_cycle = None        # the cycles of the first and the last beat sent
         self.tx_last_cycle = None
         self.roce_sent = []               # (cycle, dest QP, PSN) of every RoCEv2 frame sent
+        self._tos, self._dcqcn = TOS_ECT0, True   # the core's defaults
         self.answers = []                 # (cycle, frame) of every responder frame sent in
         self.completion_cycles = []       # the cycle of each completion
         self.pcap = PcapWriter(pcap)
@@ -176,6 +177,7 @@ class NetworkBench:
     async def configure_roce(self, *, tos, tick):
         """Set the RoCEv2 traffic class and the clock cycles of a 4.096 us timer tick."""
         await self._put("roce_config", TRANSMIT_CONFIG, {"tos": tos, "tick": tick})
+        self._tos = tos
 
     async def configure_pause(self, *, roce_priority, quantum_cycles):
         """Set the priority whose PFC frames pause RoCEv2 frames, and the cycles of a pause
@@ -188,6 +190,13 @@ class NetworkBench:
         ``changes`` (fields of DCQCN_CONFIG)."""
         defaults = DCQCN_DEFAULTS(1e12 / CLOCK_PERIOD_PS)
         await self._put("dcqcn_config", DCQCN_CONFIG, {**defaults, **changes})
+        self._dcqcn = bool(changes.get("enable", defaults["enable"]))
+
+    @property
+    def roce_tos(self):
+        """The IPv4 traffic class of the core's RoCEv2 frames: ``roce_config``'s DSCP, and
+        the ECN field DCQCN sets (ECT(0) while it is on, Not-ECT when it is off)."""
+        return self._tos & ~0b11 | (0b10 if self._dcqcn else 0b00)
 
     async def configure_cm(self, **config):
         """Set how the connection manager sets up the QPs it opens, its access list and

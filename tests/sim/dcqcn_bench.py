@@ -69,17 +69,16 @@ async def cnps_every_50_us_on_one_of_two_qps(dut):
         round_trip=round_trip, cnp_interval=round(50 * 1e6 / CLOCK_PERIOD_PS)))
     other = await open_qp(run, hosts[1], memory_size=hosts[1].ring,
                           connectx=ConnectX(round_trip=round_trip))
-    counts = {marked: 1000, other: 2600}
-    for qp, host in zip((marked, other), hosts, strict=True):
-        await start_run(run, qp, host, length=LENGTH, count=counts[qp], write=True,
+    for qp, host, count in ((marked, hosts[0], 1000), (other, hosts[1], 2600)):
+        await start_run(run, qp, host, length=LENGTH, count=count, write=True,
                         immediate=False)
     await run.finish(timeout_cycles=400_000)
 
     cnps = [cycle for cycle, frame in bench.answers
             if Ether(frame)[BTH].opcode == OP_CNP and Ether(frame)[BTH].dqpn == marked.qpn]
-    sent = {qp: [cycle for cycle, dqpn, _ in bench.roce_sent if dqpn == qp.remote_qpn]
+    sent = {qp.index: [cycle for cycle, dqpn, _ in bench.roce_sent if dqpn == qp.remote_qpn]
             for qp in (marked, other)}
-    both_end = min(sent[marked][-1], sent[other][-1])
+    both_end = min(sent[marked.index][-1], sent[other.index][-1])
     edges = [cycle for cycle in cnps if cycle <= both_end]
     assert len(edges) >= 5, f"only {len(edges)} CNPs while both QPs sent"
     windows = list(zip(edges, edges[1:], strict=False))
@@ -87,7 +86,7 @@ async def cnps_every_50_us_on_one_of_two_qps(dut):
                            [(a / CYCLES_PER_US, b / CYCLES_PER_US) for a, b in windows])
 
     def rate(qp, start_cycle, end_cycle):
-        frames = sum(start_cycle <= cycle < end_cycle for cycle in sent[qp])
+        frames = sum(start_cycle <= cycle < end_cycle for cycle in sent[qp.index])
         return frames * WIRE_BYTES * 8 / ((end_cycle - start_cycle) / CYCLES_PER_US)
 
     report = []

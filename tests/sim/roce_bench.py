@@ -91,9 +91,9 @@ class RoceRun:
     """A bench with QPs, a responder model for each, the messages posted to them, and
     what they must produce: frames, completions, the models' memory and receive queues."""
 
-    def __init__(self, bench, *, tos=TOS_ECT0):
+    def __init__(self, bench, *, tos=None):
         self.bench = bench
-        self.tos = tos
+        self.tos = bench.roce_tos if tos is None else tos   # what the core's frames carry
         self.qps = {}                 # by remote QPN
         self.completions = []         # expected, in posting order
 
@@ -268,7 +268,8 @@ async def psn_wraps_in_a_long_back_to_back_run(dut):
     AckReq follows the retransmit ring. DCQCN is off, so the ECN field is Not-ECT
     though the traffic class set asks for ECT(0) (DSCP 46 and ECN 10: 0xBA)."""
     bench = await start(dut, tos=0xBA, seed=3, dcqcn=False)
-    run = RoceRun(bench, tos=0xB8)
+    run = RoceRun(bench)
+    assert run.tos == 0xB8
     qp = Qp(5, remote_qpn=0xABCDEF, psn=(1 << 24) - 40, rkey=0x1234, path_mtu=256,
             src_port=0xFFFF)
     await run.open(qp)
