@@ -367,6 +367,27 @@ def test_rnr_nak_waits_then_resends():
     assert bench.resent >= 1
 
 
+def starts_and_acknowledgements(dut, syndrome):
+    """A monitor of the transmitter, and the lists it fills: (cycle, PSN) of each datagram
+    it sends, and the cycles an acknowledgement with ``syndrome`` comes in."""
+    starts, acknowledged = [], []
+
+    async def monitor(ctx):
+        cycle, first = 0, True
+        async for _, _, valid, ready, beat, ack_valid, ack in ctx.tick().sample(
+                dut.o.valid, dut.o.ready, dut.o.p, dut.i_ack.valid, dut.i_ack.p):
+            cycle += 1
+            if valid and ready:
+                if first:
+                    starts.append((cycle, int.from_bytes(
+                        beat.data.to_bytes(WIDTH, "little")[9:12], "big")))
+                first = beat.last
+            if ack_valid and ack.syndrome == syndrome:
+                acknowledged.append(cycle)
+
+    return starts, acknowledged, monitor
+
+
 def test_a_resend_stops_for_an_rnr_wait():
     """A NAK for PSN 3 of a 16-packet message starts a resend; an RNR NAK for its first
     packet stops it: nothing of the QP leaves during the wait but the packets planned
@@ -390,23 +411,7 @@ def test_a_resend_stops_for_an_rnr_wait():
     qp = bench.add_qp(Qp(0, remote_qpn=5, psn=0, rkey=9, remote_ip="10.77.0.3", path_mtu=256,
                          src_port=0xC123, timeout=12))
     bench.message(qp, Message("RDMA_WRITE", pattern(16 * 256, 1), 0x4000))
-    dut = bench.dut
-    sent = []                                       # (cycle, PSN) of each datagram
-    rnr_at = []
-
-    async def monitor(ctx):
-        cycle, first = 0, True
-        async for _, _, valid, ready, beat, ack_valid, ack in ctx.tick().sample(
-                dut.o.valid, dut.o.ready, dut.o.p, dut.i_ack.valid, dut.i_ack.p):
-            cycle += 1
-            if valid and ready:
-                if first:
-                    sent.append((cycle, int.from_bytes(
-                        beat.data.to_bytes(WIDTH, "little")[9:12], "big")))
-                first = beat.last
-            if ack_valid and ack.syndrome == rnr_nak:
-                rnr_at.append(cycle)
-
+    sent, rnr_at, monitor = starts_and_acknowledgements(bench.dut, rnr_nak)
     bench.run(monitors=[monitor])
     assert len(rnr_at) == 1
     during = [psn for cycle, psn in sent if rnr_at[0] + 50 <= cycle < rnr_at[0] + 300]
@@ -434,23 +439,7 @@ def test_a_resend_waits_for_the_packet_being_segmented_only():
     qp = bench.add_qp(Qp(0, remote_qpn=5, psn=0, rkey=9, remote_ip="10.77.0.3", path_mtu=4096,
                          src_port=0xC123, ring_beats=512))
     bench.message(qp, Message("RDMA_WRITE", pattern(12 * 4096, 1), 0x4000))
-    dut = bench.dut
-    starts = []                                     # (cycle, PSN) of each datagram
-    nak_at = []
-
-    async def monitor(ctx):
-        cycle, first = 0, True
-        async for _, _, valid, ready, beat, ack_valid, ack in ctx.tick().sample(
-                dut.o.valid, dut.o.ready, dut.o.p, dut.i_ack.valid, dut.i_ack.p):
-            cycle += 1
-            if valid and ready:
-                if first:
-                    starts.append((cycle, int.from_bytes(
-                        beat.data.to_bytes(WIDTH, "little")[9:12], "big")))
-                first = beat.last
-            if ack_valid and ack.syndrome == NAK_SEQUENCE:
-                nak_at.append(cycle)
-
+    starts, nak_at, monitor = starts_and_acknowledgements(bench.dut, NAK_SEQUENCE)
     bench.run(monitors=[monitor])
     assert len(nak_at) == 1
     resend = next(cycle for cycle, psn in starts if psn == 3 and cycle > nak_at[0])
