@@ -11,7 +11,6 @@ from .cm.manager import CM_CONFIG, ConnectionManager, access_list
 from .config import NetworkConfig, config_value
 from .counters import COUNTER_BITS
 from .eth.mac_control import PAUSE_CONFIG, ROCE_PRIORITY, MacControl, quantum_cycles_at
-from .eth.pause_gate import PauseGate
 from .eth.rx import EthernetReceiver
 from .eth.tx import ETH_TX_META, EthernetTransmitter
 from .headers import UDP_PORT_ROCEV2
@@ -228,7 +227,7 @@ class NetworkCore(wiring.Component):
         # PAUSE and PFC hold frames at their start: RoCEv2 frames as they leave the
         # requester (so the others pass meanwhile), and every frame before the MAC.
         m.submodules.roce_gate = roce_gate = PacketGate(UDP_TX_META, width=width)
-        m.submodules.pause_gate = pause_gate = PauseGate(width=width)
+        m.submodules.pause_gate = pause_gate = PacketGate(width=width)   # before the MAC
         # And after UDP and ICMP. (On the receive path, each layer's router ends in one.)
         m.submodules.udp_out = udp_out = PacketRegister(IP_TX_META, width=width)
         m.submodules.icmp_out = icmp_out = PacketRegister(IP_TX_META, width=width)
@@ -262,10 +261,10 @@ class NetworkCore(wiring.Component):
         m.d.comb += [
             mac_control.i_config.eq(pause_config),
             roce_gate.i_hold.eq(mac_control.o_pause_roce),
-            pause_gate.i_pause_all.eq(mac_control.o_pause_all),
-            # A PFC holds RoCEv2 frames where they leave the requester only: held before
-            # the MAC, one would hold the ARP, ICMP and CM frames behind it until it ends.
-            pause_gate.i_pause_roce.eq(0),
+            # A PAUSE holds every frame before the MAC; a PFC holds RoCEv2 frames only where
+            # they leave the requester (roce_gate): held before the MAC, one would hold the
+            # ARP, ICMP and CM frames behind it until the pause ends.
+            pause_gate.i_hold.eq(mac_control.o_pause_all),
             roce_tx.i_paused.eq(mac_control.o_pause_roce),
         ]
 

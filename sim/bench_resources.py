@@ -93,7 +93,7 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
         patient_ports=(4791, 17185), width=WIDTH),
     "EthernetReceiver": lambda: _load("gateware.eth.rx.EthernetReceiver")(width=WIDTH),
     "MacControl": lambda: _load("gateware.eth.mac_control.MacControl")(width=WIDTH),
-    "PauseGate": lambda: _load("gateware.eth.pause_gate.PauseGate")(width=WIDTH),
+    "PacketGate": lambda: _load("gateware.packet.gate.PacketGate")(width=WIDTH),
     "IPv4Receiver": lambda: _load("gateware.ip.rx.IPv4Receiver")(width=WIDTH),
     "IcrcInserter": lambda: _load("gateware.roce.icrc.IcrcInserter")(width=WIDTH),
     "RequesterTransmitter (16 QPs)": lambda: _load("gateware.roce.tx.RequesterTransmitter")(
