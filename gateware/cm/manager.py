@@ -93,7 +93,8 @@ class ConnectionManager(wiring.Component):
       ``o_qp_write`` (remote QPN, PSN, rkey and address from loc, timers from
       ``i_config``, UDP source port 0xC000 + index). No QP: NO_QP.
     - CLOSE_QP of an open QP from its host: the QP is freed, its run stopped
-      (``o_stop``) and the QP flushed (``o_qp_close``). A QP that is not open:
+      (``o_stop``, the cycle after the QP's entry is checked: the stop comes
+      from the FSM's state alone) and then the QP flushed (``o_qp_close``). A QP that is not open:
       NO_QP. rem_qpn 0xFFFFFF (extension): every QP of the source is closed so,
       one QP every three cycles, and the ACK's count says how many.
     - STATUS, from any source: the QP's flags, generator run (``run_qp`` →
@@ -110,7 +111,9 @@ class ConnectionManager(wiring.Component):
     since its host's last OPEN_QP, legacy step, STATUS or start of it; a QP
     whose age reached ``LEASE_SWEEPS`` and that is in ERROR, or has no packet
     outstanding and no run in progress, is freed as a close frees it
-    (``expired``).
+    (``expired``). The verdict on a QP is a register (its entry, the engine's
+    ``status`` and the pool's ``run`` → verdict → stop), so neither the engine's
+    status nor the entry's compares chain with the pool's handling of the stop.
 
     Dropped and counted: a UDP length other than 72 (``length``); info_valid
     clear or ack_valid set (``malformed``); an unknown request or a NULL
@@ -441,10 +444,9 @@ class ConnectionManager(wiring.Component):
                             entry_write.addr.eq(index),
                             entry_write.data.eq(0),
                             entry_write.en.eq(1),
-                            self.o_stop.valid.eq(1),
                             counts["closed"].eq(1),
                         ]
-                        m.next = "CLOSE"
+                        m.next = "STOP"
                     with m.Elif(entry.open):
                         m.d.comb += counts["spoofed"].eq(1)
                         m.next = "IDLE"
@@ -475,22 +477,43 @@ class ConnectionManager(wiring.Component):
                         m.d.comb += counts["start_closed"].eq(1)
                         m.next = "IDLE"
 
+            # The stop a cycle after the verdict, from the state alone: the entry's
+            # compares do not chain with the stop of the pool's generator.
+            with m.State("STOP"):
+                m.d.comb += self.o_stop.valid.eq(1)
+                m.next = "CLOSE"
+
             with m.State("CLOSE"):
                 m.d.comb += self.o_qp_close.valid.eq(1)
                 with m.If(self.o_qp_close.ready):
                     answer(Ack.ACK, found)
 
-            # The sweep: one QP every three cycles (``index`` → entry, status, run).
+            # The sweep: one QP every three cycles (``index`` → entry, status and run →
+            # the verdict, a register: the engine's status and the pool's run do not chain
+            # with the stop of the pool's generator → the entry written, the QP stopped).
+            def next_qp():
+                m.d.sync += index.eq(index + 1)
+                m.next = "SWEEP_READ"
+                with m.If(index == qps - 1):
+                    m.next = "IDLE"
+                    with m.If(closing_all):
+                        answer(Ack.ACK)
+                        m.d.sync += reply.count.eq(closed_count)
+
+            sweep_close = Signal()              # the QP read is to be freed
             with m.State("SWEEP_READ"):
                 m.next = "SWEEP_CHECK"
 
             with m.State("SWEEP_CHECK"):
                 idle = self.status.error | ((self.status.outstanding == 0) & ~self.run.running)
                 expired = entry.open & (entry.age == LEASE_SWEEPS) & idle
+                m.d.sync += sweep_close.eq(Mux(closing_all, from_host, expired))
+                m.next = "SWEEP_ACT"
+
+            with m.State("SWEEP_ACT"):
                 aged = Signal(CM_ENTRY)
                 m.d.comb += [aged.eq(entry), aged.age.eq(entry.age + (entry.age != LEASE_SWEEPS))]
-                m.next = "SWEEP_NEXT"
-                with m.If(Mux(closing_all, from_host, expired)):
+                with m.If(sweep_close):
                     m.d.comb += [
                         entry_write.addr.eq(index),
                         entry_write.data.eq(0),
@@ -501,26 +524,19 @@ class ConnectionManager(wiring.Component):
                     ]
                     m.d.sync += closed_count.eq(closed_count + 1)
                     m.next = "SWEEP_CLOSE"
-                with m.Elif(entry.open & ~closing_all):
-                    m.d.comb += [
-                        entry_write.addr.eq(index),
-                        entry_write.data.eq(aged),
-                        entry_write.en.eq(1),
-                    ]
+                with m.Else():
+                    with m.If(entry.open & ~closing_all):
+                        m.d.comb += [
+                            entry_write.addr.eq(index),
+                            entry_write.data.eq(aged),
+                            entry_write.en.eq(1),
+                        ]
+                    next_qp()
 
             with m.State("SWEEP_CLOSE"):
                 m.d.comb += self.o_qp_close.valid.eq(1)
                 with m.If(self.o_qp_close.ready):
-                    m.next = "SWEEP_NEXT"
-
-            with m.State("SWEEP_NEXT"):
-                m.d.sync += index.eq(index + 1)
-                m.next = "SWEEP_READ"
-                with m.If(index == qps - 1):
-                    m.next = "IDLE"
-                    with m.If(closing_all):
-                        answer(Ack.ACK)
-                        m.d.sync += reply.count.eq(closed_count)
+                    next_qp()
 
             with m.State("START"):
                 counted = Signal(CM_ENTRY)
