@@ -2,7 +2,8 @@
 
 from amaranth import *
 
-__all__ = ["ones_complement_add", "ones_complement_sum", "header_checksum"]
+__all__ = ["ones_complement_add", "ones_complement_sum", "ones_complement_fold", "word_sum",
+           "header_checksum"]
 
 
 def ones_complement_add(a, b):
@@ -20,6 +21,28 @@ def ones_complement_sum(words):
         words = [ones_complement_add(*words[index:index + 2]) if index + 1 < len(words)
                  else words[index] for index in range(0, len(words), 2)]
     return words[0]
+
+
+def word_sum(words):
+    """The plain (wide) sum of 16-bit values, as a balanced tree of adders: carry chains
+    only, no end-around carry; :func:`ones_complement_fold` turns it into their
+    one's-complement sum."""
+    words = [Value.cast(word) for word in words]
+    if not words:
+        raise ValueError("Nothing to sum")
+    while len(words) > 1:
+        words = [words[index] + words[index + 1] if index + 1 < len(words)
+                 else words[index] for index in range(0, len(words), 2)]
+    return words[0]
+
+
+def ones_complement_fold(total):
+    """16-bit one's-complement sum of the 16-bit words whose plain sum is ``total``
+    (at most 32 bits wide)."""
+    total = Value.cast(total)
+    if len(total) > 32:
+        raise ValueError(f"A sum of {len(total)} bits does not fold in one step")
+    return ones_complement_add(total[:16], total[16:])
 
 
 def header_checksum(header_bits):

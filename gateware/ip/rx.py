@@ -1,5 +1,5 @@
 from amaranth import *
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..config import NetworkConfig
@@ -10,7 +10,7 @@ from ..packet.extract import HeaderExtractor
 from ..packet.router import PacketRouter
 from ..packet.trim import PacketTrim
 from ..stream import BEAT_BYTES, meta_with, packet_signature
-from .checksum import ones_complement_sum
+from .checksum import ones_complement_fold, word_sum
 
 __all__ = ["IPv4Receiver", "IP_RX_META"]
 
@@ -29,9 +29,11 @@ class IPv4Receiver(wiring.Component):
     loopback 127/8, multicast 224/4, class E 240/4 with 255.255.255.255, our
     subnet's directed broadcast, or our own address), ``length`` (total
     length below 20 or beyond the frame), ``protocol`` (neither ICMP nor
-    UDP), ``truncated``. The checks are made with the first
-    payload beat; latency: one beat and a cycle (the router's register slice:
-    no path runs through this layer).
+    UDP), ``truncated``. The checks that need the header alone (all but the
+    length's and the checksum's last fold) are made as the header is completed
+    and kept in registers beside it; the rest with the first payload beat.
+    Latency: one beat and a cycle (the router's register slice: no path runs
+    through this layer).
     """
 
     DROP_REASONS = ("version", "options", "checksum", "fragment", "address", "source",
@@ -69,12 +71,13 @@ class IPv4Receiver(wiring.Component):
         ip = trim.i.p.meta.ip
         m.d.comb += trim.i_length.eq(ip.total_length - IPV4.length)
 
-        meta = router.i.p.meta
-        ip = meta.ip
-        words = Value.cast(ip)
-        checksum_ok = ones_complement_sum(words.word_select(index, 16)
-                                          for index in range(IPV4.length // 2)) == 0xFFFF
-        room = meta.length - ETHERNET.length
+        # Checks on the header alone, in registers loaded with the extractor's meta.
+        words = IPV4.length // 2
+        early = Signal(data.StructLayout({
+            "version": 1, "options": 1, "fragment": 1, "address": 1, "source": 1,
+            "sum": range(words * 0xFFFF + 1),      # plain sum of the header's 16-bit words
+        }))
+        ip = header.o_header.p
         config = self.i_config
         src = ip.src
         source_bad = ((src == 0) |
@@ -83,13 +86,27 @@ class IPv4Receiver(wiring.Component):
                       (src == config.ip) |
                       ((((src ^ config.ip) & config.netmask) == 0) &
                        ((src | config.netmask) == 0xFFFF_FFFF)))  # our directed broadcast
+        with m.If(header.o_header.valid):
+            m.d.sync += [
+                early.version.eq(ip.version != 4),
+                early.options.eq(ip.ihl != 5),
+                early.fragment.eq(ip.mf | (ip.fragment_offset != 0)),
+                early.address.eq(ip.dst != config.ip),
+                early.source.eq(source_bad),
+                early.sum.eq(word_sum(Value.cast(ip).word_select(index, 16)
+                                      for index in range(words))),
+            ]
+
+        meta = router.i.p.meta
+        ip = meta.ip
+        room = meta.length - ETHERNET.length
         checks = [
-            ("version", ip.version != 4),
-            ("options", ip.ihl != 5),
-            ("checksum", ~checksum_ok),
-            ("fragment", ip.mf | (ip.fragment_offset != 0)),
-            ("address", ip.dst != config.ip),
-            ("source", source_bad),
+            ("version", early.version),
+            ("options", early.options),
+            ("checksum", ones_complement_fold(early.sum) != 0xFFFF),
+            ("fragment", early.fragment),
+            ("address", early.address),
+            ("source", early.source),
             ("length", (ip.total_length < IPV4.length) | (ip.total_length > room)),
         ]
         with m.If(checks[0][1]):

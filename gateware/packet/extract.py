@@ -1,5 +1,5 @@
 from amaranth import *
-from amaranth.lib import wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..headers import NetworkLayout
@@ -21,6 +21,10 @@ class HeaderExtractor(wiring.Component):
 
     Never stalls its input while its output is ready, so it can sit on a path
     with no backpressure. No idle cycle between packets.
+
+    ``o_header`` shows each header in the cycle it is completed (``valid``
+    for that cycle), the cycle before ``meta`` holds it: a parent that wants
+    checks on the header in registers beside ``meta`` samples them there.
     """
 
     def __init__(self, name, header, meta, *, width=BEAT_BYTES):
@@ -33,6 +37,7 @@ class HeaderExtractor(wiring.Component):
             "i": In(packet_signature(meta, width=width)),
             "o": Out(packet_signature(meta_with(meta, **{name: header}), width=width)),
             "o_truncated": Out(1),
+            "o_header": Out(stream.Signature(header, always_ready=True)),
         })
 
     @property
@@ -62,6 +67,7 @@ class HeaderExtractor(wiring.Component):
         spill = i.p.keep[tail] if tail < width else C(0, 1)
 
         m.d.comb += [
+            self.o_header.p.eq(header),
             o.p.data.eq(held),
             o.p.keep.eq(held_keep),
             o.p.meta.eq(meta),
@@ -111,6 +117,7 @@ class HeaderExtractor(wiring.Component):
                 with m.If(i.p.last & ~tail_complete):
                     m.d.comb += self.o_truncated.eq(1)
                 with m.Else():
+                    m.d.comb += self.o_header.valid.eq(1)
                     m.d.sync += [
                         meta.eq(Cat(first_meta, Value.cast(header))),
                         held.eq(i.p.data[8 * tail:]),
