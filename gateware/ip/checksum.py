@@ -2,8 +2,7 @@
 
 from amaranth import *
 
-__all__ = ["ones_complement_add", "ones_complement_sum", "ones_complement_fold", "word_sum",
-           "header_checksum"]
+__all__ = ["ones_complement_add", "ones_complement_sum", "ones_complement_fold", "word_sum"]
 
 
 def ones_complement_add(a, b):
@@ -44,9 +43,3 @@ def ones_complement_fold(total):
         raise ValueError(f"A sum of {len(total)} bits does not fold in one step")
     return ones_complement_add(total[:16], total[16:])
 
-
-def header_checksum(header_bits):
-    """Checksum field for a header given as its big-endian integer with the field at zero."""
-    header_bits = Value.cast(header_bits)
-    return ~ones_complement_sum(header_bits.word_select(index, 16)
-                                for index in range(len(header_bits) // 16))[:16]

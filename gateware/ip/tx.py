@@ -5,8 +5,9 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 from ..config import NetworkConfig
 from ..headers import IPV4
 from ..packet.insert import HeaderInserter
+from ..packet.register import PacketRegister
 from ..stream import BEAT_BYTES, forward, meta_with, packet_signature
-from .checksum import header_checksum
+from .checksum import ones_complement_fold, word_sum
 
 __all__ = ["IPv4Transmitter", "IP_TX_META", "NEXT_HOP_META"]
 
@@ -23,7 +24,14 @@ TTL = 64
 class IPv4Transmitter(wiring.Component):
     """Puts an IPv4 header in front of each packet: no options, DF set, TTL 64,
     our address as source, an identification that counts packets, and the
-    header checksum. Latency 0; one beat per cycle.
+    header checksum. One beat per cycle.
+
+    Latency 1 cycle: the packets pass a register slice first, with the sum of
+    the header's words that come from their meta, so that neither the
+    multiplexer in front of this block nor the block after it chains with the
+    checksum. The header's other fields (``i_config.ip`` among them) and the
+    sum of their words are kept in registers for the next packet, so a new
+    address is used from the second cycle after it is set.
     """
 
     def __init__(self, *, width=BEAT_BYTES):
@@ -38,36 +46,58 @@ class IPv4Transmitter(wiring.Component):
         m = Module()
         width = self._width
 
+        # The header checksum (RFC 791) is the one's-complement sum of the header's 16-bit
+        # words; its fields lie in disjoint bits, so that is the sum of the words of two
+        # halves: the fields from the meta, and the others.
+        words = IPV4.length // 2
+        sum_shape = range(words * 0xFFFF + 1)
+
+        def header_sum(header):
+            return word_sum(Value.cast(header).word_select(index, 16) for index in range(words))
+
+        m.submodules.summed = summed = PacketRegister(
+            meta_with(NEXT_HOP_META, ip=IPV4, ip_sum=sum_shape), width=width)
         m.submodules.header = inserter = HeaderInserter(
             "ip", IPV4, meta_with(NEXT_HOP_META, ip=IPV4), width=width)
         connect(m, inserter.o, flipped(self.o))
 
-        first = Signal(init=1)
-        identification = Signal(16)
-        with m.If(self.i.valid & self.i.ready):
-            m.d.sync += first.eq(self.i.p.last)
-            with m.If(first):
-                m.d.sync += identification.eq(identification + 1)
-
-        src = self.i.p.meta
-        header = Signal(IPV4)
+        meta = self.i.p.meta
+        from_meta = Signal(IPV4)
         m.d.comb += [
-            header.version.eq(4),
-            header.ihl.eq(IPV4.length // 4),
-            header.dscp.eq(src.tos[2:]),
-            header.ecn.eq(src.tos[:2]),
-            header.total_length.eq(src.length + IPV4.length),
-            header.identification.eq(identification),
-            header.df.eq(1),
-            header.ttl.eq(TTL),
-            header.protocol.eq(src.protocol),
-            header.src.eq(self.i_config.ip),
-            header.dst.eq(src.dst_ip),
+            from_meta.dscp.eq(meta.tos[2:]),
+            from_meta.ecn.eq(meta.tos[:2]),
+            from_meta.total_length.eq(meta.length + IPV4.length),
+            from_meta.protocol.eq(meta.protocol),
+            from_meta.dst.eq(meta.dst_ip),
+            forward(self.i, summed.i),
+            summed.i.p.meta.dst_ip.eq(meta.dst_ip),
+            summed.i.p.meta.ip.eq(from_meta),
+            summed.i.p.meta.ip_sum.eq(header_sum(from_meta)),
         ]
-        m.d.comb += forward(self.i, inserter.i)
+
+        # The other fields, for the next packet to start.
+        first = Signal(init=1)
+        start = summed.o.valid & summed.o.ready & first
+        with m.If(summed.o.valid & summed.o.ready):
+            m.d.sync += first.eq(summed.o.p.last)
+        own = Signal(IPV4)
+        own_next = Signal(IPV4)
+        own_sum = Signal(sum_shape)
         m.d.comb += [
-            inserter.i.p.meta.dst_ip.eq(src.dst_ip),
-            inserter.i.p.meta.ip.eq(header),
-            inserter.i.p.meta.ip.checksum.eq(header_checksum(header)),
+            own_next.version.eq(4),
+            own_next.ihl.eq(IPV4.length // 4),
+            own_next.identification.eq(own.identification + start),
+            own_next.df.eq(1),
+            own_next.ttl.eq(TTL),
+            own_next.src.eq(self.i_config.ip),
+        ]
+        m.d.sync += [own.eq(own_next), own_sum.eq(header_sum(own_next))]
+
+        m.d.comb += [
+            forward(summed.o, inserter.i),
+            inserter.i.p.meta.dst_ip.eq(summed.o.p.meta.dst_ip),
+            inserter.i.p.meta.ip.eq(Value.cast(own) | Value.cast(summed.o.p.meta.ip)),
+            inserter.i.p.meta.ip.checksum.eq(
+                ~ones_complement_fold(own_sum + summed.o.p.meta.ip_sum)),
         ]
         return m
