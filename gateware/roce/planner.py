@@ -364,6 +364,11 @@ class PacketPlanner(wiring.Component):
         refused = _next_packet(m, new.remaining, 0, width, "refused", first=new.index == 0)
         with m.FSM():
             with m.State("IDLE"):
+                # The engine's view of the QP is a cycle late: ask for the next request's
+                # already, whether or not a resend goes first (its offer, from the engine's
+                # state, then does not chain with the views the new message is loaded by).
+                with m.If(~new_sending & ~new_refusing):
+                    m.d.comb += self.new_qp.eq(self.i_request.p.qp)
                 with m.If(self.i_replay.valid & ~replaying):
                     m.d.comb += [
                         self.read_qp.eq(self.i_replay.p.qp),
@@ -388,9 +393,7 @@ class PacketPlanner(wiring.Component):
                     ]
                     m.next = "LOAD_REPLAY"
                 with m.Elif(self.i_request.valid & ~new_sending & ~new_refusing):
-                    # The engine's view of the QP is a cycle late: ask for it already.
-                    m.d.comb += [self.read_qp.eq(self.i_request.p.qp),
-                                 self.new_qp.eq(self.i_request.p.qp)]
+                    m.d.comb += self.read_qp.eq(self.i_request.p.qp)
                     m.next = "LOAD_NEW"
 
             with m.State("LOAD_REPLAY"):
