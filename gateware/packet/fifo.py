@@ -84,7 +84,21 @@ class PacketFIFO(wiring.Component):
         beat_length = keep_count(i.p.keep)
         meta = Mux(first, Value.cast(i.p.meta), first_meta)
         total = (Mux(first, 0, length) + beat_length)[:self._length_bits]
-        too_long = (Mux(first, 0, length) + beat_length)[self._length_bits:].any()
+        if depth * width < 1 << self._length_bits:
+            # A packet reaches 2^length_bits bytes only past ``depth`` beats, where it
+            # no longer has room: no need to look at the count's carry.
+            too_long = C(0)
+        else:
+            too_long = (Mux(first, 0, length) + beat_length)[self._length_bits:].any()
+        # Packets waiting (the descriptor FIFO's level), and whether that is
+        # ``max_packets``, in registers: the admission does not wait on the FIFO's count.
+        waiting = Signal(range(self._max_packets + 2))
+        packets_full = Signal()
+        waiting_next = waiting + descriptors.w_en - descriptors.r_en
+        m.d.sync += [
+            waiting.eq(waiting_next),
+            packets_full.eq(waiting_next >= self._max_packets),
+        ]
 
         m.d.comb += [
             write.addr.eq(wr_ptr),
@@ -106,7 +120,7 @@ class PacketFIFO(wiring.Component):
                 with m.If(self.i_error):
                     m.d.comb += self.o_error_drop.eq(1)
                     m.d.sync += wr_ptr.eq(start)
-                with m.Elif(full | (descriptors.level >= self._max_packets)):
+                with m.Elif(full | packets_full):
                     m.d.comb += self.o_overflow_drop.eq(1)
                     m.d.sync += wr_ptr.eq(start)
                 with m.Else():
