@@ -350,9 +350,12 @@ class PacketPlanner(wiring.Component):
                                   | (replaying & (replay.qp == self.holds_qp)))
 
         # Load contexts: a resend when the replay context is free, else a new message.
+        # The engine's view of a QP is a cycle late: while the new context is free, it
+        # asks for the next request's QP already (in any state: a resend going first
+        # leaves it unused), so its address does not wait on the FSM's choice.
         m.d.comb += [
             self.replay_qp.eq(replay.qp),
-            self.new_qp.eq(new.qp),
+            self.new_qp.eq(Mux(new_sending | new_refusing, new.qp, self.i_request.p.qp)),
         ]
         path_mtu_bytes = _mtu_bytes(m, self.read_path.path_mtu, width)
         # The first packet of a context as it is loaded (of a refused request: no payload).
@@ -364,11 +367,6 @@ class PacketPlanner(wiring.Component):
         refused = _next_packet(m, new.remaining, 0, width, "refused", first=new.index == 0)
         with m.FSM():
             with m.State("IDLE"):
-                # The engine's view of the QP is a cycle late: ask for the next request's
-                # already, whether or not a resend goes first (its offer, from the engine's
-                # state, then does not chain with the views the new message is loaded by).
-                with m.If(~new_sending & ~new_refusing):
-                    m.d.comb += self.new_qp.eq(self.i_request.p.qp)
                 with m.If(self.i_replay.valid & ~replaying):
                     m.d.comb += [
                         self.read_qp.eq(self.i_replay.p.qp),
@@ -408,7 +406,6 @@ class PacketPlanner(wiring.Component):
 
             with m.State("LOAD_NEW"):
                 request = self.i_request.p
-                m.d.comb += self.new_qp.eq(request.qp)
                 valid_mtu = path_mtu_bytes != 0
                 bad = (request.qp >= self._qps) | (request.length > MAX_MESSAGE_BYTES) | ~valid_mtu
                 packets = Signal(24)
