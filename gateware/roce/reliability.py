@@ -556,6 +556,10 @@ class ReliabilityEngine(wiring.Component):
             m.d.sync += expired.eq(0)
 
         event = Signal(ACK_TAKEN)
+        # What ``una`` becomes if the acknowledgement is taken (an ACK covers its PSN, a
+        # NAK the ones before it), worked out as the acknowledgement is: the ACK state
+        # only compares it with ``una``.
+        una_after = Signal(24)
         record = Signal(MESSAGE)
         # The oldest message's slot is read a cycle ahead; while the FSM retires messages,
         # the one after it (so that it retires one a cycle; it reads again after a stall).
@@ -625,7 +629,11 @@ class ReliabilityEngine(wiring.Component):
                     m.next = "EXPIRE"
                 with m.Elif(intake.o.valid):
                     m.d.comb += [intake.o.ready.eq(1), qp_next.eq(intake.o.p.qp)]
-                    m.d.sync += event.eq(intake.o.p)
+                    m.d.sync += [
+                        event.eq(intake.o.p),
+                        una_after.eq(Mux(intake.o.p.syndrome[5:7] == AETH_ACK,
+                                         intake.o.p.psn + 1, intake.o.p.psn)[:24]),
+                    ]
                     m.next = "ACK"
 
             # An acknowledgement in two steps: what it means (kept in registers), then
@@ -643,7 +651,6 @@ class ReliabilityEngine(wiring.Component):
             with m.State("ACK"):
                 ahead = (event.psn - s_una)[:24]
                 window = (s_nxt - s_una)[:24]
-                una_after = Mux(kind == AETH_ACK, event.psn + 1, event.psn)[:24]
                 advances = una_after != s_una
                 m.d.sync += [
                     taken.eq((ahead < window) & ~s_error),
