@@ -66,9 +66,14 @@ class Pacer(wiring.Component):
         now = Signal(48)
         m.d.sync += now.eq(now + 1)
         now_fixed = Cat(C(0, INTERVAL_FRACTION_BITS), now)
-        allowance = self.i_cycles_per_us << INTERVAL_FRACTION_BITS
+        # 1 µs ago (not before 0), in registers: worked out over two cycles from the count
+        # two cycles ahead.
+        ago = Signal(signed(50))
         earliest = Signal(_TIME)
-        m.d.comb += earliest.eq(Mux(now_fixed > allowance, now_fixed - allowance, 0))
+        m.d.sync += [
+            ago.eq(now + 2 - self.i_cycles_per_us),
+            earliest.eq(Cat(C(0, INTERVAL_FRACTION_BITS), Mux(ago < 0, 0, ago[:48]))),
+        ]
         paced = Signal(entries)
 
         # Each QP's interval (cycles per byte), and whether it is limited.
