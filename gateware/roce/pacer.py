@@ -22,20 +22,31 @@ PACED_BYTES = data.StructLayout({"qp": QP_INDEX_BITS, "bytes": 14})
 
 _TIME = 48 + INTERVAL_FRACTION_BITS     # clock cycles, fixed point (2^47 cycles: days)
 
+_INTERVAL = data.StructLayout({"limited": 1, "interval": INTERVAL_BITS})
+_TURN = data.StructLayout({"turn": _TIME, "bytes": 14})
+
 
 class Pacer(wiring.Component):
     """Keeps, for each rate-limited QP, the time its next message may start.
 
     ``i_rate`` takes the reaction point's rate updates (a QP's pacing interval in
     cycles per byte, or that it is no longer limited); ``i_sent`` each packet a QP sent
-    and its wire bytes. A limited QP's next start time moves on by bytes × interval from
-    where it was, or from 1 µs (``cycles_per_us``) ago if that is later: a QP that
-    waited longer than its debt may send a burst of 1 µs at most, and one let go late
-    by the sweep below loses no time, so the long-run rate is exact. ``o_paced`` has a
-    bit per QP index: the QP has a start time ahead. A packet sets it 3 cycles after
-    ``i_sent`` (registered input, a registered multiply, a read-modify-write of the
-    QP's time); a sweep of one QP a cycle clears it once the time has come (up to
-    ``qps`` cycles late, the late start counted as above).
+    and its wire bytes. For each QP the pacer keeps when its last packet had its turn
+    and its wire bytes; the next may start once those bytes had their time at the QP's
+    rate *now*, as DCQCN's reaction point paces (``sim/dcqcn_loop.py``: a rate raised
+    after a cut shortens the wait for the packet sent at the low rate; a packet charged
+    at the minimum rate, 256 cycles a byte at a 32-cycle µs, would otherwise hold its
+    QP for 280,000 cycles whatever the rate does meanwhile). A packet's turn is that
+    due time, or 1 µs (``cycles_per_us``) ago if that is later: a QP that waited longer
+    than its debt may send a burst of 1 µs at most, and one let go late by the sweep
+    below loses no time, so the long-run rate is exact.
+
+    ``o_paced`` has a bit per QP index: the QP has a start time ahead. A packet sets it
+    3 cycles after ``i_sent`` (registered input; the previous packet's bytes times the
+    interval, registered; the new turn written). A sweep of one QP a cycle clears it
+    once the due time has come, 3 cycles after it reads the QP (up to ``qps`` + 3 cycles
+    late, the late start counted as above); a rate update that ends the limit clears it
+    at once.
     """
 
     def __init__(self, *, qps):
@@ -55,15 +66,22 @@ class Pacer(wiring.Component):
         now = Signal(48)
         m.d.sync += now.eq(now + 1)
         now_fixed = Cat(C(0, INTERVAL_FRACTION_BITS), now)
-        allowance = self.i_cycles_per_us << INTERVAL_FRACTION_BITS
+        # 1 µs ago (not before 0), in registers: worked out over two cycles from the count
+        # two cycles ahead.
+        ago = Signal(signed(50))
+        earliest = Signal(_TIME)
+        m.d.sync += [
+            ago.eq(now + 2 - self.i_cycles_per_us),
+            earliest.eq(Cat(C(0, INTERVAL_FRACTION_BITS), Mux(ago < 0, 0, ago[:48]))),
+        ]
         paced = Signal(entries)
 
         # Each QP's interval (cycles per byte), and whether it is limited.
-        m.submodules.intervals = intervals = memory.Memory(
-            shape=data.StructLayout({"limited": 1, "interval": INTERVAL_BITS}), depth=entries,
-            init=[])
+        m.submodules.intervals = intervals = memory.Memory(shape=_INTERVAL, depth=entries,
+                                                           init=[])
         interval_write = intervals.write_port()
         interval_read = intervals.read_port(domain="comb")
+        interval_sweep = intervals.read_port(transparent_for=(interval_write,))
         rate = self.i_rate
         m.d.comb += [
             interval_write.addr.eq(rate.p.qp),
@@ -72,41 +90,62 @@ class Pacer(wiring.Component):
             interval_write.en.eq(rate.valid),
         ]
 
-        # Packets: registered; their time at the QP's rate, registered; the QP's time.
-        m.submodules.times = times = memory.Memory(shape=_TIME, depth=entries, init=[])
-        time_write = times.write_port()
-        time_read = times.read_port(domain="comb")
-        sweep_read = times.read_port(transparent_for=(time_write,))
+        # Each QP's last packet: its turn and its wire bytes.
+        m.submodules.turns = turns = memory.Memory(shape=_TURN, depth=entries, init=[])
+        turn_write = turns.write_port()
+        turn_read = turns.read_port(domain="comb")
+        turn_sweep = turns.read_port(transparent_for=(turn_write,))
+
+        # A packet: registered; the previous packet's bytes at the QP's interval,
+        # registered (the previous packet is the one in the next stage if it is the same
+        # QP's, not yet written); its turn and bytes written.
         sent = Signal(PACED_BYTES)
         sent_valid = Signal()
         m.d.sync += [sent.eq(self.i_sent.p), sent_valid.eq(self.i_sent.valid)]
-        m.d.comb += interval_read.addr.eq(sent.qp)
         charged_qp = Signal(QP_INDEX_BITS)
-        charge = Signal(14 + INTERVAL_BITS)
+        charged_bytes = Signal(14)
         charging = Signal()
+        previous_turn = Signal(_TIME)
+        previous_time = Signal(14 + INTERVAL_BITS)        # its bytes × the interval
+        turn = Signal(_TIME)
+        due = previous_turn + previous_time
+        m.d.comb += turn.eq(Mux(due > earliest, due, earliest))
+        chained = charging & (charged_qp == sent.qp)
+        m.d.comb += [interval_read.addr.eq(sent.qp), turn_read.addr.eq(sent.qp)]
         m.d.sync += [
             charged_qp.eq(sent.qp),
-            charge.eq(sent.bytes * interval_read.data.interval),
+            charged_bytes.eq(sent.bytes),
             charging.eq(sent_valid & interval_read.data.limited),
+            previous_turn.eq(Mux(chained, turn, turn_read.data.turn)),
+            previous_time.eq(Mux(chained, charged_bytes, turn_read.data.bytes)
+                             * interval_read.data.interval),
         ]
-        earliest = Signal(_TIME)
-        last = time_read.data
         m.d.comb += [
-            earliest.eq(Mux(now_fixed > allowance, now_fixed - allowance, 0)),
-            time_read.addr.eq(charged_qp),
-            time_write.addr.eq(charged_qp),
-            time_write.data.eq(Mux(last > earliest, last, earliest) + charge),
-            time_write.en.eq(charging),
+            turn_write.addr.eq(charged_qp),
+            turn_write.data.turn.eq(turn),
+            turn_write.data.bytes.eq(charged_bytes),
+            turn_write.en.eq(charging),
         ]
 
-        # The sweep lets a QP go once its time has come.
+        # The sweep: read a QP; its last packet's time at its interval, registered; let
+        # it go if that is over. A turn written after the read makes the verdict stale.
         swept = Signal(range(entries))
         m.d.sync += swept.eq(Mux(swept + 1 >= qps, 0, swept + 1))
-        m.d.comb += sweep_read.addr.eq(swept)
+        m.d.comb += [turn_sweep.addr.eq(swept), interval_sweep.addr.eq(swept)]
         visited = Signal.like(swept)
-        m.d.sync += visited.eq(swept)
-        with m.If(sweep_read.data <= now_fixed):
-            m.d.sync += paced.bit_select(visited, 1).eq(0)
+        judged = Signal.like(swept)
+        judged_turn = Signal(_TIME)
+        judged_time = Signal(14 + INTERVAL_BITS)
+        stale = Signal()
+        m.d.sync += [
+            visited.eq(swept),
+            judged.eq(visited),
+            judged_turn.eq(turn_sweep.data.turn),
+            judged_time.eq(turn_sweep.data.bytes * interval_sweep.data.interval),
+            stale.eq(turn_write.en & (turn_write.addr == visited)),
+        ]
+        with m.If(~stale & (judged_turn + judged_time <= now_fixed)):
+            m.d.sync += paced.bit_select(judged, 1).eq(0)
         with m.If(rate.valid & ~rate.p.limited):
             m.d.sync += paced.bit_select(rate.p.qp, 1).eq(0)
         with m.If(charging):

@@ -180,6 +180,58 @@ def test_pacer_spaces_a_limited_qps_messages_at_its_rate():
     run_testbenches(dut, main)
 
 
+def test_pacer_waits_for_the_last_packet_at_the_rate_of_now():
+    """A packet sent at 10 Mb/s (0.8 ms for 1000 bytes: 51,200 cycles) and the rate
+    then raised to 10 Gb/s: the QP is let go once the packet had its time at 10 Gb/s
+    (51.2 cycles from its turn, 1 µs ago at most), as DCQCN's pacing counts it
+    (sim/dcqcn_loop.py); a QP cut from 1 Gb/s to 500 Mb/s after a packet waits for
+    the packet's time at 500 Mb/s."""
+    dut = Pacer(qps=QPS)
+
+    def update(ctx, qp, megabits):
+        rate = megabits << RATE_FRACTION_BITS
+        ctx.set(dut.i_rate.p, {"qp": qp, "limited": 1, "rate": rate,
+                               "interval": rate_interval(rate, CYCLES_PER_US)})
+
+    async def main(ctx):
+        ctx.set(dut.i_cycles_per_us, CYCLES_PER_US)
+        ctx.set(dut.i_rate.valid, 1)
+        for _ in range(200):                    # past the first µs's allowance
+            update(ctx, 2, 10)
+            await ctx.tick()
+        update(ctx, 3, 1_000)
+        await ctx.tick()
+        ctx.set(dut.i_rate.valid, 0)
+        for qp in (2, 3):                       # a packet each, on consecutive cycles
+            ctx.set(dut.i_sent.valid, 1)
+            ctx.set(dut.i_sent.p, {"qp": qp, "bytes": 1000})
+            await ctx.tick()
+        ctx.set(dut.i_sent.valid, 0)
+        await ctx.tick().repeat(4)
+        assert ctx.get(dut.o_paced) == 0b1100
+        ctx.set(dut.i_rate.valid, 1)
+        update(ctx, 2, 10_000)
+        await ctx.tick()
+        update(ctx, 3, 500)
+        await ctx.tick()
+        ctx.set(dut.i_rate.valid, 0)
+        since_packet = 7                        # cycles since QP 3's packet
+        released = {}
+        while len(released) < 2 and since_packet < 100_000:
+            for qp in (2, 3):
+                if qp not in released and not ctx.get(dut.o_paced) >> qp & 1:
+                    released[qp] = since_packet
+            await ctx.tick()
+            since_packet += 1
+        # Both turns were 1 µs (64 cycles) before the packets. QP 2: 51.2 cycles at
+        # 10 Gb/s are over: let go by the next sweep (QPS + 3 cycles). QP 3: 16 µs
+        # (1024 cycles) at 500 Mb/s, 960 after its packet (at 1 Gb/s it would be 448).
+        assert released[2] <= 7 + QPS + 3, released
+        assert 960 <= released[3] <= 960 + QPS + 3, released
+
+    run_testbenches(dut, main)
+
+
 def test_gate_holds_a_paced_qps_request_and_keeps_an_offered_one():
     dut = PacedGate()
 

@@ -13,7 +13,7 @@ The run is scaled ten times faster than real time to fit about 250,000 cycles
 reference model): DCQCN's time base is 32 clock cycles a "microsecond"
 (``cycles_per_us``; rates in the settings are then in units of 10 Mb/s: the line is
 9,930 of them), and the switch's thresholds and the peers' ``min_time_between_cnps``
-(4 of those µs) are scaled alike: K_min 500 B, K_max 20 KB, P_max 50 %. The DCQCN
+(4 of those µs) are scaled alike: K_min 500 B, K_max 20 KB, P_max 100 %. The DCQCN
 settings are ConnectX's but for a faster recovery (the target rate clamped at each
 cut, the byte counter off, a timer event every 15 µs), and the first CNP sets the
 QP to 20 % of the line.
@@ -64,10 +64,12 @@ async def four_qps_converge_behind_a_marking_switch(dut):
     mean = sum(rates.values()) / len(rates)
     depth = max(a.depth for a in arrivals if steady <= a.time < end)
     cnps = [qp.responder.stats["cnps_sent"] for qp in qps]
+    deepest = max(arrivals, key=lambda arrival: arrival.depth)
     report = (f"all four from {begin} to {end} cycles; steady from {steady}: rates "
               f"{ {hex(q): round(r, 2) for q, r in rates.items()} } B/cycle (mean {mean:.2f}, "
               f"bottleneck {SWITCH.rate:.2f}); queue at most {depth} B then, "
-              f"{switch.queue.stats.max_depth} B over the run; CNPs {cnps}; "
+              f"{switch.queue.stats.max_depth} B over the run (at cycle {deepest.time}); "
+              f"CNPs {cnps}; "
               f"{switch.queue.stats}")
     dut._log.info(report)
     assert end - steady >= 50_000, report

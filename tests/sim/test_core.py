@@ -2,8 +2,9 @@
 the network layer (network_bench: ARP, ICMP echo, UDP echo, every bad input), the
 RoCEv2 requester (roce_bench: frames byte for byte against Scapy, ICRC included, and
 what lands at a responder model) and its reliability (reliability_bench: responder
-models with faults), against a ConnectX-class peer (connectx_bench), and PAUSE and
-PFC frames (pause_bench)."""
+models with faults), against a ConnectX-class peer (connectx_bench), DCQCN's CNPs
+(dcqcn_bench) and a congested switch (switch_bench), and PAUSE and PFC frames
+(pause_bench)."""
 
 from pathlib import Path
 
@@ -15,6 +16,10 @@ from sim.runner import BUILD, run
 HERE = Path(__file__).parent
 
 TESTCASES = {
+    # The longest (about 3 minutes) first, so that the workers of make test end together.
+    "switch_bench": [
+        "four_qps_converge_behind_a_marking_switch",
+    ],
     "network_bench": [
         "arp_reply_matches_scapy",
         "ping_reply_accepted_by_scapy",
