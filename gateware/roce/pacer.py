@@ -45,8 +45,8 @@ class Pacer(wiring.Component):
     3 cycles after ``i_sent`` (registered input; the previous packet's bytes times the
     interval, registered; the new turn written). A sweep of one QP a cycle clears it
     once the due time has come, 3 cycles after it reads the QP (up to ``qps`` + 3 cycles
-    late, the late start counted as above); a rate update that ends the limit clears it
-    at once.
+    late, the late start counted as above). A rate update takes effect a cycle after
+    ``i_rate`` (registered input); one that ends the limit clears the QP's bit then.
     """
 
     def __init__(self, *, qps):
@@ -82,7 +82,10 @@ class Pacer(wiring.Component):
         interval_write = intervals.write_port()
         interval_read = intervals.read_port(domain="comb")
         interval_sweep = intervals.read_port(transparent_for=(interval_write,))
-        rate = self.i_rate
+        # Rate updates through a register (the reaction point's FSM does not chain with
+        # the interval memory's write and the paced bits).
+        rate = stream.Signature(RATE_UPDATE, always_ready=True).flip().create()
+        m.d.sync += [rate.valid.eq(self.i_rate.valid), rate.p.eq(self.i_rate.p)]
         m.d.comb += [
             interval_write.addr.eq(rate.p.qp),
             interval_write.data.limited.eq(rate.p.limited),
