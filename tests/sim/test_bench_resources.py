@@ -60,15 +60,15 @@ def test_no_clock_domain_of_the_board_top_gets_deeper():
 
 
 class ThreeDomains(wiring.Component):
-    """A register in each of the board top's domains behind an XOR tree: of 216 inputs in
+    """A register in each of the board top's domains behind an XOR tree: of 1296 inputs in
     sync, 36 in cmac, 6 in init (deepest in sync, shallowest in init)."""
 
     def __init__(self):
-        super().__init__({"i": In(216), "o_sync": Out(1), "o_cmac": Out(1), "o_init": Out(1)})
+        super().__init__({"i": In(1296), "o_sync": Out(1), "o_cmac": Out(1), "o_init": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
-        for domain, inputs in (("sync", 216), ("cmac", 36), ("init", 6)):
+        for domain, inputs in (("sync", 1296), ("cmac", 36), ("init", 6)):
             register = Signal(name=f"{domain}_xor", reset_less=True)
             m.d[domain] += register.eq(self.i[:inputs].xor())
             m.d.comb += getattr(self, f"o_{domain}").eq(register)
