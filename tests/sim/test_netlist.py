@@ -4,6 +4,7 @@ cells with Yosys's models, memories in distributed RAM), the same bench on both
 (tests/sim/netlist_bench.py: ARP, ping, an RDMA WRITE run opened through the CM); the
 frames the core sends, and the cycles they leave on, must be the same."""
 
+import os
 import shutil
 from pathlib import Path
 
@@ -32,6 +33,12 @@ def core_frames(pcap):
             if Ether(bytes(packet)).src == CORE_MAC]
 
 
+#: Too slow for make test even with a native Yosys: synthesis 337 s of CPU, the RTL's
+#: Verilator build 390 s, and Icarus simulates the gate-level core at about a tenth of
+#: the bench in 3 CPU-minutes (the whole bench: some 30 CPU-minutes). Opt-in.
+@pytest.mark.skipif(not os.environ.get("NETLIST_SIM"),
+                    reason="simulating the core's netlist takes ~40 CPU-minutes: set "
+                           "NETLIST_SIM=1")
 @pytest.mark.skipif(shutil.which("iverilog") is None,
                     reason="the netlist runs on Icarus Verilog: apt-get install iverilog")
 def test_netlist_sends_the_frames_of_the_rtl():
@@ -47,7 +54,8 @@ def test_netlist_sends_the_frames_of_the_rtl():
     frames = {}
     for kind, design in designs.items():
         pcap = BUILD / "pcap" / f"netlist-{kind}.pcap"
-        run(design, module="netlist_bench", test_dir=HERE, params={"pcap": str(pcap)})
+        run(design, module="netlist_bench", test_dir=HERE,
+            params={**NETLIST_CORE, "pcap": str(pcap)})
         frames[kind] = core_frames(pcap)
     assert len(frames["rtl"]) >= 6, "ARP reply, ping reply, CM reply, two WRITEs, STATUS"
     assert len(frames["netlist"]) == len(frames["rtl"]), \
