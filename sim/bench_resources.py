@@ -273,31 +273,56 @@ def domain_hz() -> dict[str, float]:
     return {"cmac": CMAC_CLOCK_HZ, "sync": CORE_CLOCK_HZ, "init": INIT_CLOCK_MHZ * 1e6}
 
 
+def convert(factory: Callable[[], wiring.Component]) -> tuple[bool, str]:
+    """Whether ``factory()`` is a board top, and its text for Yosys: a board top's Verilog
+    as ``make bitstream`` writes it, a component's RTLIL."""
+    try:
+        design = factory()
+        if not isinstance(design, wiring.Component):
+            return True, board_verilog(design)
+        component, ports = _with_ports(design)
+        return False, rtlil.convert(component, name="top", ports=ports)
+    except RecursionError as error:
+        raise SynthesisError(
+            "Python ran out of recursion converting the design to RTLIL "
+            "(an expression nested too deep); split the expression") from error
+    except Exception as error:
+        raise SynthesisError(f"could not build the design: {type(error).__name__}: "
+                             f"{error}") from error
+
+
+def _convert_reproducibly(name: str) -> tuple[bool, str]:
+    """:func:`convert` of a target in a Python with a fixed hash seed. Amaranth's output
+    follows the order of sets, so one design converts to texts that differ from one
+    process to the next, and Yosys maps them a LUT level or two apart (the status UART:
+    11 or 13); with one seed every run measures the same netlist."""
+    code = ("import sys; from sim.bench_resources import TARGETS, convert; "
+            "board, text = convert(TARGETS[sys.argv[1]]); sys.stdout.write(f'{board:d}{text}')")
+    run = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent,
+                         env={**os.environ, "PYTHONHASHSEED": "0"})
+    if run.returncode:
+        last = [line for line in run.stderr.splitlines() if line.strip()][-1:]
+        raise SynthesisError(" ".join(last).removeprefix("sim.bench_resources.SynthesisError: "))
+    return run.stdout[0] == "1", run.stdout[1:]
+
+
 def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[str],
                workdir: Path, timeout: float) -> Result:
     """Convert, synthesize and measure one target (a component, or a board top)."""
     result = Result(name)
     start = time.monotonic()
-    board = False
     try:
-        try:
-            design = factory()
-            board = not isinstance(design, wiring.Component)
-            if board:
-                read = ["read_verilog top.v", *[f"hierarchy -generate {kind} {ports}"
-                                                for kind, ports in HARD_IP_PORTS.items()]]
-                source, text = "top.v", board_verilog(design)
-            else:
-                component, ports = _with_ports(design)
-                read = ["read_rtlil design.il"]
-                source, text = "design.il", rtlil.convert(component, name="top", ports=ports)
-        except RecursionError as error:
-            raise SynthesisError(
-                "Python ran out of recursion converting the design to RTLIL "
-                "(an expression nested too deep); split the expression") from error
-        except Exception as error:
-            raise SynthesisError(f"could not build the design: {type(error).__name__}: "
-                                 f"{error}") from error
+        if TARGETS.get(name) is factory:
+            board, text = _convert_reproducibly(name)
+        else:
+            board, text = convert(factory)
+        if board:
+            read = ["read_verilog top.v", *[f"hierarchy -generate {kind} {ports}"
+                                            for kind, ports in HARD_IP_PORTS.items()]]
+            source = "top.v"
+        else:
+            read, source = ["read_rtlil design.il"], "design.il"
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / source).write_text(text)
         # Paths are relative: WebAssembly Yosys sees the working directory, not /tmp.
