@@ -206,9 +206,10 @@ def yosys_command() -> list[str]:
     wheel.
 
     Native first because the wheel is too slow for the tests that synthesize the reduced
-    core: for ``VCU118Top (2 QPs)`` Debian's Yosys 0.23 took 0.0 s of CPU, the wheel (0.70,
-    WebAssembly) 0.0 s. The two versions map the same design to slightly different
-    netlists (a LUT level here and there); :func:`yosys_version` tells which one ran."""
+    core: Debian's Yosys 0.23 takes about 330 s of CPU for ``VCU118Top (2 QPs)`` and 337 s
+    for the reduced core's netlist (sim/netlist.py), which took the wheel (0.70,
+    WebAssembly) 3030 s. The two versions map the same design a LUT level or so apart;
+    :func:`yosys_version` tells which one ran."""
     return list(_yosys_command())
 
 
