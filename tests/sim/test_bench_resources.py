@@ -4,12 +4,12 @@ clock domain.
 The budget: the VCU118 top with the reduced core (``VCU118Top (2 QPs)``: every block of
 the core, 2 QPs, small buffers) synthesized by Yosys as ``make resources`` does; no clock
 domain may have a path with more LUT levels than :data:`MEASURED_LUT_LEVELS`, so a change
-that deepens a path fails. It takes as long as synthesizing the core (the reduced core
-took 3030 s of CPU for sim/netlist.py), so it runs when ``BOARD_SYNTH=1`` asks for it.
-The README gives the design's budget: 6 on the CMAC clock, 8 in the core's."""
+that deepens a path fails. Synthesis takes about 6 CPU-minutes with a native Yosys
+(Debian's 0.23, which ``.ci/run`` installs) and about 50 with the WebAssembly wheel, so
+the test needs a native one. The README gives the design's budget: 6 on the CMAC clock,
+8 in the core's."""
 
 import json
-import os
 import re
 
 import pytest
@@ -22,53 +22,73 @@ from sim.bench_resources import (
     TARGETS,
     SynthesisError,
     domain_depths,
+    native_yosys_command,
     synthesize,
     worst_domain,
     worst_path_line,
     yosys_command,
+    yosys_version,
 )
 from sim.runner import BUILD
 
-#: The most LUT levels of a path into each domain's registers. Not yet measured on the
-#: reduced top: the core's 19 of the whole core on main (roce_tx.reliability.sweep →
-#: icrc_cleared), the design's budgets for the CMAC clock and the board clock; replace
-#: them with the figures `python -m sim.bench_resources "VCU118Top (2 QPs)"` prints.
-MEASURED_LUT_LEVELS = {"cmac": 6, "sync": 19, "init": 8}
+#: The most LUT levels of a path into each domain's registers of the reduced board top,
+#: per Yosys version (versions map the same design a level or so apart), as
+#: ``python -m sim.bench_resources "VCU118Top (2 QPs)"`` prints them (main at 744a2d5);
+#: 0.23 is Debian bookworm's. Deepest: cmac, the status UART's character multiplexer
+#: (``status_uart.position`` → ``status_uart.character``, 7 levels alone); sync, the
+#: reliability engine's FSM → the planner's new-request context.
+MEASURED_LUT_LEVELS = {"0.23": {"cmac": 12, "sync": 16, "init": 5}}
+
+#: One synthesis of the board top for the module's tests, on one pytest worker.
+pytestmark = pytest.mark.xdist_group("board-synthesis")
 
 
-@pytest.mark.skipif(not os.environ.get("BOARD_SYNTH"),
-                    reason="synthesizing the board top takes ~50 CPU-minutes: set BOARD_SYNTH=1")
-def test_no_clock_domain_of_the_board_top_gets_deeper():
+@pytest.fixture(scope="module")
+def reduced_board_top():
     try:
-        yosys = yosys_command()
+        yosys = native_yosys_command()
     except SynthesisError as error:
         pytest.skip(str(error))
+    if yosys_version() not in MEASURED_LUT_LEVELS:
+        pytest.skip(f"LUT levels measured with Yosys {', '.join(MEASURED_LUT_LEVELS)}, "
+                    f"not {yosys_version()}: add its figures to MEASURED_LUT_LEVELS")
     name = "VCU118Top (2 QPs)"
-    result = synthesize(name, TARGETS[name], yosys, BUILD / "resources-test", timeout=7200)
+    result = synthesize(name, TARGETS[name], yosys, BUILD / "resources-test", timeout=3600)
     assert result.error is None, result.error
+    return result
+
+
+def test_no_clock_domain_of_the_board_top_gets_deeper(reduced_board_top):
+    result = reduced_board_top
+    measured = MEASURED_LUT_LEVELS[yosys_version()]
     depths = {domain.name: domain for domain in result.domains}
     assert sorted(depths) == sorted(LUT_LEVEL_BUDGET)
     assert all(domain.flip_flops > 0 for domain in depths.values()), depths
     assert result.cells.get("URAM288", 0) + result.cells.get("RAMB36E2", 0) > 0
     over = {name: (domain.lut_levels, f"{domain.start} → {domain.end}")
-            for name, domain in depths.items()
-            if domain.lut_levels > MEASURED_LUT_LEVELS[name]}
-    assert not over, f"paths deeper than the budget {MEASURED_LUT_LEVELS}: {over}"
-    assert depths["cmac"].lut_levels <= LUT_LEVEL_BUDGET["cmac"]
+            for name, domain in depths.items() if domain.lut_levels > measured[name]}
+    assert not over, f"paths deeper than the budget {measured}: {over}"
     line = worst_path_line(worst_domain(result.domains))
     assert re.fullmatch(r"worst path: \d+ LUT levels at [\d.]+ MHz \(\w+, .+ → .+\)", line)
 
 
+@pytest.mark.xfail(strict=True, reason="the status UART's character multiplexer has 12 "
+                                       "LUT levels on the CMAC clock (issue 17)")
+def test_the_cmac_clock_meets_its_budget(reduced_board_top):
+    depths = {domain.name: domain for domain in reduced_board_top.domains}
+    assert depths["cmac"].lut_levels <= LUT_LEVEL_BUDGET["cmac"]
+
+
 class ThreeDomains(wiring.Component):
-    """A register in each of the board top's domains behind an XOR tree: of 216 inputs in
+    """A register in each of the board top's domains behind an XOR tree: of 1296 inputs in
     sync, 36 in cmac, 6 in init (deepest in sync, shallowest in init)."""
 
     def __init__(self):
-        super().__init__({"i": In(216), "o_sync": Out(1), "o_cmac": Out(1), "o_init": Out(1)})
+        super().__init__({"i": In(1296), "o_sync": Out(1), "o_cmac": Out(1), "o_init": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
-        for domain, inputs in (("sync", 216), ("cmac", 36), ("init", 6)):
+        for domain, inputs in (("sync", 1296), ("cmac", 36), ("init", 6)):
             register = Signal(name=f"{domain}_xor", reset_less=True)
             m.d[domain] += register.eq(self.i[:inputs].xor())
             m.d.comb += getattr(self, f"o_{domain}").eq(register)
