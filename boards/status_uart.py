@@ -1,7 +1,7 @@
 """The board's status as a line of text on its USB-UART, for bring-up without a debugger."""
 
 from amaranth import *
-from amaranth.lib import data, wiring
+from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In, Out
 
 __all__ = ["StatusUart", "status_line"]
@@ -71,26 +71,33 @@ class StatusUart(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        snapshot = Signal(self._layout)
-        bits = snapshot.as_value()
-
         until_line = Signal(range(self._interval), init=self._interval - 1)
         with m.If(until_line == 0):
             m.d.sync += until_line.eq(self._interval - 1)
         with m.Else():
             m.d.sync += until_line.eq(until_line - 1)
 
-        # The character at `position` of the line, registered.
+        # The line's characters in order: a constant, or the next hex digit. The digits,
+        # sampled at the start of a line, are kept in the order they are sent (wiring
+        # only), 4 bits each, and shifted out as they go; the constants and which
+        # characters are digits come from a table (a ROM) by `position`, read a cycle
+        # later. (A multiplexer of every digit by `position` was 12 LUT levels deep at
+        # the CMAC clock.)
         position = Signal(range(len(self._characters)))
-        character = Signal(8)
-        with m.Switch(position):
-            for index, (kind, value) in enumerate(self._characters):
-                with m.Case(index):
-                    if kind == "text":
-                        m.d.sync += character.eq(value)
-                    else:
-                        start, stop = value
-                        m.d.sync += character.eq(Array(HEX_DIGITS)[bits[start:stop]])
+        fields = self.i.as_value()
+        digits = [value for kind, value in self._characters if kind == "digit"]
+        queue = Signal(4 * len(digits))
+        in_order = Cat(Cat(fields[start:stop], C(0, 4 - (stop - start)))
+                       for start, stop in digits)
+        entry = data.StructLayout({"text": 8, "is_digit": 1})
+        m.submodules.table = table = memory.Memory(
+            shape=entry, depth=len(self._characters),
+            init=[{"text": value if kind == "text" else 0, "is_digit": kind == "digit"}
+                  for kind, value in self._characters])
+        read = table.read_port()
+        m.d.comb += read.addr.eq(position)
+        is_digit = read.data.is_digit
+        character = Mux(is_digit, Array(HEX_DIGITS)[queue[:4]], read.data.text)
 
         # The UART: start bit, 8 data bits LSB first, stop bit.
         shift = Signal(10)
@@ -106,12 +113,14 @@ class StatusUart(wiring.Component):
         with m.FSM(name="line"):
             with m.State("IDLE"):
                 with m.If(until_line == 0):
-                    m.d.sync += [snapshot.eq(self.i), position.eq(0)]
+                    m.d.sync += [queue.eq(in_order), position.eq(0)]
                     m.next = "FETCH"
             with m.State("FETCH"):
                 m.next = "LOAD"
             with m.State("LOAD"):
                 m.d.sync += [shift.eq(Cat(0, character, 1)), bits_left.eq(10)]
+                with m.If(is_digit):
+                    m.d.sync += queue.eq(queue >> 4)
                 m.next = "SEND"
             with m.State("SEND"):
                 with m.If(bits_left == 0):
