@@ -15,7 +15,7 @@ class PacketStoreForward(wiring.Component):
     underrun and aborts the frame; this block sits in front of it. Unlike
     :class:`~.fifo.PacketFIFO` it drops nothing: its input waits (``ready``
     low) while the buffer is full. A packet longer than the buffer is passed
-    on once the buffer is full, as it comes, and may then pause.
+    on from the cycle after the buffer is full, as it comes, and may then pause.
 
     Latency: a packet is offered in the cycle after its last beat went in.
     Throughput: one beat per cycle in and out.
@@ -59,7 +59,11 @@ class PacketStoreForward(wiring.Component):
         sending = Signal()
         with m.If(self.o.valid & self.o.ready):
             m.d.sync += sending.eq(~head.last)
-        release = (whole != 0) | sending | (beats.level == self._depth)
+        # A packet longer than the buffer goes once the buffer is full (seen a cycle
+        # later, from a register: the count's compare does not chain with the output).
+        full = Signal()
+        m.d.sync += full.eq(beats.level == self._depth)
+        release = (whole != 0) | sending | full
 
         m.d.comb += [
             beats.w_data.eq(self.i.p),
