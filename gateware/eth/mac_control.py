@@ -118,13 +118,15 @@ class MacControl(wiring.Component):
 
         # Stage 3: the timers count down to 0; a frame sets its timer anew.
         def timer(name, load):
-            """High while the timer ``name`` runs."""
+            """High while the timer ``name`` runs (``count != 0``, kept in a register from
+            the count's next value, so the pause does not chain with the compare)."""
             count = Signal(_TIMER_BITS, name=name)
+            running = Signal(name=f"{name}_running")
             with m.If(load):
-                m.d.sync += count.eq(cycles)
+                m.d.sync += [count.eq(cycles), running.eq(cycles != 0)]
             with m.Elif(count != 0):
-                m.d.sync += count.eq(count - 1)
-            return count != 0
+                m.d.sync += [count.eq(count - 1), running.eq(count[1:] != 0)]
+            return running
 
         m.d.comb += [
             self.o_pause_all.eq(timer("timer_all", set_all_cycles)),
