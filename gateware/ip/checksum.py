@@ -2,7 +2,7 @@
 
 from amaranth import *
 
-__all__ = ["ones_complement_add", "ones_complement_sum", "ones_complement_fold", "word_sum"]
+__all__ = ["ones_complement_add", "ones_complement_fold", "word_sum"]
 
 
 def ones_complement_add(a, b):
@@ -11,24 +11,14 @@ def ones_complement_add(a, b):
     return (total[:16] + total[16])[:16]
 
 
-def ones_complement_sum(words):
-    """One's-complement sum of 16-bit values, as a balanced tree."""
-    words = [Value.cast(word) for word in words]
-    if not words:
-        raise ValueError("Nothing to sum")
-    while len(words) > 1:
-        words = [ones_complement_add(*words[index:index + 2]) if index + 1 < len(words)
-                 else words[index] for index in range(0, len(words), 2)]
-    return words[0]
-
-
-def word_sum(words):
-    """The plain (wide) sum of 16-bit values, as a balanced tree of adders: carry chains
-    only, no end-around carry; :func:`ones_complement_fold` turns it into their
-    one's-complement sum."""
-    words = [Value.cast(word) for word in words]
-    if not words:
-        raise ValueError("Nothing to sum")
+def word_sum(value):
+    """The plain (wide) sum of the 16-bit words of ``value`` (a header), as a balanced tree
+    of adders: carry chains only, no end-around carry; :func:`ones_complement_fold`
+    turns it into their one's-complement sum."""
+    value = Value.cast(value)
+    if len(value) == 0 or len(value) % 16:
+        raise ValueError(f"{len(value)} bits are not a whole number of 16-bit words")
+    words = [value.word_select(index, 16) for index in range(len(value) // 16)]
     while len(words) > 1:
         words = [words[index] + words[index + 1] if index + 1 < len(words)
                  else words[index] for index in range(0, len(words), 2)]
@@ -42,4 +32,3 @@ def ones_complement_fold(total):
     if len(total) > 32:
         raise ValueError(f"A sum of {len(total)} bits does not fold in one step")
     return ones_complement_add(total[:16], total[16:])
-

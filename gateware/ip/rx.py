@@ -93,8 +93,7 @@ class IPv4Receiver(wiring.Component):
                 early.fragment.eq(ip.mf | (ip.fragment_offset != 0)),
                 early.address.eq(ip.dst != config.ip),
                 early.source.eq(source_bad),
-                early.sum.eq(word_sum(Value.cast(ip).word_select(index, 16)
-                                      for index in range(words))),
+                early.sum.eq(word_sum(ip)),
             ]
 
         meta = router.i.p.meta

@@ -52,9 +52,6 @@ class IPv4Transmitter(wiring.Component):
         words = IPV4.length // 2
         sum_shape = range(words * 0xFFFF + 1)
 
-        def header_sum(header):
-            return word_sum(Value.cast(header).word_select(index, 16) for index in range(words))
-
         m.submodules.summed = summed = PacketRegister(
             meta_with(NEXT_HOP_META, ip=IPV4, ip_sum=sum_shape), width=width)
         m.submodules.header = inserter = HeaderInserter(
@@ -72,7 +69,7 @@ class IPv4Transmitter(wiring.Component):
             forward(self.i, summed.i),
             summed.i.p.meta.dst_ip.eq(meta.dst_ip),
             summed.i.p.meta.ip.eq(from_meta),
-            summed.i.p.meta.ip_sum.eq(header_sum(from_meta)),
+            summed.i.p.meta.ip_sum.eq(word_sum(from_meta)),
         ]
 
         # The other fields, for the next packet to start.
@@ -91,7 +88,7 @@ class IPv4Transmitter(wiring.Component):
             own_next.ttl.eq(TTL),
             own_next.src.eq(self.i_config.ip),
         ]
-        m.d.sync += [own.eq(own_next), own_sum.eq(header_sum(own_next))]
+        m.d.sync += [own.eq(own_next), own_sum.eq(word_sum(own_next))]
 
         m.d.comb += [
             forward(summed.o, inserter.i),
