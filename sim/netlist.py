@@ -26,6 +26,7 @@ from amaranth.back import rtlil
 from amaranth.lib import wiring
 
 from .bench_resources import (
+    SYNTH,
     WHEEL_YOSYS,
     SynthesisError,
     _with_ports,
@@ -36,8 +37,9 @@ from .runner import BUILD, _gateware_digest
 
 __all__ = ["NETLIST_SYNTH", "cell_models", "synthesized_netlist"]
 
-NETLIST_SYNTH = ("synth_xilinx -family xcup -abc9 -flatten -noiopad -noclkbuf -nobram -nodsp "
-                 "-top top")
+#: ``make resources``'s synthesis, with memories and multipliers left to distributed RAM
+#: and LUTs, which Yosys's cell models simulate.
+NETLIST_SYNTH = f"{SYNTH} -nobram -nodsp"
 
 
 def cell_models() -> tuple[Path, ...]:
