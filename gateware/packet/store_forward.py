@@ -49,11 +49,18 @@ class PacketStoreForward(wiring.Component):
         head = layout(beats.r_data)
 
         # Whole packets in the buffer (the one at the head included). Packets leave in
-        # order, so while this is not zero the head packet is whole.
+        # order, so while this is not zero the head packet is whole. Whether it is not
+        # zero is a register of its own, set from the count's next value (the same
+        # cycles), so the count's compare does not chain with the output: a last beat
+        # leaves only once it is in, so while ``left`` the count is at least 1.
         whole = Signal(range(self._depth + 1))
+        any_whole = Signal()
         arrived = self.i.valid & self.i.ready & self.i.p.last
         left = self.o.valid & self.o.ready & head.last
-        m.d.sync += whole.eq(whole + arrived - left)
+        m.d.sync += [
+            whole.eq(whole + arrived - left),
+            any_whole.eq(arrived | (whole > 1) | (any_whole & ~left)),
+        ]
 
         # Once a packet starts, its beats go out whatever the count says.
         sending = Signal()
@@ -63,7 +70,7 @@ class PacketStoreForward(wiring.Component):
         # later, from a register: the count's compare does not chain with the output).
         full = Signal()
         m.d.sync += full.eq(beats.level == self._depth)
-        release = (whole != 0) | sending | full
+        release = any_whole | sending | full
 
         m.d.comb += [
             beats.w_data.eq(self.i.p),
