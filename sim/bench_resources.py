@@ -90,7 +90,11 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "HeaderInserter (IPv4)": lambda: _load("gateware.packet.insert.HeaderInserter")(
         "ip", IPV4, meta_with(NEXT_HOP_META, ip=IPV4), width=WIDTH),
     "NetworkCore": lambda: _load("gateware.core.NetworkCore")(width=WIDTH),
-    "NetworkCore (256 QPs)": lambda: _load("gateware.core.NetworkCore")(qps=256, width=WIDTH),
+    # 256 QPs with the send queues of 16 in all: 2 MiB of retransmit rings (8 KiB a QP;
+    # the default 128 KiB would be 32 MiB, all of the XCVU9P's UltraRAM) and 2048 message
+    # slots.
+    "NetworkCore (256 QPs)": lambda: _load("gateware.core.NetworkCore")(
+        qps=256, retransmit_beats=128, messages=8, width=WIDTH),
     "ArpLayer": lambda: _load("gateware.arp.layer.ArpLayer")(
         lifetime=60 * 322_265_625, retry_interval=322_265_625,
         patient_ports=(4791, 17185), width=WIDTH),
@@ -302,9 +306,13 @@ def _convert_reproducibly(name: str) -> tuple[bool, str]:
     run = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parent.parent,
                          env={**os.environ, "PYTHONHASHSEED": "0"})
+    if run.returncode < 0:
+        raise SynthesisError(f"converting the design was killed by signal {-run.returncode}"
+                             + (" (out of memory?)" if run.returncode == -9 else ""))
     if run.returncode:
         last = [line for line in run.stderr.splitlines() if line.strip()][-1:]
-        raise SynthesisError(" ".join(last).removeprefix("sim.bench_resources.SynthesisError: "))
+        raise SynthesisError(" ".join(last).removeprefix("sim.bench_resources.SynthesisError: ")
+                             or f"converting the design failed ({run.returncode})")
     return run.stdout[0] == "1", run.stdout[1:]
 
 

@@ -111,8 +111,10 @@ def _exclusive(name: str):
         yield
 
 
-def build(name: str, component, toplevel: str = "top", *, key: str | None = None) -> Build:
-    """Writes ``component`` as Verilog and compiles it for the selected simulator.
+def build(name: str, component, toplevel: str = "top", *, key: str | None = None,
+          sim: str | None = None) -> Build:
+    """Writes ``component`` as Verilog and compiles it for ``sim`` (default: the selected
+    simulator).
 
     ``component`` is a component, or with ``key`` (a text naming its parameters) a
     function that makes it: the Verilog is then converted only when the gateware or
@@ -123,7 +125,7 @@ def build(name: str, component, toplevel: str = "top", *, key: str | None = None
             text = simulation_verilog(component, toplevel)
         else:
             text = cached_verilog(component, toplevel, key)
-        return _compile(name, text, toplevel, (), None)
+        return _compile(name, text, toplevel, (), sim)
 
 
 def build_verilog(name: str, text: str, toplevel: str = "top", *,

@@ -40,7 +40,7 @@ from sim.runner import BUILD
 MEASURED_LUT_LEVELS = {"0.23": {"cmac": 7, "sync": 12, "init": 5}}
 
 #: One synthesis of the board top for the module's tests, on one pytest worker.
-pytestmark = pytest.mark.xdist_group("board-synthesis")
+pytestmark = [pytest.mark.xdist_group("board-synthesis"), pytest.mark.synthesis]
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +115,23 @@ def test_paths_are_counted_in_the_domain_of_their_end(tmp_path):
     line = worst_path_line(worst_domain(list(depths.values())))
     assert line.startswith(f"worst path: {worst.lut_levels} LUT levels at "
                            f"{hz[worst.name] / 1e6:g} MHz ({worst.name}, i[")
+
+
+@pytest.mark.parametrize("returncode, stderr, message", [
+    (-9, "", "converting the design was killed by signal 9 (out of memory?)"),
+    (1, "", "converting the design failed (1)"),
+    (1, "Traceback …\nsim.bench_resources.SynthesisError: could not build the design: X\n",
+     "could not build the design: X"),
+])
+def test_a_failed_conversion_is_an_error_that_says_why(monkeypatch, returncode, stderr,
+                                                       message):
+    # A conversion the kernel killed for its memory (the 256-QP core with 128 KiB rings
+    # took over 21 GB) once came back as an error without words, which reads as success.
+    import subprocess
+
+    import sim.bench_resources as bench
+
+    monkeypatch.setattr(bench.subprocess, "run", lambda *args, **kwargs:
+                        subprocess.CompletedProcess(args, returncode, "", stderr))
+    result = synthesize("PacketGate", TARGETS["PacketGate"], ["yosys"], BUILD, timeout=1)
+    assert result.error == message
