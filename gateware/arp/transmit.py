@@ -128,7 +128,15 @@ class ArpTransmitter(wiring.Component):
         any_stale = Signal()                                  # stale != 0, as a register
         allocate = Signal()                                   # a packet takes the slot
         take_slot = Signal()                                  # stage 2's packet would take it
-        s2_same_hop = Signal()                                # stage 2's hop is the slot's
+        # Whether stage 2's hop is the slot's, from three registers loaded with its first
+        # beat: its hop compared with the one of the packet before it and with the slot's,
+        # and whether that packet took the slot as it left (then its hop is the slot's).
+        # The compares end in registers of their own, so they do not chain with the
+        # handshake that loads stage 2.
+        s2_after_take = Signal()
+        s2_hop_as_before = Signal()
+        s2_hop_as_slot = Signal()
+        s2_same_hop = Mux(s2_after_take, s2_hop_as_before, s2_hop_as_slot)
 
         take2 = Signal()
         load2 = s1_valid & (~s2_valid | take2)
@@ -166,8 +174,9 @@ class ArpTransmitter(wiring.Component):
                     # As the slot will be: taken by the packet leaving stage 2 (a packet that
                     # takes the slot always leaves at once, so no handshake is needed here),
                     # or as it is.
-                    s2_same_hop.eq(Mux(s2_valid & s2_first & take_slot,
-                                       s1_to.hop == s2_to.hop, s1_to.hop == slot_hop)),
+                    s2_after_take.eq(s2_valid & s2_first & take_slot),
+                    s2_hop_as_before.eq(s1_to.hop == s2_to.hop),
+                    s2_hop_as_slot.eq(s1_to.hop == slot_hop),
                     dst_mac.eq(self.i_mac),
                 ]
         with m.If(~s2_valid | take2):

@@ -136,7 +136,13 @@ class PacketFIFO(wiring.Component):
         sent = Signal(self._length_bits)
         head = data.View(descriptor, descriptors.r_data)
         remaining = head.length - sent
-        last = remaining <= width
+        # Whether the beat on the output is its packet's last (``remaining <= width``): on
+        # a first beat a compare of the head's length with a constant; after it, a register
+        # set from the count's next value (same cycles), so the subtraction does not chain
+        # with the descriptor FIFO's read and the count of waiting packets.
+        out_first = Signal(init=1)
+        later_last = Signal()
+        last = Mux(out_first, head.length <= width, later_last)
         advance = o.valid & o.ready
         m.d.comb += [
             read.addr.eq(Mux(advance, Mux(last, head.next, rd_ptr + 1), rd_ptr)),
@@ -150,6 +156,8 @@ class PacketFIFO(wiring.Component):
             m.d.sync += [
                 rd_ptr.eq(Mux(last, head.next, rd_ptr + 1)),
                 sent.eq(Mux(last, 0, sent + width)),
+                out_first.eq(last),
+                later_last.eq(remaining <= 2 * width),
             ]
             m.d.comb += descriptors.r_en.eq(last)
 
