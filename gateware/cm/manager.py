@@ -208,7 +208,11 @@ class ConnectionManager(wiring.Component):
         index = Signal(QP_INDEX_BITS)       # the endpoint QP it names or that was found
         qpn = request.rem.qpn[:24]
         named = qpn - FIRST_QPN
-        in_range = (qpn >= FIRST_QPN) & (qpn < FIRST_QPN + qps)
+        # The decode's compares, in registers loaded with ``request`` (from the datagram's
+        # meta), so that they do not chain with the decode's choice of the next state.
+        in_range = Signal()                 # qpn names one of our QPs
+        close_all = Signal()                # qpn is CLOSE_ALL_QPN
+        loc_is_source = Signal()            # request.loc.ip is the datagram's source
         found = Signal(CM_ENTRY)
         reply = Signal(CM_DATAGRAM)
         status_reply = data.View(CM_STATUS_DATAGRAM, reply.as_value())
@@ -291,8 +295,13 @@ class ConnectionManager(wiring.Component):
                     m.d.sync += first_beat.eq(parse.o.p.last)
                     with m.If(first_beat):
                         meta = parse.o.p.meta
+                        asked_qpn = meta.cm.rem.qpn[:24]
                         m.d.sync += [
                             request.eq(meta.cm),
+                            in_range.eq((asked_qpn >= FIRST_QPN) &
+                                        (asked_qpn < FIRST_QPN + qps)),
+                            close_all.eq(asked_qpn == CLOSE_ALL_QPN),
+                            loc_is_source.eq(meta.cm.loc.ip == meta.ip.src),
                             source_ip.eq(meta.ip.src),
                             allowed.eq(access.o_allowed),
                             source_port.eq(meta.udp.src_port),
@@ -314,11 +323,11 @@ class ConnectionManager(wiring.Component):
                     m.d.comb += counts["malformed"].eq(1)
                 with m.Elif((kind == Request.OPEN_QP) | (kind == Request.SEND_QP_INFO)
                             | (kind == Request.MODIFY_QP_RTS)):
-                    with m.If(request.loc.ip == source_ip):
+                    with m.If(loc_is_source):
                         m.next = "SCAN"
                     with m.Else():
                         m.d.comb += counts["spoofed"].eq(1)
-                with m.Elif((kind == Request.CLOSE_QP) & (qpn == CLOSE_ALL_QPN)):
+                with m.Elif((kind == Request.CLOSE_QP) & close_all):
                     m.d.sync += [index.eq(0), closing_all.eq(1), closed_count.eq(0)]
                     m.next = "SWEEP_READ"
                 with m.Elif((kind == Request.CLOSE_QP) | (kind == Request.STATUS)):
