@@ -37,8 +37,9 @@ class ArpTransmitter(wiring.Component):
     goes out on ``o_direct``. A miss goes into the parking slot if it is free
     (or already waits for that hop): a FIFO of ``park_beats`` beats beside the
     stream; the resolver is made to ask for that hop (``o_resolve`` with
-    ``force``), and the parked packets leave on ``o_parked`` with the MAC
-    learnt once it answers, or are dropped if it does not. While the slot
+    ``force``, a register: the cycle after the packet's route is decided),
+    and the parked packets leave on ``o_parked`` with the MAC learnt once it
+    answers, or are dropped if it does not. While the slot
     holds packets, later packets to its hop join them, so their order is kept;
     the slot frees when it is empty (once the hop has answered, a packet to it
     waits in place for that, at most the slot's beats, instead of joining, so
@@ -241,14 +242,19 @@ class ArpTransmitter(wiring.Component):
             park.i.valid.eq(s2_valid & is_park),
         ]
 
-        # A packet that takes the slot has its hop asked for at once (``force``); a miss
-        # that is dropped, if the resolver is free.
+        # A packet that takes the slot has its hop asked for in the next cycle (``force``);
+        # a miss that is dropped, if the resolver is free then. From registers, so the
+        # route's decision does not chain with the resolver's. (The resolver answers
+        # nothing in the cycle it takes a start, and an answer in the cycle the slot is
+        # taken is the abandoned resolution's, which ``allocate`` overrides below.)
         m.d.comb += allocate.eq(first_taken & take_slot)
-        m.d.comb += [
-            self.o_resolve.valid.eq(first_taken & ((route_first == Route.MISS) | take_slot)),
-            self.o_resolve.p.ip.eq(s2_to.hop),
-            self.o_resolve.p.force.eq(take_slot),
-        ]
+        m.d.sync += self.o_resolve.valid.eq(
+            first_taken & ((route_first == Route.MISS) | take_slot))
+        with m.If(first_taken):
+            m.d.sync += [
+                self.o_resolve.p.ip.eq(s2_to.hop),
+                self.o_resolve.p.force.eq(take_slot),
+            ]
 
         parked_in = park.i.valid & park.i.p.last & ~park.o_overflow_drop
         parked_out = park.o.valid & park.o.ready & park.o.p.last
