@@ -185,8 +185,13 @@ class ConnectionManager(wiring.Component):
         # What the CM knows of each QP.
         m.submodules.entries = entries = memory.Memory(shape=CM_ENTRY, depth=qps, init=[])
         entry_write = entries.write_port()
-        entry_read = entries.read_port()
-        entry = entry_read.data
+        # The entry read, in a register (as a synchronous read port gives it), with the
+        # compares of it that the states decide on beside it, so that those do not chain
+        # with the decisions.
+        entry_read = entries.read_port(domain="comb")
+        entry = Signal(CM_ENTRY)
+        entry_requester = Signal()          # its host is the request's (address and QPN)
+        entry_source = Signal()             # its host's address is the datagram's source
 
         psn = Signal(24, init=0x5EED01)
         m.d.sync += psn.eq(Cat(Cat(psn[tap] for tap in _PSN_TAPS).xor(), psn[:23]))
@@ -257,12 +262,19 @@ class ConnectionManager(wiring.Component):
             m.next = "REPLY"
 
         scan = Signal(range(qps + 1))       # the QP read this cycle
-        probe = Signal(range(qps + 1))      # the QP whose entry is on entry_read.data
+        probe = Signal(range(qps + 1))      # the QP whose entry is on ``entry``
         matched = Signal()
         free = Signal()                     # a free QP was seen; ``free_index`` is the lowest
         free_index = Signal(QP_INDEX_BITS)
         first_beat = Signal(init=1)
-        from_host = entry.open & (entry.host_ip == source_ip)
+        read = entry_read.data
+        m.d.sync += [
+            entry.eq(read),
+            entry_requester.eq((read.host_ip == request.loc.ip)
+                               & (read.host_qpn == request.loc.qpn[:24])),
+            entry_source.eq(read.host_ip == source_ip),
+        ]
+        from_host = entry.open & entry_source
         refreshed = Signal(CM_ENTRY)        # the entry read, heard from its host now
         m.d.comb += [refreshed.eq(entry), refreshed.age.eq(0)]
         closing_all = Signal()              # the sweep serves a close-all, not the lease
@@ -350,9 +362,7 @@ class ConnectionManager(wiring.Component):
                 m.d.comb += entry_read.addr.eq(scan)
                 m.d.sync += [scan.eq(scan + 1), probe.eq(scan)]
                 with m.If(probe != qps):
-                    requester = ((entry.host_ip == request.loc.ip)
-                                 & (entry.host_qpn == request.loc.qpn[:24]))
-                    with m.If(entry.open & requester):
+                    with m.If(entry.open & entry_requester):
                         m.d.sync += [matched.eq(1), index.eq(probe), found.eq(entry)]
                     with m.If(~entry.open & ~free):
                         m.d.sync += [free.eq(1), free_index.eq(probe)]
