@@ -95,9 +95,14 @@ class PacketFIFO(wiring.Component):
         waiting = Signal(range(self._max_packets + 2))
         packets_full = Signal()
         waiting_next = waiting + descriptors.w_en - descriptors.r_en
+        # (``waiting_next >= max_packets``, as a choice between compares of ``waiting``,
+        # so that the count's sum does not chain with the read of a descriptor)
+        full_from = {change: waiting >= self._max_packets - change for change in (-1, 0, 1)}
         m.d.sync += [
             waiting.eq(waiting_next),
-            packets_full.eq(waiting_next >= self._max_packets),
+            packets_full.eq(Mux(descriptors.w_en,
+                                Mux(descriptors.r_en, full_from[0], full_from[1]),
+                                Mux(descriptors.r_en, full_from[-1], full_from[0]))),
         ]
 
         m.d.comb += [
