@@ -223,11 +223,15 @@ class ConnectionManager(wiring.Component):
         status_reply = data.View(CM_STATUS_DATAGRAM, reply.as_value())
         run = Signal(GENERATOR_RUN)
         write = Signal(QP_WRITE)
+        scan = Signal(range(qps + 1))       # the QP read this cycle (in SCAN)
+        scanning = Signal()                 # the FSM is in SCAN
 
         m.d.comb += [
             self.status_qp.eq(index),
             self.run_qp.eq(index),
-            entry_read.addr.eq(index),
+            # (``scanning``: in SCAN, a register beside the FSM's state, so that the address
+            # does not wait on the state's decode before the read and the compares)
+            entry_read.addr.eq(Mux(scanning, scan, index)),
             emit.i.p.meta.cm.eq(reply),
             emit.i.p.meta.dst_ip.eq(source_ip),
             emit.i.p.meta.src_port.eq(CM_PORT),
@@ -261,7 +265,6 @@ class ConnectionManager(wiring.Component):
             m.d.sync += statements
             m.next = "REPLY"
 
-        scan = Signal(range(qps + 1))       # the QP read this cycle
         probe = Signal(range(qps + 1))      # the QP whose entry is on ``entry``
         matched = Signal()
         free = Signal()                     # a free QP was seen; ``free_index`` is the lowest
@@ -336,6 +339,7 @@ class ConnectionManager(wiring.Component):
                 with m.Elif((kind == Request.OPEN_QP) | (kind == Request.SEND_QP_INFO)
                             | (kind == Request.MODIFY_QP_RTS)):
                     with m.If(loc_is_source):
+                        m.d.sync += scanning.eq(1)
                         m.next = "SCAN"
                     with m.Else():
                         m.d.comb += counts["spoofed"].eq(1)
@@ -359,7 +363,6 @@ class ConnectionManager(wiring.Component):
 
             with m.State("SCAN"):
                 # One QP per cycle: read ``scan``, check ``probe`` (read the cycle before).
-                m.d.comb += entry_read.addr.eq(scan)
                 m.d.sync += [scan.eq(scan + 1), probe.eq(scan)]
                 with m.If(probe != qps):
                     with m.If(entry.open & entry_requester):
@@ -367,6 +370,7 @@ class ConnectionManager(wiring.Component):
                     with m.If(~entry.open & ~free):
                         m.d.sync += [free.eq(1), free_index.eq(probe)]
                 with m.If(matched | (probe == qps - 1)):
+                    m.d.sync += scanning.eq(0)
                     m.next = "SCANNED"
 
             with m.State("SCANNED"):
