@@ -142,12 +142,16 @@ class ArpLayer(wiring.Component):
         connect(m, tx.o_resolve, resolver.i_start)
         connect(m, resolver.o_done, tx.i_resolved)
         connect(m, cache.o_refresh, resolver.i_refresh)
-        connect(m, tx.o_parked, arbiter.i[1])
         # A register slice on the direct path: the transmitter's stage-2 handshake ends in
         # its ``ready`` instead of going on through the arbiter's grant and what follows.
         m.submodules.direct = direct = PacketRegister(ETH_TX_META, width=width)
         connect(m, tx.o_direct, direct.i)
         connect(m, direct.o, arbiter.i[2])
+        # And on the parked path, so that the read of the parking FIFO ends there too (a
+        # cycle more for packets that waited for their hop anyway).
+        m.submodules.parked = parked = PacketRegister(ETH_TX_META, width=width)
+        connect(m, tx.o_parked, parked.i)
+        connect(m, parked.o, arbiter.i[1])
 
         # ARP frames: a reply when one is waiting, else a request.
         out = frame.i.p.meta

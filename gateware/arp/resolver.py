@@ -50,6 +50,9 @@ class ArpResolver(wiring.Component):
         target = Signal(32)
         forced = Signal()
         timer = Signal(range(self._retry_interval + 1))
+        # ``timer != 0`` in a register set from the timer's next value (same cycles), so
+        # that the wide compare does not chain with the decisions.
+        timing = Signal()
         attempts = Signal(range(self._retries + 1))
 
         start, refresh = self.i_start, self.i_refresh
@@ -70,11 +73,13 @@ class ArpResolver(wiring.Component):
             m.d.sync += [
                 busy.eq(1), target.eq(start.p.ip), forced.eq(start.p.force), learnt.eq(0),
                 self.o_request.valid.eq(1), attempts.eq(1), timer.eq(self._retry_interval),
+                timing.eq(1),
             ]
         with m.Elif(refresh.valid & refresh.ready):
             m.d.sync += [
                 busy.eq(1), target.eq(refresh.p), forced.eq(0), learnt.eq(0),
                 self.o_request.valid.eq(1), attempts.eq(1), timer.eq(self._retry_interval),
+                timing.eq(1),
             ]
         with m.Elif(busy & learnt):
             m.d.comb += [
@@ -84,8 +89,8 @@ class ArpResolver(wiring.Component):
                 self.o_done.p.forced.eq(forced),
             ]
             m.d.sync += [busy.eq(0), self.o_request.valid.eq(0)]
-        with m.Elif(busy & (timer != 0)):
-            m.d.sync += timer.eq(timer - 1)
+        with m.Elif(busy & timing):
+            m.d.sync += [timer.eq(timer - 1), timing.eq(timer != 1)]
         with m.Elif(busy & (attempts == self._retries)):
             m.d.comb += [
                 self.o_done.valid.eq(1),
@@ -95,6 +100,6 @@ class ArpResolver(wiring.Component):
         with m.Elif(busy):
             m.d.sync += [
                 self.o_request.valid.eq(1), attempts.eq(attempts + 1),
-                timer.eq(self._retry_interval),
+                timer.eq(self._retry_interval), timing.eq(1),
             ]
         return m

@@ -37,8 +37,9 @@ class ArpTransmitter(wiring.Component):
     goes out on ``o_direct``. A miss goes into the parking slot if it is free
     (or already waits for that hop): a FIFO of ``park_beats`` beats beside the
     stream; the resolver is made to ask for that hop (``o_resolve`` with
-    ``force``), and the parked packets leave on ``o_parked`` with the MAC
-    learnt once it answers, or are dropped if it does not. While the slot
+    ``force``, a register: the cycle after the packet's route is decided),
+    and the parked packets leave on ``o_parked`` with the MAC learnt once it
+    answers, or are dropped if it does not. While the slot
     holds packets, later packets to its hop join them, so their order is kept;
     the slot frees when it is empty (once the hop has answered, a packet to it
     waits in place for that, at most the slot's beats, instead of joining, so
@@ -128,7 +129,15 @@ class ArpTransmitter(wiring.Component):
         any_stale = Signal()                                  # stale != 0, as a register
         allocate = Signal()                                   # a packet takes the slot
         take_slot = Signal()                                  # stage 2's packet would take it
-        s2_same_hop = Signal()                                # stage 2's hop is the slot's
+        # Whether stage 2's hop is the slot's, from three registers loaded with its first
+        # beat: its hop compared with the one of the packet before it and with the slot's,
+        # and whether that packet took the slot as it left (then its hop is the slot's).
+        # The compares end in registers of their own, so they do not chain with the
+        # handshake that loads stage 2.
+        s2_after_take = Signal()
+        s2_hop_as_before = Signal()
+        s2_hop_as_slot = Signal()
+        s2_same_hop = Mux(s2_after_take, s2_hop_as_before, s2_hop_as_slot)
 
         take2 = Signal()
         load2 = s1_valid & (~s2_valid | take2)
@@ -166,8 +175,9 @@ class ArpTransmitter(wiring.Component):
                     # As the slot will be: taken by the packet leaving stage 2 (a packet that
                     # takes the slot always leaves at once, so no handshake is needed here),
                     # or as it is.
-                    s2_same_hop.eq(Mux(s2_valid & s2_first & take_slot,
-                                       s1_to.hop == s2_to.hop, s1_to.hop == slot_hop)),
+                    s2_after_take.eq(s2_valid & s2_first & take_slot),
+                    s2_hop_as_before.eq(s1_to.hop == s2_to.hop),
+                    s2_hop_as_slot.eq(s1_to.hop == slot_hop),
                     dst_mac.eq(self.i_mac),
                 ]
         with m.If(~s2_valid | take2):
@@ -232,14 +242,19 @@ class ArpTransmitter(wiring.Component):
             park.i.valid.eq(s2_valid & is_park),
         ]
 
-        # A packet that takes the slot has its hop asked for at once (``force``); a miss
-        # that is dropped, if the resolver is free.
+        # A packet that takes the slot has its hop asked for in the next cycle (``force``);
+        # a miss that is dropped, if the resolver is free then. From registers, so the
+        # route's decision does not chain with the resolver's. (The resolver answers
+        # nothing in the cycle it takes a start, and an answer in the cycle the slot is
+        # taken is the abandoned resolution's, which ``allocate`` overrides below.)
         m.d.comb += allocate.eq(first_taken & take_slot)
-        m.d.comb += [
-            self.o_resolve.valid.eq(first_taken & ((route_first == Route.MISS) | take_slot)),
-            self.o_resolve.p.ip.eq(s2_to.hop),
-            self.o_resolve.p.force.eq(take_slot),
-        ]
+        m.d.sync += self.o_resolve.valid.eq(
+            first_taken & ((route_first == Route.MISS) | take_slot))
+        with m.If(first_taken):
+            m.d.sync += [
+                self.o_resolve.p.ip.eq(s2_to.hop),
+                self.o_resolve.p.force.eq(take_slot),
+            ]
 
         parked_in = park.i.valid & park.i.p.last & ~park.o_overflow_drop
         parked_out = park.o.valid & park.o.ready & park.o.p.last

@@ -185,8 +185,13 @@ class ConnectionManager(wiring.Component):
         # What the CM knows of each QP.
         m.submodules.entries = entries = memory.Memory(shape=CM_ENTRY, depth=qps, init=[])
         entry_write = entries.write_port()
-        entry_read = entries.read_port()
-        entry = entry_read.data
+        # The entry read, in a register (as a synchronous read port gives it), with the
+        # compares of it that the states decide on beside it, so that those do not chain
+        # with the decisions.
+        entry_read = entries.read_port(domain="comb")
+        entry = Signal(CM_ENTRY)
+        entry_requester = Signal()          # its host is the request's (address and QPN)
+        entry_source = Signal()             # its host's address is the datagram's source
 
         psn = Signal(24, init=0x5EED01)
         m.d.sync += psn.eq(Cat(Cat(psn[tap] for tap in _PSN_TAPS).xor(), psn[:23]))
@@ -208,17 +213,25 @@ class ConnectionManager(wiring.Component):
         index = Signal(QP_INDEX_BITS)       # the endpoint QP it names or that was found
         qpn = request.rem.qpn[:24]
         named = qpn - FIRST_QPN
-        in_range = (qpn >= FIRST_QPN) & (qpn < FIRST_QPN + qps)
+        # The decode's compares, in registers loaded with ``request`` (from the datagram's
+        # meta), so that they do not chain with the decode's choice of the next state.
+        in_range = Signal()                 # qpn names one of our QPs
+        close_all = Signal()                # qpn is CLOSE_ALL_QPN
+        loc_is_source = Signal()            # request.loc.ip is the datagram's source
         found = Signal(CM_ENTRY)
         reply = Signal(CM_DATAGRAM)
         status_reply = data.View(CM_STATUS_DATAGRAM, reply.as_value())
         run = Signal(GENERATOR_RUN)
         write = Signal(QP_WRITE)
+        scan = Signal(range(qps + 1))       # the QP read this cycle (in SCAN)
+        scanning = Signal()                 # the FSM is in SCAN
 
         m.d.comb += [
             self.status_qp.eq(index),
             self.run_qp.eq(index),
-            entry_read.addr.eq(index),
+            # (``scanning``: in SCAN, a register beside the FSM's state, so that the address
+            # does not wait on the state's decode before the read and the compares)
+            entry_read.addr.eq(Mux(scanning, scan, index)),
             emit.i.p.meta.cm.eq(reply),
             emit.i.p.meta.dst_ip.eq(source_ip),
             emit.i.p.meta.src_port.eq(CM_PORT),
@@ -252,13 +265,19 @@ class ConnectionManager(wiring.Component):
             m.d.sync += statements
             m.next = "REPLY"
 
-        scan = Signal(range(qps + 1))       # the QP read this cycle
-        probe = Signal(range(qps + 1))      # the QP whose entry is on entry_read.data
+        probe = Signal(range(qps + 1))      # the QP whose entry is on ``entry``
         matched = Signal()
         free = Signal()                     # a free QP was seen; ``free_index`` is the lowest
         free_index = Signal(QP_INDEX_BITS)
         first_beat = Signal(init=1)
-        from_host = entry.open & (entry.host_ip == source_ip)
+        read = entry_read.data
+        m.d.sync += [
+            entry.eq(read),
+            entry_requester.eq((read.host_ip == request.loc.ip)
+                               & (read.host_qpn == request.loc.qpn[:24])),
+            entry_source.eq(read.host_ip == source_ip),
+        ]
+        from_host = entry.open & entry_source
         refreshed = Signal(CM_ENTRY)        # the entry read, heard from its host now
         m.d.comb += [refreshed.eq(entry), refreshed.age.eq(0)]
         closing_all = Signal()              # the sweep serves a close-all, not the lease
@@ -291,8 +310,13 @@ class ConnectionManager(wiring.Component):
                     m.d.sync += first_beat.eq(parse.o.p.last)
                     with m.If(first_beat):
                         meta = parse.o.p.meta
+                        asked_qpn = meta.cm.rem.qpn[:24]
                         m.d.sync += [
                             request.eq(meta.cm),
+                            in_range.eq((asked_qpn >= FIRST_QPN) &
+                                        (asked_qpn < FIRST_QPN + qps)),
+                            close_all.eq(asked_qpn == CLOSE_ALL_QPN),
+                            loc_is_source.eq(meta.cm.loc.ip == meta.ip.src),
                             source_ip.eq(meta.ip.src),
                             allowed.eq(access.o_allowed),
                             source_port.eq(meta.udp.src_port),
@@ -314,11 +338,12 @@ class ConnectionManager(wiring.Component):
                     m.d.comb += counts["malformed"].eq(1)
                 with m.Elif((kind == Request.OPEN_QP) | (kind == Request.SEND_QP_INFO)
                             | (kind == Request.MODIFY_QP_RTS)):
-                    with m.If(request.loc.ip == source_ip):
+                    with m.If(loc_is_source):
+                        m.d.sync += scanning.eq(1)
                         m.next = "SCAN"
                     with m.Else():
                         m.d.comb += counts["spoofed"].eq(1)
-                with m.Elif((kind == Request.CLOSE_QP) & (qpn == CLOSE_ALL_QPN)):
+                with m.Elif((kind == Request.CLOSE_QP) & close_all):
                     m.d.sync += [index.eq(0), closing_all.eq(1), closed_count.eq(0)]
                     m.next = "SWEEP_READ"
                 with m.Elif((kind == Request.CLOSE_QP) | (kind == Request.STATUS)):
@@ -338,16 +363,14 @@ class ConnectionManager(wiring.Component):
 
             with m.State("SCAN"):
                 # One QP per cycle: read ``scan``, check ``probe`` (read the cycle before).
-                m.d.comb += entry_read.addr.eq(scan)
                 m.d.sync += [scan.eq(scan + 1), probe.eq(scan)]
                 with m.If(probe != qps):
-                    requester = ((entry.host_ip == request.loc.ip)
-                                 & (entry.host_qpn == request.loc.qpn[:24]))
-                    with m.If(entry.open & requester):
+                    with m.If(entry.open & entry_requester):
                         m.d.sync += [matched.eq(1), index.eq(probe), found.eq(entry)]
                     with m.If(~entry.open & ~free):
                         m.d.sync += [free.eq(1), free_index.eq(probe)]
                 with m.If(matched | (probe == qps - 1)):
+                    m.d.sync += scanning.eq(0)
                     m.next = "SCANNED"
 
             with m.State("SCANNED"):

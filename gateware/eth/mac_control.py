@@ -118,19 +118,24 @@ class MacControl(wiring.Component):
 
         # Stage 3: the timers count down to 0; a frame sets its timer anew.
         def timer(name, load):
-            """High while the timer ``name`` runs (``count != 0``, kept in a register from
-            the count's next value, so the pause does not chain with the compare)."""
+            """Whether the timer ``name`` runs (``count != 0``) from the next cycle on."""
             count = Signal(_TIMER_BITS, name=name)
-            running = Signal(name=f"{name}_running")
+            runs_next = Signal(name=f"{name}_runs_next")
             with m.If(load):
-                m.d.sync += [count.eq(cycles), running.eq(cycles != 0)]
+                m.d.sync += count.eq(cycles)
+                m.d.comb += runs_next.eq(cycles != 0)
             with m.Elif(count != 0):
-                m.d.sync += [count.eq(count - 1), running.eq(count[1:] != 0)]
-            return running
+                m.d.sync += count.eq(count - 1)
+                m.d.comb += runs_next.eq(count[1:] != 0)
+            return runs_next
 
-        m.d.comb += [
-            self.o_pause_all.eq(timer("timer_all", set_all_cycles)),
-            self.o_pause_roce.eq(timer("timer_roce", set_roce_cycles) | self.o_pause_all),
+        # Both outputs are registers set from the timers' next values, so a pause does not
+        # chain with the compares, nor with the OR of the two timers (same cycles).
+        all_next = timer("timer_all", set_all_cycles)
+        roce_next = timer("timer_roce", set_roce_cycles)
+        m.d.sync += [
+            self.o_pause_all.eq(all_next),
+            self.o_pause_roce.eq(roce_next | all_next),
         ]
 
         counters = self.o_counters

@@ -38,18 +38,25 @@ class PacketArbiter(wiring.Component):
         grant = Signal(range(count))       # input of the packet in flight
         served = Signal(range(count))      # input served last, for round-robin
 
-        # Candidates in order of preference: served+1, served+2, ..., served.
+        # The first input with a packet waiting, in order of preference: served+1,
+        # served+2, ..., served (input 0, 1, ... with ``priority``). The order is a
+        # constant per value of ``served``, so each bit of the choice is one function of
+        # ``served`` and the valids, with no arithmetic on ``served`` before it.
         choice = Signal(range(count))
-        order = range(count) if self._priority else None
-        for offset in reversed(range(count)):
-            if order is not None:
-                index = C(offset, range(count))
-            else:
-                index = Signal(range(count), name=f"candidate{offset}")
-                m.d.comb += index.eq(Mux(served + 1 + offset >= count,
-                                         served + 1 + offset - count, served + 1 + offset))
-            with m.If(Array(port.valid for port in self.i)[index]):
-                m.d.comb += choice.eq(index)
+
+        def first_valid(order):
+            for index in reversed(order):
+                with m.If(self.i[index].valid):
+                    m.d.comb += choice.eq(index)
+
+        if self._priority:
+            first_valid(range(count))
+        else:
+            with m.Switch(served):
+                for last in range(count):
+                    # (the last case as the default: ``served`` never goes past it)
+                    with m.Case(last) if last < count - 1 else m.Default():
+                        first_valid([(last + 1 + offset) % count for offset in range(count)])
 
         current = Mux(free, choice, grant)
         for index, port in enumerate(self.i):

@@ -95,9 +95,14 @@ class PacketFIFO(wiring.Component):
         waiting = Signal(range(self._max_packets + 2))
         packets_full = Signal()
         waiting_next = waiting + descriptors.w_en - descriptors.r_en
+        # (``waiting_next >= max_packets``, as a choice between compares of ``waiting``,
+        # so that the count's sum does not chain with the read of a descriptor)
+        full_from = {change: waiting >= self._max_packets - change for change in (-1, 0, 1)}
         m.d.sync += [
             waiting.eq(waiting_next),
-            packets_full.eq(waiting_next >= self._max_packets),
+            packets_full.eq(Mux(descriptors.w_en,
+                                Mux(descriptors.r_en, full_from[0], full_from[1]),
+                                Mux(descriptors.r_en, full_from[-1], full_from[0]))),
         ]
 
         m.d.comb += [
@@ -136,7 +141,13 @@ class PacketFIFO(wiring.Component):
         sent = Signal(self._length_bits)
         head = data.View(descriptor, descriptors.r_data)
         remaining = head.length - sent
-        last = remaining <= width
+        # Whether the beat on the output is its packet's last (``remaining <= width``): on
+        # a first beat a compare of the head's length with a constant; after it, a register
+        # set from the count's next value (same cycles), so the subtraction does not chain
+        # with the descriptor FIFO's read and the count of waiting packets.
+        out_first = Signal(init=1)
+        later_last = Signal()
+        last = Mux(out_first, head.length <= width, later_last)
         advance = o.valid & o.ready
         m.d.comb += [
             read.addr.eq(Mux(advance, Mux(last, head.next, rd_ptr + 1), rd_ptr)),
@@ -150,6 +161,8 @@ class PacketFIFO(wiring.Component):
             m.d.sync += [
                 rd_ptr.eq(Mux(last, head.next, rd_ptr + 1)),
                 sent.eq(Mux(last, 0, sent + width)),
+                out_first.eq(last),
+                later_last.eq(remaining <= 2 * width),
             ]
             m.d.comb += descriptors.r_en.eq(last)
 

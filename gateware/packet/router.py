@@ -98,16 +98,19 @@ class PacketRouter(wiring.Component):
                         counter = self.o_drops[reason]
                         m.d.sync += counter.eq(counter + 1)
 
+        # The payload goes to every output whatever the verdict (only ``valid`` follows
+        # it), so the verdict's logic does not chain with the data into the next layer.
+        for port in self.o:
+            m.d.comb += [
+                port.p.data.eq(source.p.data),
+                port.p.keep.eq(source.p.keep),
+                port.p.last.eq(source.p.last),
+                port.p.meta.eq(source_meta),
+            ]
         with m.If(cur_drop != 0):
             m.d.comb += source.ready.eq(1)
         with m.Else():
             for index, port in enumerate(self.o):
-                m.d.comb += [
-                    port.p.data.eq(source.p.data),
-                    port.p.keep.eq(source.p.keep),
-                    port.p.last.eq(source.p.last),
-                    port.p.meta.eq(source_meta),
-                ]
                 with m.If(cur_route == index):
                     m.d.comb += [
                         port.valid.eq(source.valid),
