@@ -33,8 +33,11 @@ class GeneratorPool(wiring.Component):
     forgets its message count. The runs' messages are merged whole, in
     round-robin order (:class:`RequestArbiter`), so every run gets an equal
     share of messages and one run alone fills the output; a run whose QP is
-    paced (``i_paced``, a bit per QP) is passed over until it is not. ``o_request`` and
-    ``o_payload`` come from register slices (1 cycle of latency).
+    paced (``i_paced``, a bit per QP) is passed over until it is not. Between each
+    run's pacing gate and the arbiter a register slice cuts the path from the pacer
+    through the arbiter's choice back to the generators (its two requests, passed
+    before the QP was paced, still go: the pacer charges them as they are sent).
+    ``o_request`` and ``o_payload`` come from register slices (1 cycle of latency).
 
     ``query_qp`` → ``query``: that QP's run, a cycle later: whether one is in
     progress, and the requests issued in it, or in the QP's last run (kept in a
@@ -88,8 +91,11 @@ class GeneratorPool(wiring.Component):
             generator = TrafficGenerator(width=self._width)
             m.submodules[f"generator{index}"] = generator
             m.submodules[f"gate{index}"] = gate = PacedGate()
+            m.submodules[f"request_slice{index}"] = request_slice = StreamRegister(
+                stream.Signature(WORK_REQUEST))
             connect(m, generator.o_request, gate.i)
-            connect(m, gate.o, arbiter.i_request[index])
+            connect(m, gate.o, request_slice.i)
+            connect(m, request_slice.o, arbiter.i_request[index])
             m.d.comb += gate.i_paced.eq(self.i_paced)
             connect(m, generator.o_payload, arbiter.i_payload[index])
             generators.append(generator)

@@ -161,7 +161,12 @@ class PacedGate(wiring.Component):
     """Passes work requests, holding back one whose QP is paced (``i_paced``, a bit per
     QP index) until it is not. A request offered stays offered until taken (the stream
     rule), so a QP paced after its request was offered sends that one message more.
-    Latency 0."""
+
+    The QP's bit is looked up a cycle before, from a register (the 256-way lookup does
+    not chain with the handshake): a request of the QP of the cycle before passes with
+    latency 0 on that cycle's bit, one of a new QP a cycle later. So a QP's bit takes
+    effect here a cycle after the pacer sets it.
+    """
 
     def __init__(self):
         super().__init__({
@@ -173,7 +178,13 @@ class PacedGate(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         offered = Signal()
-        may = offered | ~self.i_paced.bit_select(self.i.p.qp, 1)
+        looked_up = Signal(QP_INDEX_BITS)           # the QP whose bit ``paced`` is
+        paced = Signal(init=1)
+        m.d.sync += [
+            looked_up.eq(self.i.p.qp),
+            paced.eq(self.i_paced.bit_select(self.i.p.qp, 1)),
+        ]
+        may = offered | (~paced & (looked_up == self.i.p.qp))
         m.d.comb += [
             self.o.valid.eq(self.i.valid & may),
             self.o.p.eq(self.i.p),

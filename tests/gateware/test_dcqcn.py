@@ -233,6 +233,8 @@ def test_pacer_waits_for_the_last_packet_at_the_rate_of_now():
 
 
 def test_gate_holds_a_paced_qps_request_and_keeps_an_offered_one():
+    """The QP's bit counts from the cycle after it changes (a register); a request of a
+    new QP waits a cycle for its bit to be looked up."""
     dut = PacedGate()
 
     async def main(ctx):
@@ -240,9 +242,13 @@ def test_gate_holds_a_paced_qps_request_and_keeps_an_offered_one():
         ctx.set(dut.i.p.qp, 3)
         ctx.set(dut.i_paced, 1 << 3)
         ctx.set(dut.o.ready, 1)
-        assert not ctx.get(dut.o.valid) and not ctx.get(dut.i.ready)
+        for _ in range(3):
+            assert not ctx.get(dut.o.valid) and not ctx.get(dut.i.ready)
+            await ctx.tick()
         ctx.set(dut.i_paced, 0)
         ctx.set(dut.o.ready, 0)
+        assert not ctx.get(dut.o.valid)              # the bit of the cycle before
+        await ctx.tick()
         assert ctx.get(dut.o.valid)
         await ctx.tick()
         ctx.set(dut.i_paced, 1 << 3)                 # paced once offered: stays offered
@@ -251,5 +257,11 @@ def test_gate_holds_a_paced_qps_request_and_keeps_an_offered_one():
         assert ctx.get(dut.i.ready)
         await ctx.tick()
         assert not ctx.get(dut.o.valid)
+        ctx.set(dut.i.p.qp, 4)                       # not paced, but not looked up yet
+        assert not ctx.get(dut.o.valid)
+        await ctx.tick()
+        assert ctx.get(dut.o.valid) and ctx.get(dut.i.ready)
+        await ctx.tick()
+        assert ctx.get(dut.o.valid)                  # the same QP: no cycle lost
 
     run_testbenches(dut, main)
