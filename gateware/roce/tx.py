@@ -139,12 +139,19 @@ class RequesterTransmitter(wiring.Component):
         # Setting a QP (between its messages): its path into the table, its PSN and
         # timers into the engine.
         connect(m, flipped(self.i_qp_write), qp_write_in.i)
+        # Whether the planner holds the QP is known a cycle before the engine is offered
+        # the write: a QP write that waited in the last cycle, whose QP the planner did not
+        # hold then, is clear now if the planner loaded no context then (``holds`` rises
+        # in no other cycle), so the offer comes from a flip-flop.
         qp_write = qp_write_in.o
+        reset_clear = Signal()
+        m.d.sync += reset_clear.eq(qp_write.valid & ~qp_write.ready & ~planner.holds
+                                   & ~planner.loading)
         m.d.comb += [
             planner.holds_qp.eq(qp_write.p.qp),
-            reliability.i_reset.valid.eq(qp_write.valid & ~planner.holds),
+            reliability.i_reset.valid.eq(qp_write.valid & reset_clear),
             reliability.i_reset.p.eq(qp_write.p),
-            qp_write.ready.eq(reliability.i_reset.ready & ~planner.holds),
+            qp_write.ready.eq(reliability.i_reset.ready & reset_clear),
             table.i_write.valid.eq(qp_write.valid & qp_write.ready),
             table.i_write.p.eq(qp_write.p),
             table.read_qp.eq(planner.read_qp),
