@@ -103,6 +103,8 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
         qps=16, width=WIDTH),
     "RequesterTransmitter (2 QPs)": lambda: _load("gateware.roce.tx.RequesterTransmitter")(
         qps=2, ring_beats=64, messages=8, width=WIDTH),
+    "PayloadSegmenter": lambda: _load("gateware.roce.segmenter.PayloadSegmenter")(
+        ring_beats=64, width=WIDTH),
     "ReliabilityEngine (16 QPs)": lambda: _load("gateware.roce.reliability.ReliabilityEngine")(
         qps=16, width=WIDTH),
     "ReliabilityEngine (2 QPs)": lambda: _load("gateware.roce.reliability.ReliabilityEngine")(
