@@ -253,7 +253,10 @@ class PacketPlanner(wiring.Component):
                             m.d.comb += opcode.eq(_opcode(verb_value, first_value, last_value))
 
         room = Signal()
-        used = (new.offset - new_view.head)[:POINTER_BITS]
+        # The ring never holds more than ``ring_beats`` (each packet waits for room), so the
+        # beats in use are the difference of the positions' low bits, and the carry chains
+        # are those of a ring position, not of a whole pointer.
+        used = (new.offset - new_view.head)[:ring_bits + 1]
         m.d.comb += room.eq(used + new_next.beats <= self._ring_beats)
         new_turn = ~replay_go & new_sending
         replay_same_qp = replaying & (replay.qp == new.qp)
