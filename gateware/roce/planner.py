@@ -333,16 +333,20 @@ class PacketPlanner(wiring.Component):
             self.o_sent.p.next_tail.eq(Mux(replay_go, replay_advanced.offset,
                                            new_advanced.offset)),
         ]
-        with m.If(taken):
-            with m.If(replay_go):
-                m.d.sync += [
-                    replay.eq(replay_advanced),
-                    replay_next.eq(replay_following),
-                    replay_more.eq((replay_psn_next != replay_view.next_psn)
-                                   & (replay_index_next < replay.message.packets)),
-                    replay_psn_next.eq(replay_psn_next + 1),
-                    replay_index_next.eq(replay_index_next + 1),
-                ]
+        # Each context's step on its own terms (``taken`` and the context's turn, without
+        # the other's), so that a replay's step does not wait on the new context's ring room.
+        replay_taken = replay_go & self.o_packet.ready & (self.o_read.ready | ~needs_read)
+        new_taken = ~replay_go & self.o_packet.ready
+        with m.If(replay_taken):
+            m.d.sync += [
+                replay.eq(replay_advanced),
+                replay_next.eq(replay_following),
+                replay_more.eq((replay_psn_next != replay_view.next_psn)
+                               & (replay_index_next < replay.message.packets)),
+                replay_psn_next.eq(replay_psn_next + 1),
+                replay_index_next.eq(replay_index_next + 1),
+            ]
+        with m.If(new_taken):
             with m.If(new_go):
                 m.d.sync += [new.eq(new_advanced), new_next.eq(new_following)]
                 with m.If(last):
