@@ -78,10 +78,12 @@ _NEXT_PACKET = data.StructLayout({
 })
 
 
-def _next_packet(m, remaining, mtu_bytes, width, name, first=0):
-    """The next packet of a context with ``remaining`` payload bytes, cut at ``mtu_bytes``."""
+def _next_packet(m, remaining, mtu_bytes, width, name, first=0, last=None):
+    """The next packet of a context with ``remaining`` payload bytes, cut at ``mtu_bytes``
+    (``last``: whether ``remaining <= mtu_bytes``, if worked out otherwise)."""
     packet = Signal(_NEXT_PACKET, name=name)
-    last = remaining <= mtu_bytes
+    if last is None:
+        last = remaining <= mtu_bytes
     m.d.comb += [
         packet.first.eq(first),
         packet.last.eq(last),
@@ -96,13 +98,14 @@ def _next_packet(m, remaining, mtu_bytes, width, name, first=0):
     return packet
 
 
-def _mtu_bytes(m, path_mtu, width):
-    """The payload bytes of a full packet at a path MTU (0 for a value that is none)."""
-    result = Signal(range(MAX_PACKET_PAYLOAD + 1))
+def _mtu_bytes(m, path_mtu, width, times=1):
+    """The payload bytes of ``times`` full packets at a path MTU (0 for a value that is
+    none)."""
+    result = Signal(range(times * MAX_PACKET_PAYLOAD + 1))
     with m.Switch(path_mtu):
         for mtu in PathMtu:
             with m.Case(mtu):
-                m.d.comb += result.eq(mtu.bytes)
+                m.d.comb += result.eq(times * mtu.bytes)
     return result
 
 
@@ -214,9 +217,13 @@ class PacketPlanner(wiring.Component):
                 advanced.index.eq(context.index + 1),
                 advanced.offset.eq(context.offset + packet.beats),
             ]
-            following = _next_packet(m, advanced.remaining,
-                                     _mtu_bytes(m, context.message.path_mtu, width), width,
-                                     f"{name}_following")
+            # Only a full packet (of the path MTU) has a following one: that one is the last
+            # when the context holds two packets at most, compared beside the subtraction.
+            mtu_bytes = _mtu_bytes(m, context.message.path_mtu, width)
+            following = _next_packet(m, advanced.remaining, mtu_bytes, width,
+                                     f"{name}_following",
+                                     last=context.remaining <= _mtu_bytes(
+                                         m, context.message.path_mtu, width, times=2))
             return advanced, following
 
         new_advanced, new_following = advance(new, new_next, "new")
