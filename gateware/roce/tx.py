@@ -52,8 +52,8 @@ class RequesterTransmitter(wiring.Component):
     must wait before their next message, see :class:`Pacer`). ``i_qp_write``
     sets a QP (once no message of it is being planned, checked a cycle ahead, in a
     cycle the reliability engine is free: new messages pause while it waits);
-    ``i_qp_close`` flushes it (see :class:`ReliabilityEngine`); ``status_qp[n]`` → ``status[n]`` reads a QP's
-    state and counters a cycle later. Each QP keeps the
+    ``i_qp_close`` flushes it (see :class:`ReliabilityEngine`); ``status_qp[n]`` →
+    ``status[n]`` reads a QP's state and counters a cycle later. Each QP keeps the
     payload of its unacknowledged packets in a ring of ``ring_beats`` beats
     and up to ``messages`` unacknowledged messages; when either is full, the
     QP waits (and the request and payload streams with it). ``i_paused``
