@@ -137,8 +137,7 @@ class PacketPlanner(wiring.Component):
     QP fails while it is sent ends with a ``drop`` descriptor that drains the
     rest of its payload. Two cycles per message load, then a packet per cycle.
     ``holds`` tells whether a context is in the middle of a message of QP
-    ``holds_qp``; ``loading``, whether a context is loaded in this cycle (so
-    ``holds`` may rise in the next: it rises in no other cycle).
+    ``holds_qp``.
     """
 
     def __init__(self, *, qps, ring_beats, width=BEAT_BYTES):
@@ -169,7 +168,6 @@ class PacketPlanner(wiring.Component):
             "o_read": Out(stream.Signature(BUFFER_READ)),
             "holds_qp": In(QP_INDEX_BITS),
             "holds": Out(1),
-            "loading": Out(1),
         })
 
     def elaborate(self, platform):
@@ -386,7 +384,7 @@ class PacketPlanner(wiring.Component):
         new_first = _next_packet(m, self.i_request.p.length, path_mtu_bytes, width, "new_first",
                                  first=1)
         refused = _next_packet(m, new.remaining, 0, width, "refused", first=new.index == 0)
-        with m.FSM() as fsm:
+        with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.i_replay.valid & ~replaying):
                     m.d.comb += [
@@ -478,6 +476,5 @@ class PacketPlanner(wiring.Component):
                         new_holds.eq(1 << request.qp[:qp_bits]),
                     ]
                 m.next = "IDLE"
-        m.d.comb += self.loading.eq(~fsm.ongoing("IDLE"))
 
         return m

@@ -50,8 +50,8 @@ class RequesterTransmitter(wiring.Component):
     receiver's acknowledgements (``i_cnp`` its CNPs, counted, and acted on by the
     DCQCN reaction point with the settings ``i_dcqcn``: ``o_paced`` tells which QPs
     must wait before their next message, see :class:`Pacer`). ``i_qp_write``
-    sets a QP (once no message of it is being planned, checked a cycle ahead, in a
-    cycle the reliability engine is free: new messages pause while it waits);
+    sets a QP (once no message of it is being planned, in a cycle the
+    reliability engine is free: new messages pause while it waits);
     ``i_qp_close`` flushes it (see :class:`ReliabilityEngine`); ``status_qp[n]`` →
     ``status[n]`` reads a QP's state and counters a cycle later. Each QP keeps the
     payload of its unacknowledged packets in a ring of ``ring_beats`` beats
@@ -139,19 +139,12 @@ class RequesterTransmitter(wiring.Component):
         # Setting a QP (between its messages): its path into the table, its PSN and
         # timers into the engine.
         connect(m, flipped(self.i_qp_write), qp_write_in.i)
-        # Whether the planner holds the QP is known a cycle before the engine is offered
-        # the write: a QP write that waited in the last cycle, whose QP the planner did not
-        # hold then, is clear now if the planner loaded no context then (``holds`` rises
-        # in no other cycle), so the offer comes from a flip-flop.
         qp_write = qp_write_in.o
-        reset_clear = Signal()
-        m.d.sync += reset_clear.eq(qp_write.valid & ~qp_write.ready & ~planner.holds
-                                   & ~planner.loading)
         m.d.comb += [
             planner.holds_qp.eq(qp_write.p.qp),
-            reliability.i_reset.valid.eq(qp_write.valid & reset_clear),
+            reliability.i_reset.valid.eq(qp_write.valid & ~planner.holds),
             reliability.i_reset.p.eq(qp_write.p),
-            qp_write.ready.eq(reliability.i_reset.ready & reset_clear),
+            qp_write.ready.eq(reliability.i_reset.ready & ~planner.holds),
             table.i_write.valid.eq(qp_write.valid & qp_write.ready),
             table.i_write.p.eq(qp_write.p),
             table.read_qp.eq(planner.read_qp),
