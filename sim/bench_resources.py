@@ -105,8 +105,14 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "IcrcInserter": lambda: _load("gateware.roce.icrc.IcrcInserter")(width=WIDTH),
     "RequesterTransmitter (16 QPs)": lambda: _load("gateware.roce.tx.RequesterTransmitter")(
         qps=16, width=WIDTH),
+    "RequesterTransmitter (2 QPs)": lambda: _load("gateware.roce.tx.RequesterTransmitter")(
+        qps=2, ring_beats=64, messages=8, width=WIDTH),
+    "PayloadSegmenter": lambda: _load("gateware.roce.segmenter.PayloadSegmenter")(
+        ring_beats=64, width=WIDTH),
     "ReliabilityEngine (16 QPs)": lambda: _load("gateware.roce.reliability.ReliabilityEngine")(
         qps=16, width=WIDTH),
+    "ReliabilityEngine (2 QPs)": lambda: _load("gateware.roce.reliability.ReliabilityEngine")(
+        qps=2, messages=8, width=WIDTH),
     "TrafficGenerator": lambda: _load("gateware.roce.generator.TrafficGenerator")(width=WIDTH),
     "RequestArbiter (2 inputs)": lambda: _load("gateware.roce.request_arbiter.RequestArbiter")(
         inputs=2, width=WIDTH),

@@ -141,7 +141,7 @@ class TrafficGenerator(wiring.Component):
         behind = Signal()                   # sent < issued
         level = Signal(init=1)              # sent == issued
         payload = self.o_payload
-        last = remaining <= width
+        last = Signal(init=1)               # remaining <= width
         m.d.comb += [
             sent_next.eq(sent),
             payload.valid.eq(running & (behind | (level & request.valid))),
@@ -156,11 +156,13 @@ class TrafficGenerator(wiring.Component):
                 m.d.sync += [
                     word.eq(0),
                     remaining.eq(run.length),
+                    last.eq(run.length <= width),
                 ]
             with m.Else():
                 m.d.sync += [
                     word.eq(word + words),
                     remaining.eq(remaining - width),
+                    last.eq(remaining <= 2 * width),
                 ]
 
         with m.If(self.i_stop & running & more):
@@ -182,6 +184,7 @@ class TrafficGenerator(wiring.Component):
                 limit.eq(self.i_start.p.length << 1),
                 word.eq(0),
                 remaining.eq(self.i_start.p.length),
+                last.eq(self.i_start.p.length <= width),
             ]
         with m.Elif(running & ~more & (sent == run.count)):
             m.d.sync += running.eq(0)

@@ -44,8 +44,9 @@ class Pacer(wiring.Component):
     ``o_paced`` has a bit per QP index: the QP has a start time ahead. A packet sets it
     3 cycles after ``i_sent`` (registered input; the previous packet's bytes times the
     interval, registered; the new turn written). A sweep of one QP a cycle clears it
-    once the due time has come, 3 cycles after it reads the QP (up to ``qps`` + 3 cycles
-    late, the late start counted as above). A rate update takes effect a cycle after
+    once the due time has come, 4 cycles after it reads the QP (its bytes' time and
+    then its due time registered; up to ``qps`` + 4 cycles late, the late start counted
+    as above). A rate update takes effect a cycle after
     ``i_rate`` (registered input); one that ends the limit clears the QP's bit then.
     """
 
@@ -147,8 +148,18 @@ class Pacer(wiring.Component):
             judged_time.eq(turn_sweep.data.bytes * interval_sweep.data.interval),
             stale.eq(turn_write.en & (turn_write.addr == visited)),
         ]
-        with m.If(~stale & (judged_turn + judged_time <= now_fixed)):
-            m.d.sync += paced.bit_select(judged, 1).eq(0)
+        # The due time, registered before it is compared with the time (a turn written
+        # meanwhile makes that stale too).
+        due_qp = Signal.like(swept)
+        due_time = Signal(_TIME + 1)
+        due_stale = Signal()
+        m.d.sync += [
+            due_qp.eq(judged),
+            due_time.eq(judged_turn + judged_time),
+            due_stale.eq(stale | (turn_write.en & (turn_write.addr == judged))),
+        ]
+        with m.If(~due_stale & (due_time <= now_fixed)):
+            m.d.sync += paced.bit_select(due_qp, 1).eq(0)
         with m.If(rate.valid & ~rate.p.limited):
             m.d.sync += paced.bit_select(rate.p.qp, 1).eq(0)
         with m.If(charging):

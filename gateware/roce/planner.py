@@ -78,10 +78,12 @@ _NEXT_PACKET = data.StructLayout({
 })
 
 
-def _next_packet(m, remaining, mtu_bytes, width, name, first=0):
-    """The next packet of a context with ``remaining`` payload bytes, cut at ``mtu_bytes``."""
+def _next_packet(m, remaining, mtu_bytes, width, name, first=0, last=None):
+    """The next packet of a context with ``remaining`` payload bytes, cut at ``mtu_bytes``
+    (``last``: whether ``remaining <= mtu_bytes``, if worked out otherwise)."""
     packet = Signal(_NEXT_PACKET, name=name)
-    last = remaining <= mtu_bytes
+    if last is None:
+        last = remaining <= mtu_bytes
     m.d.comb += [
         packet.first.eq(first),
         packet.last.eq(last),
@@ -96,13 +98,14 @@ def _next_packet(m, remaining, mtu_bytes, width, name, first=0):
     return packet
 
 
-def _mtu_bytes(m, path_mtu, width):
-    """The payload bytes of a full packet at a path MTU (0 for a value that is none)."""
-    result = Signal(range(MAX_PACKET_PAYLOAD + 1))
+def _mtu_bytes(m, path_mtu, width, times=1):
+    """The payload bytes of ``times`` full packets at a path MTU (0 for a value that is
+    none)."""
+    result = Signal(range(times * MAX_PACKET_PAYLOAD + 1))
     with m.Switch(path_mtu):
         for mtu in PathMtu:
             with m.Case(mtu):
-                m.d.comb += result.eq(mtu.bytes)
+                m.d.comb += result.eq(times * mtu.bytes)
     return result
 
 
@@ -180,6 +183,11 @@ class PacketPlanner(wiring.Component):
         refusal = Signal(CompletionStatus)
         replay = Signal(_CONTEXT)
         replaying = Signal()
+        # Which QP's message each context is in the middle of: a bit per QP, set and
+        # cleared with ``new_sending`` and ``replaying`` (for ``holds``).
+        qp_bits = max((self._qps - 1).bit_length(), 1)
+        new_holds = Signal(1 << qp_bits)
+        replay_holds = Signal(1 << qp_bits)
 
         # Each context keeps its next packet worked out ahead (a register, set when the
         # context is loaded or advanced), and the replay whether it has one more packet to
@@ -207,9 +215,13 @@ class PacketPlanner(wiring.Component):
                 advanced.index.eq(context.index + 1),
                 advanced.offset.eq(context.offset + packet.beats),
             ]
-            following = _next_packet(m, advanced.remaining,
-                                     _mtu_bytes(m, context.message.path_mtu, width), width,
-                                     f"{name}_following")
+            # Only a full packet (of the path MTU) has a following one: that one is the last
+            # when the context holds two packets at most, compared beside the subtraction.
+            mtu_bytes = _mtu_bytes(m, context.message.path_mtu, width)
+            following = _next_packet(m, advanced.remaining, mtu_bytes, width,
+                                     f"{name}_following",
+                                     last=context.remaining <= _mtu_bytes(
+                                         m, context.message.path_mtu, width, times=2))
             return advanced, following
 
         new_advanced, new_following = advance(new, new_next, "new")
@@ -246,7 +258,10 @@ class PacketPlanner(wiring.Component):
                             m.d.comb += opcode.eq(_opcode(verb_value, first_value, last_value))
 
         room = Signal()
-        used = (new.offset - new_view.head)[:POINTER_BITS]
+        # The ring never holds more than ``ring_beats`` (each packet waits for room), so the
+        # beats in use are the difference of the positions' low bits, and the carry chains
+        # are those of a ring position, not of a whole pointer.
+        used = (new.offset - new_view.head)[:ring_bits + 1]
         m.d.comb += room.eq(used + new_next.beats <= self._ring_beats)
         new_turn = ~replay_go & new_sending
         replay_same_qp = replaying & (replay.qp == new.qp)
@@ -323,31 +338,35 @@ class PacketPlanner(wiring.Component):
             self.o_sent.p.next_tail.eq(Mux(replay_go, replay_advanced.offset,
                                            new_advanced.offset)),
         ]
-        with m.If(taken):
-            with m.If(replay_go):
-                m.d.sync += [
-                    replay.eq(replay_advanced),
-                    replay_next.eq(replay_following),
-                    replay_more.eq((replay_psn_next != replay_view.next_psn)
-                                   & (replay_index_next < replay.message.packets)),
-                    replay_psn_next.eq(replay_psn_next + 1),
-                    replay_index_next.eq(replay_index_next + 1),
-                ]
+        # Each context's step on its own terms (``taken`` and the context's turn, without
+        # the other's), so that a replay's step does not wait on the new context's ring room.
+        replay_taken = replay_go & self.o_packet.ready & (self.o_read.ready | ~needs_read)
+        new_taken = ~replay_go & self.o_packet.ready
+        with m.If(replay_taken):
+            m.d.sync += [
+                replay.eq(replay_advanced),
+                replay_next.eq(replay_following),
+                replay_more.eq((replay_psn_next != replay_view.next_psn)
+                               & (replay_index_next < replay.message.packets)),
+                replay_psn_next.eq(replay_psn_next + 1),
+                replay_index_next.eq(replay_index_next + 1),
+            ]
+        with m.If(new_taken):
             with m.If(new_go):
                 m.d.sync += [new.eq(new_advanced), new_next.eq(new_following)]
                 with m.If(last):
-                    m.d.sync += new_sending.eq(0)
+                    m.d.sync += [new_sending.eq(0), new_holds.eq(0)]
             with m.If(new_abort):
-                m.d.sync += new_sending.eq(0)
+                m.d.sync += [new_sending.eq(0), new_holds.eq(0)]
             with m.If(refuse):
                 m.d.sync += new_refusing.eq(0)
         with m.If(replaying & ~replay_has_packet):
-            m.d.sync += replaying.eq(0)
+            m.d.sync += [replaying.eq(0), replay_holds.eq(0)]
 
         # Whether a context is in the middle of a message of ``holds_qp`` (a QP may
-        # be set again only between its messages).
-        m.d.comb += self.holds.eq((new_sending & (new.qp == self.holds_qp))
-                                  | (replaying & (replay.qp == self.holds_qp)))
+        # be set again only between its messages), one multiplexer deep.
+        m.d.comb += self.holds.eq((new_holds | replay_holds).bit_select(self.holds_qp[:qp_bits], 1)
+                                  & (self.holds_qp >> qp_bits == 0))
 
         # Load contexts: a resend when the replay context is free, else a new message.
         # The engine's view of a QP is a cycle late: while the new context is free, it
@@ -398,6 +417,7 @@ class PacketPlanner(wiring.Component):
                 m.d.sync += [
                     replay.path.eq(self.read_path),
                     replaying.eq(1),
+                    replay_holds.eq(1 << replay.qp[:qp_bits]),
                     replay_next.eq(replay_first),
                     replay_more.eq((replay.psn != replay_view.next_psn)
                                    & (replay.index < replay.message.packets)),
@@ -453,6 +473,7 @@ class PacketPlanner(wiring.Component):
                         new.offset.eq(new_view.tail),
                         new_next.eq(new_first),
                         new_sending.eq(1),
+                        new_holds.eq(1 << request.qp[:qp_bits]),
                     ]
                 m.next = "IDLE"
 

@@ -645,6 +645,10 @@ class ReliabilityEngine(wiring.Component):
             new_una = Signal(24)
             retries = Signal.like(s_retry.retries)
             rnr_retries = Signal.like(s_retry.rnr_retries)
+            # Worked out with them, so that the decisions of ACK_APPLY start from registers.
+            retries_zero = Signal()             # retries == 0
+            rnr_retries_zero = Signal()         # rnr_retries == 0
+            rnr_forever = Signal()              # the QP's rnr_retry is RNR_RETRY_FOREVER
 
             # The intake checked the acknowledgement; checked again here, as the QP may
             # have moved on since (one behind ``una`` says nothing new).
@@ -658,6 +662,10 @@ class ReliabilityEngine(wiring.Component):
                     new_una.eq(una_after),
                     retries.eq(Mux(advances, s_peer.retry_count, s_retry.retries)),
                     rnr_retries.eq(Mux(advances, s_peer.rnr_retry, s_retry.rnr_retries)),
+                    retries_zero.eq(Mux(advances, s_peer.retry_count, s_retry.retries) == 0),
+                    rnr_retries_zero.eq(
+                        Mux(advances, s_peer.rnr_retry, s_retry.rnr_retries) == 0),
+                    rnr_forever.eq(s_peer.rnr_retry == RNR_RETRY_FOREVER),
                 ]
                 m.next = "ACK_APPLY"
 
@@ -679,8 +687,8 @@ class ReliabilityEngine(wiring.Component):
                         fsm_flag(retrying, 0)
                     with m.Switch(kind):
                         with m.Case(AETH_RNR_NAK):
-                            forever = s_peer.rnr_retry == RNR_RETRY_FOREVER
-                            with m.If((rnr_retries == 0) & ~forever):
+                            forever = rnr_forever
+                            with m.If(rnr_retries_zero & ~forever):
                                 fail(CompletionStatus.RNR_RETRY_EXCEEDED)
                             with m.Else():
                                 m.d.comb += [
@@ -700,7 +708,7 @@ class ReliabilityEngine(wiring.Component):
                                 # (IBTA 9.7.5.2), one retry of ``retry_count``.
                                 with m.If(s_retrying & ~progress):
                                     pass
-                                with m.Elif(retries == 0):
+                                with m.Elif(retries_zero):
                                     fail(CompletionStatus.RETRY_EXCEEDED)
                                 with m.Else():
                                     m.d.comb += retry_write.data.retries.eq(retries - 1)

@@ -78,6 +78,8 @@ class PayloadSegmenter(wiring.Component):
         short = Signal()
         long = Signal()
         draining = Signal()
+        left_full = Signal()                    # payload_left >= width
+        frame_left_full = Signal()              # frame_left >= width
 
         beat_payload = Signal.like(payload_left)    # payload bytes left, this beat included
         beat_frame = Signal.like(frame_left)        # bytes left, this beat included
@@ -86,12 +88,22 @@ class PayloadSegmenter(wiring.Component):
             beat_frame.eq(Mux(start, descriptor.frame_length, frame_left)),
         ]
 
+        # The lanes of a beat: all of them, or (on a packet's last beat) those of the bytes
+        # past its last full beat. The counts fall by a beat a beat, so the latter come
+        # from the descriptor's lengths for every beat, one LUT deep.
+        beat_bits = (width - 1).bit_length()
+        all_lanes = C((1 << width) - 1, width)
+        payload_keep = Mux(Mux(start, descriptor.payload_length >= width, left_full),
+                           all_lanes, keep_mask(descriptor.payload_length[:beat_bits], width))
+        frame_keep = Mux(Mux(start, descriptor.frame_length >= width, frame_left_full),
+                         all_lanes, keep_mask(descriptor.frame_length[:beat_bits], width))
+
         take = Signal()                             # this beat carries payload from the input
         lanes = Signal(width)                       # its lanes that hold payload
         source_valid = Mux(replay, resent.valid, payload.valid)
         m.d.comb += [
             take.eq(Mux(start, descriptor.has_payload, left_nonzero) & (replay | ~ended)),
-            lanes.eq(keep_mask(beat_payload, width) & payload.p.keep & Mux(take, -1, 0)),
+            lanes.eq(payload_keep & payload.p.keep & Mux(take, -1, 0)),
         ]
         beat_data = Signal(8 * width)
         m.d.comb += beat_data.eq(Mux(replay, resent.p.data & Mux(take, -1, 0),
@@ -131,7 +143,7 @@ class PayloadSegmenter(wiring.Component):
                 self.o.valid.eq(self.i_packet.valid & (source_valid | ~take)
                                 & message_end.ready),
                 self.o.p.data.eq(beat_data),
-                self.o.p.keep.eq(keep_mask(beat_frame, width)),
+                self.o.p.keep.eq(frame_keep),
                 self.o.p.last.eq(last_beat),
                 self.o.p.meta.eq(descriptor.meta),
                 payload.ready.eq(take & ~replay & self.o.ready & self.o.valid),
@@ -148,6 +160,8 @@ class PayloadSegmenter(wiring.Component):
                     beat.eq(Mux(start, 1, beat + 1)),
                     payload_left.eq(Mux(take & (beat_payload > width), beat_payload - width, 0)),
                     left_nonzero.eq(take & (beat_payload > width)),
+                    left_full.eq(take & (beat_payload >= 2 * width)),
+                    frame_left_full.eq(beat_frame >= 2 * width),
                     frame_left.eq(beat_frame - width),
                     frame_last.eq(beat_frame <= 2 * width),
                 ]

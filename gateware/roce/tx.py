@@ -30,7 +30,7 @@ __all__ = ["RequesterTransmitter"]
 
 
 #: Beats of its planned packets the segmenter has yet to send when the planner may plan
-#: the next: enough for the next descriptor to reach the segmenter in time (6 cycles).
+#: the next: enough for the next descriptor to reach the segmenter in time (7 cycles).
 LOOKAHEAD_BEATS = 16
 
 
@@ -51,15 +51,15 @@ class RequesterTransmitter(wiring.Component):
     DCQCN reaction point with the settings ``i_dcqcn``: ``o_paced`` tells which QPs
     must wait before their next message, see :class:`Pacer`). ``i_qp_write``
     sets a QP (once no message of it is being planned, in a cycle the
-    reliability engine is free: new messages pause while it waits); ``i_qp_close`` flushes it (see
-    :class:`ReliabilityEngine`); ``status_qp[n]`` → ``status[n]`` reads a QP's
-    state and counters a cycle later. Each QP keeps the
+    reliability engine is free: new messages pause while it waits);
+    ``i_qp_close`` flushes it (see :class:`ReliabilityEngine`); ``status_qp[n]`` →
+    ``status[n]`` reads a QP's state and counters a cycle later. Each QP keeps the
     payload of its unacknowledged packets in a ring of ``ring_beats`` beats
     and up to ``messages`` unacknowledged messages; when either is full, the
     QP waits (and the request and payload streams with it). ``i_paused``
     (the link pauses RoCEv2 frames) stops the ACK timers and RNR waits.
 
-    Register → planner → descriptor FIFO → segmenter (payload: new from
+    Register → planner → descriptor FIFO → register → segmenter (payload: new from
     ``i_payload`` through a register, and into the retransmit buffer, or
     resent from it) → register → transport header inserter → register: 3
     cycles of latency on the data path, one beat per cycle, no idle cycle
@@ -120,6 +120,9 @@ class RequesterTransmitter(wiring.Component):
             qps=self._qps, messages=self._messages, width=width)
         m.submodules.descriptors = descriptors = fifo.SyncFIFOBuffered(
             width=PACKET_DESCRIPTOR.size, depth=self._descriptors)
+        # A register slice between the descriptor queue and the segmenter: the segmenter's
+        # decision to take a descriptor ends there, not in the queue's level.
+        m.submodules.queued = queued = StreamRegister(stream.Signature(PACKET_DESCRIPTOR))
         m.submodules.reads = reads = fifo.SyncFIFOBuffered(
             width=BUFFER_READ.size, depth=self._descriptors)
         m.submodules.buffer = buffer = RetransmitBuffer(
@@ -202,7 +205,7 @@ class RequesterTransmitter(wiring.Component):
         m.submodules.completions = completions = StreamRegister(stream.Signature(COMPLETION))
         # The planner plans a packet once the segmenter has fewer than LOOKAHEAD_BEATS
         # beats left to send of those planned, not as long as the queue between them has
-        # room (its register slice and FIFO hold 6 descriptors): a go-back-N resend goes
+        # room (its register slices and FIFO hold 8 descriptors): a go-back-N resend goes
         # out behind every packet planned before it, and each 4 KiB packet queued is 108
         # cycles of a 100 Gb/s line more resent in vain. (A descriptor sends its frame's
         # beats, a ``drop`` one none.)
@@ -230,9 +233,9 @@ class RequesterTransmitter(wiring.Component):
             descriptors.w_en.eq(planned.o.valid),
             descriptors.w_data.eq(planned.o.p),
             planned.o.ready.eq(descriptors.w_rdy),
-            segmenter.i_packet.valid.eq(descriptors.r_rdy),
-            segmenter.i_packet.p.eq(descriptors.r_data),
-            descriptors.r_en.eq(segmenter.i_packet.ready),
+            queued.i.valid.eq(descriptors.r_rdy),
+            queued.i.p.eq(descriptors.r_data),
+            descriptors.r_en.eq(queued.i.ready),
             reads.w_en.eq(planner.o_read.valid),
             reads.w_data.eq(planner.o_read.p),
             planner.o_read.ready.eq(reads.w_rdy),
@@ -240,17 +243,17 @@ class RequesterTransmitter(wiring.Component):
         ]
         # A resend's payload is read when its descriptor reaches the segmenter, not
         # before: its original may still be on its way into the buffer.
-        head = Signal(PACKET_DESCRIPTOR)
+        connect(m, queued.o, segmenter.i_packet)
+        head = queued.o
         read_issued = Signal()
-        m.d.comb += head.eq(descriptors.r_data)
-        may_read = descriptors.r_rdy & head.replay & (head.payload_length != 0) & ~read_issued
+        may_read = head.valid & head.p.replay & head.p.has_payload & ~read_issued
         m.d.comb += [
             buffer.i_read.valid.eq(reads.r_rdy & may_read),
             reads.r_en.eq(buffer.i_read.ready & may_read),
         ]
         with m.If(buffer.i_read.valid & buffer.i_read.ready):
             m.d.sync += read_issued.eq(1)
-        with m.If(descriptors.r_en & descriptors.r_rdy):
+        with m.If(head.valid & head.ready):
             m.d.sync += read_issued.eq(0)
         connect(m, flipped(self.i_payload), payload_in.i)
         connect(m, payload_in.o, segmenter.i_payload)

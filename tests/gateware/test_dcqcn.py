@@ -224,10 +224,10 @@ def test_pacer_waits_for_the_last_packet_at_the_rate_of_now():
             await ctx.tick()
             since_packet += 1
         # Both turns were 1 µs (64 cycles) before the packets. QP 2: 51.2 cycles at
-        # 10 Gb/s are over: let go by the next sweep (QPS + 3 cycles). QP 3: 16 µs
+        # 10 Gb/s are over: let go by the next sweep (QPS + 4 cycles). QP 3: 16 µs
         # (1024 cycles) at 500 Mb/s, 960 after its packet (at 1 Gb/s it would be 448).
-        assert released[2] <= 7 + QPS + 3, released
-        assert 960 <= released[3] <= 960 + QPS + 3, released
+        assert released[2] <= 7 + QPS + 4, released
+        assert 960 <= released[3] <= 960 + QPS + 4, released
 
     run_testbenches(dut, main)
 
