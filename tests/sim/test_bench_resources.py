@@ -11,12 +11,14 @@ the test needs a native one. The README gives the design's budget: 6 on the CMAC
 
 import json
 import re
+import subprocess
 
 import pytest
 from amaranth import Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from sim import bench_resources
 from sim.bench_resources import (
     LUT_LEVEL_BUDGET,
     TARGETS,
@@ -125,11 +127,7 @@ def test_a_failed_conversion_is_an_error_that_says_why(monkeypatch, returncode, 
                                                        message):
     # A conversion the kernel killed for its memory (the 256-QP core with 128 KiB rings
     # took over 21 GB) once came back as an error without words, which reads as success.
-    import subprocess
-
-    import sim.bench_resources as bench
-
-    monkeypatch.setattr(bench.subprocess, "run", lambda *args, **kwargs:
+    monkeypatch.setattr(bench_resources.subprocess, "run", lambda *args, **kwargs:
                         subprocess.CompletedProcess(args, returncode, "", stderr))
     result = synthesize("PacketGate", TARGETS["PacketGate"], ["yosys"], BUILD, timeout=1)
     assert result.error == message
