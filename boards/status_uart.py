@@ -1,7 +1,7 @@
 """The board's status as a line of text on its USB-UART, for bring-up without a debugger."""
 
 from amaranth import *
-from amaranth.lib import data, memory, wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 __all__ = ["StatusUart", "status_line"]
@@ -58,8 +58,8 @@ class StatusUart(wiring.Component):
                                             min(field.offset + 4 * digit + 4, end)))
                                  for digit in reversed(range(_digits(field.width)))]
         self._characters += [("text", ord("\r")), ("text", ord("\n"))]
-        # Per character: 10 bits, and a cycle each to fetch and load it.
-        wire_cycles = len(self._characters) * (10 * divisor + 2)
+        # Per character: 10 bits, and a cycle to load the next.
+        wire_cycles = len(self._characters) * (10 * divisor + 1)
         if interval < wire_cycles:
             raise ValueError(f"interval {interval} is shorter than a line on the wire "
                              f"({wire_cycles} cycles)")
@@ -71,33 +71,36 @@ class StatusUart(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
+        # `line_due` is a register, high in the cycle `until_line` is 0.
         until_line = Signal(range(self._interval), init=self._interval - 1)
-        with m.If(until_line == 0):
+        line_due = Signal()
+        m.d.sync += line_due.eq(until_line == 1)
+        with m.If(line_due):
             m.d.sync += until_line.eq(self._interval - 1)
         with m.Else():
             m.d.sync += until_line.eq(until_line - 1)
 
-        # The line's characters in order: a constant, or the next hex digit. The digits,
-        # sampled at the start of a line, are kept in the order they are sent (wiring
-        # only), 4 bits each, and shifted out as they go; the constants and which
-        # characters are digits come from a table (a ROM) by `position`, read a cycle
-        # later. (A multiplexer of every digit by `position` was 12 LUT levels deep at
-        # the CMAC clock.)
-        position = Signal(range(len(self._characters)))
+        # The whole line, sampled at its start as characters in the order they are sent:
+        # constants, and each digit's 4 bits as their hex character (one LUT a bit), 7 bits
+        # a character (ASCII). It rotates by a character as each goes out, so a character
+        # is always the low bits of a register and no path here is more than a few LUT
+        # levels deep at the CMAC clock, whatever the mapper does. (A multiplexer of every
+        # digit by position was 12 LUT levels; a table of the constants by position, 7.)
+        # Rotated, not shifted: zeros shifted in would make Yosys prove the constant
+        # characters' flip-flops constant one at a time, a pass over the design each.
         fields = self.i.as_value()
-        digits = [value for kind, value in self._characters if kind == "digit"]
-        queue = Signal(4 * len(digits))
-        in_order = Cat(Cat(fields[start:stop], C(0, 4 - (stop - start)))
-                       for start, stop in digits)
-        entry = data.StructLayout({"text": 8, "is_digit": 1})
-        m.submodules.table = table = memory.Memory(
-            shape=entry, depth=len(self._characters),
-            init=[{"text": value if kind == "text" else 0, "is_digit": kind == "digit"}
-                  for kind, value in self._characters])
-        read = table.read_port()
-        m.d.comb += read.addr.eq(position)
-        is_digit = read.data.is_digit
-        character = Mux(is_digit, Array(HEX_DIGITS)[queue[:4]], read.data.text)
+        line = []
+        for kind, value in self._characters:
+            if kind == "text":
+                line.append(C(value, 7))
+            else:
+                start, stop = value
+                character = Signal(7, name=f"digit_{start}")
+                m.d.comb += character.eq(Array(HEX_DIGITS)[fields[start:stop]])
+                line.append(character)
+        line = Cat(line)
+        queue = Signal(len(line))
+        characters_left = Signal(range(len(self._characters) + 1))
 
         # The UART: start bit, 8 data bits LSB first, stop bit.
         shift = Signal(10)
@@ -110,23 +113,10 @@ class StatusUart(wiring.Component):
             with m.Else():
                 m.d.sync += bit_timer.eq(bit_timer + 1)
 
-        with m.FSM(name="line"):
-            with m.State("IDLE"):
-                with m.If(until_line == 0):
-                    m.d.sync += [queue.eq(in_order), position.eq(0)]
-                    m.next = "FETCH"
-            with m.State("FETCH"):
-                m.next = "LOAD"
-            with m.State("LOAD"):
-                m.d.sync += [shift.eq(Cat(0, character, 1)), bits_left.eq(10)]
-                with m.If(is_digit):
-                    m.d.sync += queue.eq(queue >> 4)
-                m.next = "SEND"
-            with m.State("SEND"):
-                with m.If(bits_left == 0):
-                    with m.If(position == len(self._characters) - 1):
-                        m.next = "IDLE"
-                    with m.Else():
-                        m.d.sync += position.eq(position + 1)
-                        m.next = "FETCH"
+        with m.If(line_due & (characters_left == 0)):
+            m.d.sync += [queue.eq(line), characters_left.eq(len(self._characters))]
+        with m.Elif((bits_left == 0) & (characters_left != 0)):
+            m.d.sync += [shift.eq(Cat(0, queue[:7], 0, 1)), bits_left.eq(10),
+                         queue.eq(queue.rotate_right(7)),
+                         characters_left.eq(characters_left - 1)]
         return m

@@ -210,13 +210,14 @@ class NetworkBench:
                      / UDP(sport=sport, dport=CM_PORT) / bytes(datagram))
 
     async def cm_request(self, datagram, *, host_ip, sport=50000, reply=True,
-                         timeout_cycles=5000):
+                         timeout_cycles=5000, settle_cycles=None):
         """Send a CM datagram (bytes) from ``host_ip`` and return the UDP payload of the
-        reply (None when ``reply`` is False: then only wait ``timeout_cycles`` / 10)."""
+        reply (None when ``reply`` is False: then only wait ``settle_cycles``, by default
+        ``timeout_cycles`` / 10)."""
         self.cm_replies.clear()
         await self.send(self.cm_frame(datagram, host_ip=host_ip, sport=sport))
         if not reply:
-            await self.idle(timeout_cycles // 10)
+            await self.idle(timeout_cycles // 10 if settle_cycles is None else settle_cycles)
             return None
 
         async def wait():

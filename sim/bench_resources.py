@@ -24,7 +24,9 @@ Board tops (``VCU118Top``) are synthesized whole, as ``make bitstream``
 writes them (core, FIFOs, link and status logic, I/O buffers, MMCM), the
 CMAC a black box whose ports are registers of its clock. For them a second
 table gives per clock domain its frequency, flip-flops and the path with
-the most LUT levels into one of its registers, against the domain's budget
+the most LUT levels into one of its registers, with the domain's logic mapped
+to LUTs alone (:func:`map_each_domain`: abc9 would otherwise deepen a 322 MHz
+path to the delay of the slowest 250 MHz one), against the domain's budget
 (:data:`LUT_LEVEL_BUDGET`), and a last line names the worst of these:
 ``worst path: N LUT levels at F MHz (domain, from → to)`` (the one
 furthest over, or closest to, its budget).
@@ -323,8 +325,13 @@ def _convert_reproducibly(name: str) -> tuple[bool, str]:
 
 
 def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[str],
-               workdir: Path, timeout: float) -> Result:
-    """Convert, synthesize and measure one target (a component, or a board top)."""
+               workdir: Path, timeout: float, *, each_domain: bool | None = None,
+               whole: bool = True) -> Result:
+    """Convert, synthesize and measure one target (a component, or a board top). With
+    ``each_domain`` (by default for a board top), ``result.domains`` gives the deepest
+    path of each clock domain mapped alone (:func:`map_each_domain`); without ``whole``
+    (with ``each_domain`` only) the whole netlist is not mapped, so the resources and the
+    whole netlist's depth stay empty (the logic-depth test saves a minute of CPU)."""
     result = Result(name)
     start = time.monotonic()
     try:
@@ -332,6 +339,8 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
             board, text = _convert_reproducibly(name)
         else:
             board, text = convert(factory)
+        if each_domain is None:
+            each_domain = board
         if board:
             read = ["read_verilog top.v", *[f"hierarchy -generate {kind} {ports}"
                                             for kind, ports in HARD_IP_PORTS.items()]]
@@ -341,16 +350,25 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / source).write_text(text)
         # Paths are relative: WebAssembly Yosys sees the working directory, not /tmp.
-        script = "; ".join([
-            *read,
-            SYNTH,
+        # A board top's netlist before LUT mapping is kept to map each clock domain alone.
+        premap = [f"{SYNTH} -run :map_luts", "select top", "write_rtlil -selected premap.il",
+                  "select -clear", "json -o premap.json top"]
+        measure = [
             "tee -q -o stat.json stat -json",
             "json -o netlist.json top",         # top alone, without the cell library
             "tee -q -o ltp.txt ltp -noff "
             "t:FD* t:RAMB* t:URAM* t:DSP48* t:MMCM* %u %u %u %u %n",
-        ])
+        ]
+        whole = whole or not each_domain
+        if not each_domain:
+            script = [*read, SYNTH, *measure]
+        elif whole:
+            script = [*read, *premap, f"{SYNTH} -run map_luts:", *measure]
+        else:
+            script = [*read, *premap]
         try:
-            run = subprocess.run([*yosys, "-q", "-l", "yosys.log", "-p", script], cwd=workdir,
+            run = subprocess.run([*yosys, "-q", "-l", "yosys.log", "-p", "; ".join(script)],
+                                 cwd=workdir,
                                  capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as error:
             raise SynthesisError(f"Yosys took more than {timeout:.0f} s") from error
@@ -366,19 +384,20 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
                     f"see {workdir / 'yosys.log'}")
             last = [line for line in output.splitlines() if line.strip()][-3:]
             raise SynthesisError(f"Yosys failed ({run.returncode}): " + " | ".join(last))
-        stat = json.loads((workdir / "stat.json").read_text())
-        result.cells = {kind: count for kind, count in
-                        stat["modules"]["\\top"]["num_cells_by_type"].items()
-                        if not kind.startswith("$scopeinfo")}
-        match = re.search(r"Longest topological path in \S+ \(length=(\d+)\)",
-                          (workdir / "ltp.txt").read_text())
-        result.ltp_cells = int(match[1]) if match else 0
-        netlist = json.loads((workdir / "netlist.json").read_text())
-        result.depth_cells, result.lut_levels, result.lut_path = depth(
-            netlist["modules"]["top"], result.paths)
-        if board:
-            result.cells.pop(CMAC_IP_NAME, None)
-            result.domains = domain_depths(netlist["modules"]["top"], result.paths, domain_hz())
+        if whole:
+            stat = json.loads((workdir / "stat.json").read_text())
+            result.cells = {kind: count for kind, count in
+                            stat["modules"]["\\top"]["num_cells_by_type"].items()
+                            if not kind.startswith("$scopeinfo") and kind != CMAC_IP_NAME}
+            match = re.search(r"Longest topological path in \S+ \(length=(\d+)\)",
+                              (workdir / "ltp.txt").read_text())
+            result.ltp_cells = int(match[1]) if match else 0
+            netlist = json.loads((workdir / "netlist.json").read_text())
+            result.depth_cells, result.lut_levels, result.lut_path = depth(
+                netlist["modules"]["top"], result.paths)
+        if each_domain:
+            result.domains = map_each_domain(yosys, workdir, timeout, domain_hz(),
+                                             read[1:] if board else [])
     except SynthesisError as error:
         result.error = str(error)
     result.seconds = time.monotonic() - start
@@ -544,25 +563,89 @@ def worst_paths(module: dict, names: dict[int, str], driver: dict[int, int],
 
 
 def domain_depths(module: dict, paths: list[tuple[int, str, str, int | None]],
-                  hz: dict[str, float]) -> list[DomainDepth]:
-    """Per clock domain of a board top (:data:`CLOCK_NETS`): flip-flops and the path with
-    the most LUT levels into its registers (``paths`` as :func:`worst_paths` gives them)."""
-    domain_of: dict[int, str] = {}
-    for domain, nets in CLOCK_NETS.items():
-        net = next((module["netnames"][net] for net in nets if net in module["netnames"]), None)
-        if net is None:
-            raise SynthesisError(f"no clock net {' or '.join(nets)} of domain {domain!r}")
-        domain_of.setdefault(net["bits"][0], domain)
+                  hz: dict[str, float], only: str | None = None) -> list[DomainDepth]:
+    """Per clock domain of a board top (:data:`CLOCK_NETS`, or the one named ``only``):
+    flip-flops and the path with the most LUT levels into its registers (``paths`` as
+    :func:`worst_paths` gives them)."""
+    domain_of = clock_domains(module, [only] if only else list(CLOCK_NETS))
     flip_flops: dict[str, int] = defaultdict(int)
     for cell in module["cells"].values():
         if cell["type"].startswith("FD"):
             flip_flops[domain_of.get(clock_of(cell, "D"), "other")] += 1
     domains = []
-    for domain in CLOCK_NETS:
+    for domain in [only] if only else CLOCK_NETS:
         luts, start, end = max(((luts, start, end) for luts, start, end, clock in paths
                                 if domain_of.get(clock) == domain), default=(0, "", ""))
         domains.append(DomainDepth(domain, hz[domain], flip_flops[domain], luts, start, end))
     return domains
+
+
+def clock_domains(module: dict, domains: list[str] | None = None) -> dict[int, str]:
+    """The clock domain (:data:`CLOCK_NETS`; of ``domains``, by default all) of each
+    clock bit of a flat netlist."""
+    domain_of: dict[int, str] = {}
+    for domain in domains or CLOCK_NETS:
+        nets = CLOCK_NETS[domain]
+        net = next((module["netnames"][net] for net in nets if net in module["netnames"]), None)
+        if net is None:
+            raise SynthesisError(f"no clock net {' or '.join(nets)} of domain {domain!r}")
+        domain_of.setdefault(net["bits"][0], domain)
+    return domain_of
+
+
+def map_each_domain(yosys: list[str], workdir: Path, timeout: float, hz: dict[str, float],
+                    hard_ip: list[str]) -> list[DomainDepth]:
+    """Per clock domain, its deepest path with the domain's logic mapped to LUTs alone.
+
+    abc9 maps a netlist against one delay target, that of its slowest path, and
+    deepens every faster path up to it to save LUTs: in a netlist of two clocks it
+    lets a 322 MHz path grow as deep as the slowest 250 MHz path, so a path's depth
+    would follow logic of another clock (a planner change made the status UART's
+    path 7 levels deep). Vivado times each clock against its own period. So for
+    each domain, the netlist before LUT mapping (``premap.il``, written by
+    :func:`synthesize`) loses the registers and memories of other clocks, keeps
+    its own (and so the logic into them), and is mapped by the rest of
+    ``synth_xilinx``; its paths into the domain's registers are measured.
+    ``hard_ip``: the commands that declare the hard IP's ports.
+    """
+    premap = json.loads((workdir / "premap.json").read_text())["modules"]["top"]
+    domain_of = clock_domains(premap)
+    domains_of_cell = {}
+    for name, cell in premap["cells"].items():
+        if sequential(cell["type"]):
+            domains_of_cell[name] = {domain_of.get(clock_of(cell, port))
+                                     for port, direction in cell["port_directions"].items()
+                                     if direction == "input"} - {None}
+    # The Xilinx cells as synth_xilinx reads them, then the netlist.
+    commands = ["read_verilog -lib -specify +/xilinx/cells_sim.v",
+                "read_verilog -lib +/xilinx/cells_xtra.v", "read_rtlil premap.il", *hard_ip,
+                "hierarchy -top top", "design -save premap"]
+    for domain in CLOCK_NETS:
+        for kind, cells in (("keep", [name for name, domains in domains_of_cell.items()
+                                      if domain in domains]),
+                            ("drop", [name for name, domains in domains_of_cell.items()
+                                      if domains and domain not in domains])):
+            (workdir / f"{kind}-{domain}.sel").write_text("".join(f"top/{name}\n"
+                                                                 for name in cells))
+        commands += ["design -load premap", f"select -read keep-{domain}.sel",
+                     "setattr -set keep 1", f"select -read drop-{domain}.sel", "delete",
+                     "select -clear", f"{SYNTH} -run map_luts:", f"json -o {domain}.json top"]
+    try:
+        run = subprocess.run([*yosys, "-q", "-l", "yosys-domains.log", "-p", "; ".join(commands)],
+                             cwd=workdir, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as error:
+        raise SynthesisError(f"Yosys took more than {timeout:.0f} s for the domains") from error
+    if run.returncode:
+        last = [line for line in (run.stderr + run.stdout).splitlines() if line.strip()][-3:]
+        raise SynthesisError(f"Yosys failed mapping each domain ({run.returncode}): "
+                             + " | ".join(last))
+    depths = []
+    for domain in CLOCK_NETS:
+        module = json.loads((workdir / f"{domain}.json").read_text())["modules"]["top"]
+        paths: list = []
+        depth(module, paths)
+        depths += domain_depths(module, paths, hz, only=domain)
+    return depths
 
 
 def worst_domain(domains: list[DomainDepth]) -> DomainDepth:

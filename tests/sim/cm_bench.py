@@ -57,9 +57,10 @@ async def open_qp(run, host, *, memory_size=1 << 16, **responder_params):
     return qp
 
 
-async def start_run(run, qp, host, *, length, count, write, immediate, divider=0):
+async def start_run(run, qp, host, *, length, count, write, immediate, divider=0,
+                    settle_cycles=500):
     """Expect a run's messages (k from 0; the host model posts its receives), then start
-    it through the CM."""
+    it through the CM (which does not answer START_RUN) and wait ``settle_cycles``."""
     verb = VERB_NAMES[write, immediate]
     slots = host.ring // length if host.ring else None
     for k in range(count):
@@ -67,7 +68,7 @@ async def start_run(run, qp, host, *, length, count, write, immediate, divider=0
         run.expect(qp, Message(verb, generator_payload(k, length), address, k), tag=k)
     await cm(run.bench, protocol.start_run(qp.qpn, length=length, count=count, divider=divider,
                                            write=write, immediate=immediate, ring=host.ring),
-             reply=False)
+             reply=False, settle_cycles=settle_cycles)
 
 
 async def status(bench, qp):

@@ -155,11 +155,12 @@ class RoceRun:
                          "length": len(message.payload), "immediate": message.immediate},
                         message.payload)
 
-    async def finish(self, timeout_cycles=50_000, *, retransmissions=False):
-        """Wait for every completion, then check them, every frame the core sent, and
-        what landed at each peer whose messages all succeed."""
+    async def finish(self, timeout_cycles=50_000, *, retransmissions=False, idle_cycles=200):
+        """Wait for every completion and ``idle_cycles`` more, then check the completions,
+        every frame the core sent, and what landed at each peer whose messages all
+        succeed."""
         await self.bench.wait_completions(len(self.completions), timeout_cycles)
-        await self.bench.idle(200)
+        await self.bench.idle(idle_cycles)
         self.check_completions()
         self.check_frames(retransmissions=retransmissions)
         for qp in self.qps.values():
