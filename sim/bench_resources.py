@@ -21,8 +21,10 @@ per target:
   follows in parentheses.
 
 Board tops (``VCU118Top``) are synthesized whole, as ``make bitstream``
-writes them (core, FIFOs, link and status logic, I/O buffers, MMCM), the
-CMAC a black box whose ports are registers of its clock. For them a second
+writes them (core, FIFOs, link and status logic, I/O buffers, MMCM; less
+the ``initial`` blocks that set large memories to zero, which Yosys reads
+slowly: :func:`without_zero_memory_init`),
+the CMAC a black box whose ports are registers of its clock. For them a second
 table gives per clock domain its frequency, flip-flops and the path with
 the most LUT levels into one of its registers, with the domain's logic mapped
 to LUTs alone (:func:`map_each_domain`: abc9 would otherwise deepen a 322 MHz
@@ -342,6 +344,7 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
         if each_domain is None:
             each_domain = board
         if board:
+            text = without_zero_memory_init(text)
             read = ["read_verilog top.v", *[f"hierarchy -generate {kind} {ports}"
                                             for kind, ports in HARD_IP_PORTS.items()]]
             source = "top.v"
@@ -402,6 +405,29 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
         result.error = str(error)
     result.seconds = time.monotonic() - start
     return result
+
+
+#: A memory's declaration and an ``initial`` block that sets each of its words to zero.
+ZERO_MEMORY_INIT = re.compile(r"^(  reg \[\d+:0\] (\S+) \[\d+:0\];\n)  initial begin\n"
+                              r"(?:    \2\[\d+\] = \d+'[hd]0+;\n)+  end\n", re.MULTILINE)
+
+
+#: Memories of more words than this lose their zero ``initial`` blocks.
+LARGE_MEMORY_WORDS = 1024
+
+
+def without_zero_memory_init(verilog: str) -> str:
+    """The Verilog without the ``initial`` blocks that set large memories (more than
+    :data:`LARGE_MEMORY_WORDS` words) to zero, which the FPGA's block RAM and UltraRAM
+    are at configuration anyway. Yosys's Verilog frontend is slow on them: the 16-QP
+    core's retransmit buffer has 32,768 words, and the whole board top's synthesis had
+    not left the frontend after 10 minutes. Small memories keep theirs: without it
+    Yosys maps them (and the logic around them) differently, the reduced top's CMAC
+    clock a level deeper."""
+    def strip(match: re.Match) -> str:
+        words = match[0].count("\n") - 3
+        return match[1] if words > LARGE_MEMORY_WORDS else match[0]
+    return ZERO_MEMORY_INIT.sub(strip, verilog)
 
 
 def _read_address(port: str) -> str:

@@ -162,3 +162,16 @@ def test_each_domain_is_mapped_alone(three_domains):
         assert (inputs - 1) / 5 <= luts <= 2 * (inputs - 1) / 5 + 1, (domain, luts)
         assert depths[domain].lut_levels >= math.ceil(math.log(inputs, 6) - 1e-9)
         assert depths[domain].end in (f"{domain}_xor", f"o_{domain}")
+
+
+def test_zero_init_of_large_memories_goes_and_nothing_else(monkeypatch):
+    monkeypatch.setattr(bench_resources, "LARGE_MEMORY_WORDS", 2)
+    verilog = ("  reg [7:0] memory [2:0];\n  initial begin\n    memory[0] = 8'h00;\n"
+               "    memory[1] = 8'h00;\n    memory[2] = 8'd0;\n  end\n"
+               "  reg [7:0] small [1:0];\n  initial begin\n    small[0] = 8'h00;\n"
+               "    small[1] = 8'h00;\n  end\n"
+               "  reg [7:0] table [2:0];\n  initial begin\n    table[0] = 8'h00;\n"
+               "    table[1] = 8'h2a;\n    table[2] = 8'h00;\n  end\n"
+               "  always @* begin\n    o[0] = 1'h0;\n  end\n")
+    assert bench_resources.without_zero_memory_init(verilog) == (
+        "  reg [7:0] memory [2:0];\n" + verilog[verilog.index("  reg [7:0] small"):])
