@@ -98,14 +98,13 @@ def _next_packet(m, remaining, mtu_bytes, width, name, first=0, last=None):
     return packet
 
 
-def _mtu_bytes(m, path_mtu, width, times=1):
-    """The payload bytes of ``times`` full packets at a path MTU (0 for a value that is
-    none)."""
-    result = Signal(range(times * MAX_PACKET_PAYLOAD + 1))
+def _mtu_bytes(m, path_mtu, width):
+    """The payload bytes of a full packet at a path MTU (0 for a value that is none)."""
+    result = Signal(range(MAX_PACKET_PAYLOAD + 1))
     with m.Switch(path_mtu):
         for mtu in PathMtu:
             with m.Case(mtu):
-                m.d.comb += result.eq(times * mtu.bytes)
+                m.d.comb += result.eq(mtu.bytes)
     return result
 
 
@@ -220,8 +219,7 @@ class PacketPlanner(wiring.Component):
             mtu_bytes = _mtu_bytes(m, context.message.path_mtu, width)
             following = _next_packet(m, advanced.remaining, mtu_bytes, width,
                                      f"{name}_following",
-                                     last=context.remaining <= _mtu_bytes(
-                                         m, context.message.path_mtu, width, times=2))
+                                     last=context.remaining <= mtu_bytes * 2)
             return advanced, following
 
         new_advanced, new_following = advance(new, new_next, "new")

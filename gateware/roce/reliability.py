@@ -656,15 +656,16 @@ class ReliabilityEngine(wiring.Component):
                 ahead = (event.psn - s_una)[:24]
                 window = (s_nxt - s_una)[:24]
                 advances = una_after != s_una
+                retries_next = Mux(advances, s_peer.retry_count, s_retry.retries)
+                rnr_retries_next = Mux(advances, s_peer.rnr_retry, s_retry.rnr_retries)
                 m.d.sync += [
                     taken.eq((ahead < window) & ~s_error),
                     progress.eq(advances),
                     new_una.eq(una_after),
-                    retries.eq(Mux(advances, s_peer.retry_count, s_retry.retries)),
-                    rnr_retries.eq(Mux(advances, s_peer.rnr_retry, s_retry.rnr_retries)),
-                    retries_zero.eq(Mux(advances, s_peer.retry_count, s_retry.retries) == 0),
-                    rnr_retries_zero.eq(
-                        Mux(advances, s_peer.rnr_retry, s_retry.rnr_retries) == 0),
+                    retries.eq(retries_next),
+                    rnr_retries.eq(rnr_retries_next),
+                    retries_zero.eq(retries_next == 0),
+                    rnr_retries_zero.eq(rnr_retries_next == 0),
                     rnr_forever.eq(s_peer.rnr_retry == RNR_RETRY_FOREVER),
                 ]
                 m.next = "ACK_APPLY"
@@ -687,14 +688,13 @@ class ReliabilityEngine(wiring.Component):
                         fsm_flag(retrying, 0)
                     with m.Switch(kind):
                         with m.Case(AETH_RNR_NAK):
-                            forever = rnr_forever
-                            with m.If(rnr_retries_zero & ~forever):
+                            with m.If(rnr_retries_zero & ~rnr_forever):
                                 fail(CompletionStatus.RNR_RETRY_EXCEEDED)
                             with m.Else():
                                 m.d.comb += [
                                     counts["rnr_waits"].eq(1),
                                     retry_write.data.rnr_retries.eq(
-                                        Mux(forever, rnr_retries, rnr_retries - 1)),
+                                        Mux(rnr_forever, rnr_retries, rnr_retries - 1)),
                                 ]
                                 restart_timer(rnr_code=code)
                                 fsm_flag(rnr_wait, 1)
