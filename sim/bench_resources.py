@@ -343,16 +343,16 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
             board, text = convert(factory)
         if each_domain is None:
             each_domain = board
+        # A board top's hard IP: its ports declared, as Yosys has no model of it.
+        hard_ip = [f"hierarchy -generate {kind} {ports}"
+                   for kind, ports in HARD_IP_PORTS.items()] if board else []
         if board:
             text = without_zero_memory_init(text)
-            read = ["read_verilog top.v", *[f"hierarchy -generate {kind} {ports}"
-                                            for kind, ports in HARD_IP_PORTS.items()]]
-            source = "top.v"
+            read, source = ["read_verilog top.v", *hard_ip], "top.v"
         else:
             read, source = ["read_rtlil design.il"], "design.il"
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / source).write_text(text)
-        # Paths are relative: WebAssembly Yosys sees the working directory, not /tmp.
         # A board top's netlist before LUT mapping is kept to map each clock domain alone.
         premap = [f"{SYNTH} -run :map_luts", "select top", "write_rtlil -selected premap.il",
                   "select -clear", "json -o premap.json top"]
@@ -369,24 +369,7 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
             script = [*read, *premap, f"{SYNTH} -run map_luts:", *measure]
         else:
             script = [*read, *premap]
-        try:
-            run = subprocess.run([*yosys, "-q", "-l", "yosys.log", "-p", "; ".join(script)],
-                                 cwd=workdir,
-                                 capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as error:
-            raise SynthesisError(f"Yosys took more than {timeout:.0f} s") from error
-        except OSError as error:
-            raise SynthesisError(f"cannot run Yosys {yosys[0]!r}: {error}") from error
-        if run.returncode:
-            output = run.stderr + run.stdout
-            if STACK_TROUBLE.search(output) or run.returncode in (-11, 139):
-                raise SynthesisError(
-                    "Yosys ran out of stack or memory on a deep netlist (the stack of the "
-                    "WebAssembly build cannot grow): run a native Yosys instead, "
-                    "`YOSYS=$(which yosys)` under `ulimit -s unlimited`; "
-                    f"see {workdir / 'yosys.log'}")
-            last = [line for line in output.splitlines() if line.strip()][-3:]
-            raise SynthesisError(f"Yosys failed ({run.returncode}): " + " | ".join(last))
+        run_yosys(yosys, script, workdir, timeout)
         if whole:
             stat = json.loads((workdir / "stat.json").read_text())
             result.cells = {kind: count for kind, count in
@@ -399,12 +382,36 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
             result.depth_cells, result.lut_levels, result.lut_path = depth(
                 netlist["modules"]["top"], result.paths)
         if each_domain:
-            result.domains = map_each_domain(yosys, workdir, timeout, domain_hz(),
-                                             read[1:] if board else [])
+            result.domains = map_each_domain(yosys, workdir, timeout, domain_hz(), hard_ip)
     except SynthesisError as error:
         result.error = str(error)
     result.seconds = time.monotonic() - start
     return result
+
+
+def run_yosys(yosys: list[str], commands: list[str], workdir: Path, timeout: float,
+              log: str = "yosys.log") -> None:
+    """Runs Yosys's ``commands`` in ``workdir`` (paths in them relative: the WebAssembly
+    Yosys sees the working directory, not /tmp), its log in ``log`` there;
+    :class:`SynthesisError` saying what went wrong."""
+    try:
+        run = subprocess.run([*yosys, "-q", "-l", log, "-p", "; ".join(commands)],
+                             cwd=workdir, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as error:
+        raise SynthesisError(f"Yosys took more than {timeout:.0f} s; "
+                             f"see {workdir / log}") from error
+    except OSError as error:
+        raise SynthesisError(f"cannot run Yosys {yosys[0]!r}: {error}") from error
+    if run.returncode:
+        output = run.stderr + run.stdout
+        if STACK_TROUBLE.search(output) or run.returncode in (-11, 139):
+            raise SynthesisError(
+                "Yosys ran out of stack or memory on a deep netlist (the stack of the "
+                "WebAssembly build cannot grow): run a native Yosys instead, "
+                f"`YOSYS=$(which yosys)` under `ulimit -s unlimited`; see {workdir / log}")
+        last = [line for line in output.splitlines() if line.strip()][-3:]
+        raise SynthesisError(f"Yosys failed ({run.returncode}): " + " | ".join(last)
+                             + f"; see {workdir / log}")
 
 
 #: A memory's declaration and an ``initial`` block that sets each of its words to zero.
@@ -656,15 +663,7 @@ def map_each_domain(yosys: list[str], workdir: Path, timeout: float, hz: dict[st
         commands += ["design -load premap", f"select -read keep-{domain}.sel",
                      "setattr -set keep 1", f"select -read drop-{domain}.sel", "delete",
                      "select -clear", f"{SYNTH} -run map_luts:", f"json -o {domain}.json top"]
-    try:
-        run = subprocess.run([*yosys, "-q", "-l", "yosys-domains.log", "-p", "; ".join(commands)],
-                             cwd=workdir, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as error:
-        raise SynthesisError(f"Yosys took more than {timeout:.0f} s for the domains") from error
-    if run.returncode:
-        last = [line for line in (run.stderr + run.stdout).splitlines() if line.strip()][-3:]
-        raise SynthesisError(f"Yosys failed mapping each domain ({run.returncode}): "
-                             + " | ".join(last))
+    run_yosys(yosys, commands, workdir, timeout, log="yosys-domains.log")
     depths = []
     for domain in CLOCK_NETS:
         module = json.loads((workdir / f"{domain}.json").read_text())["modules"]["top"]

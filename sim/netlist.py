@@ -18,7 +18,6 @@ the Yosys version and the script; Yosys is the one :func:`sim.bench_resources.yo
 import hashlib
 import importlib
 import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from .bench_resources import (
     WHEEL_YOSYS,
     SynthesisError,
     _with_ports,
+    run_yosys,
     yosys_command,
     yosys_version,
 )
@@ -79,11 +79,7 @@ def synthesized_netlist(make_component: Callable[[], wiring.Component], key: str
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "design.il").write_text(rtlil.convert(component, name="top", ports=ports,
                                                      emit_src=False))
-    # Paths are relative: WebAssembly Yosys sees the working directory, not /tmp.
-    script = f"read_rtlil design.il; {NETLIST_SYNTH}; write_verilog -noattr partial.v"
-    run = subprocess.run([*yosys, "-q", "-l", "yosys.log", "-p", script],
-                         cwd=workdir, capture_output=True, text=True, timeout=timeout)
-    if run.returncode:
-        raise SynthesisError(f"Yosys failed ({run.returncode}); see {workdir / 'yosys.log'}")
+    run_yosys(yosys, ["read_rtlil design.il", NETLIST_SYNTH, "write_verilog -noattr partial.v"],
+              workdir, timeout)
     (workdir / "partial.v").replace(netlist)
     return netlist.read_text()
