@@ -98,7 +98,7 @@ def _next_packet(m, remaining, mtu_bytes, width, name, first=0, last=None):
     return packet
 
 
-def _mtu_bytes(m, path_mtu, width):
+def _mtu_bytes(m, path_mtu):
     """The payload bytes of a full packet at a path MTU (0 for a value that is none)."""
     result = Signal(range(MAX_PACKET_PAYLOAD + 1))
     with m.Switch(path_mtu):
@@ -216,7 +216,7 @@ class PacketPlanner(wiring.Component):
             ]
             # Only a full packet (of the path MTU) has a following one: that one is the last
             # when the context holds two packets at most, compared beside the subtraction.
-            mtu_bytes = _mtu_bytes(m, context.message.path_mtu, width)
+            mtu_bytes = _mtu_bytes(m, context.message.path_mtu)
             following = _next_packet(m, advanced.remaining, mtu_bytes, width,
                                      f"{name}_following",
                                      last=context.remaining <= mtu_bytes * 2)
@@ -374,10 +374,10 @@ class PacketPlanner(wiring.Component):
             self.replay_qp.eq(replay.qp),
             self.new_qp.eq(Mux(new_sending | new_refusing, new.qp, self.i_request.p.qp)),
         ]
-        path_mtu_bytes = _mtu_bytes(m, self.read_path.path_mtu, width)
+        path_mtu_bytes = _mtu_bytes(m, self.read_path.path_mtu)
         # The first packet of a context as it is loaded (of a refused request: no payload).
         replay_first = _next_packet(m, replay.remaining,
-                                    _mtu_bytes(m, replay.message.path_mtu, width), width,
+                                    _mtu_bytes(m, replay.message.path_mtu), width,
                                     "replay_first", first=replay.index == 0)
         new_first = _next_packet(m, self.i_request.p.length, path_mtu_bytes, width, "new_first",
                                  first=1)
