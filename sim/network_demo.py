@@ -6,9 +6,8 @@ import sys
 from pathlib import Path
 
 from gateware.core import NetworkCore
-
-from .bench import CORE_PARAMS
-from .runner import BUILD, build, run, simulator
+from sim.runner import BUILD, build, run, simulator
+from sim.testbench import CORE_PARAMS
 
 
 def main() -> int:

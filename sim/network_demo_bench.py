@@ -11,9 +11,15 @@ from scapy.packet import Raw
 from gateware.core import TOS_ECT0
 from gateware.roce.requests import Verb
 from host import protocol
-from sim.bench import CORE_PARAMS, MIN_FRAME, NetworkBench
-from sim.responder import Completion, Responder
-from sim.rocev2 import Message, RetransmitRing, generator_payload, message_packets, roce_frame
+from sim.models.responder import Completion, Responder
+from sim.models.rocev2 import (
+    Message,
+    RetransmitRing,
+    generator_payload,
+    message_packets,
+    roce_frame,
+)
+from sim.testbench import CORE_PARAMS, MIN_FRAME, NetworkBench
 
 PARAMS = json.loads(os.environ["BENCH_PARAMS"])
 HOST_MAC, HOST_IP = "52:54:00:12:34:56", "10.77.0.1"

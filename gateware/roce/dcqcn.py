@@ -1,6 +1,6 @@
 """DCQCN's reaction point, per QP: the rate each QP may send at, cut on CNPs and raised
 again by timers and a byte counter (Zhu et al., SIGCOMM 2015; the settings of ConnectX
-firmware, see ``sim/dcqcn.py`` for their meaning and sources)."""
+firmware, see ``sim/models/dcqcn.py`` for their meaning and sources)."""
 
 from amaranth import *
 from amaranth.lib import data, memory, stream, wiring

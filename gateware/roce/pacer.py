@@ -33,7 +33,7 @@ class Pacer(wiring.Component):
     cycles per byte, or that it is no longer limited); ``i_sent`` each packet a QP sent
     and its wire bytes. For each QP the pacer keeps when its last packet had its turn
     and its wire bytes; the next may start once those bytes had their time at the QP's
-    rate *now*, as DCQCN's reaction point paces (``sim/dcqcn_loop.py``: a rate raised
+    rate *now*, as DCQCN's reaction point paces (``sim/models/dcqcn_loop.py``: a rate raised
     after a cut shortens the wait for the packet sent at the low rate; a packet charged
     at the minimum rate, 256 cycles a byte at a 32-cycle µs, would otherwise hold its
     QP for 280,000 cycles whatever the rate does meanwhile). A packet's turn is that

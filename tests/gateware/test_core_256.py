@@ -16,7 +16,7 @@ from gateware.core import NetworkCore
 from gateware.roce.requests import PathMtu, Verb
 from host import protocol
 from host.protocol import Ack, Datagram, QpInfo, Status
-from sim.responder import Responder
+from sim.models.responder import Responder
 
 from .streams import run_testbenches, to_beats, wait_for
 

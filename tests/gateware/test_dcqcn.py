@@ -1,4 +1,4 @@
-"""The DCQCN reaction point and the pacer against the reference model (sim.dcqcn):
+"""The DCQCN reaction point and the pacer against the reference model (sim.models.dcqcn):
 CNPs, timer and byte-counter events on one QP of several, the rate compared within 1 %
 at sample times; the pacing interval against 8·cycles_per_us/rate."""
 
@@ -14,7 +14,7 @@ from gateware.roce.dcqcn import (
     rate_interval,
 )
 from gateware.roce.pacer import PacedGate, Pacer
-from sim.dcqcn import DcqcnSettings, ReactionPoint
+from sim.models.dcqcn import DcqcnSettings, ReactionPoint
 
 from .streams import run_testbenches
 
@@ -184,7 +184,7 @@ def test_pacer_waits_for_the_last_packet_at_the_rate_of_now():
     """A packet sent at 10 Mb/s (0.8 ms for 1000 bytes: 51,200 cycles) and the rate
     then raised to 10 Gb/s: the QP is let go once the packet had its time at 10 Gb/s
     (51.2 cycles from its turn, 1 µs ago at most), as DCQCN's pacing counts it
-    (sim/dcqcn_loop.py); a QP cut from 1 Gb/s to 500 Mb/s after a packet waits for
+    (sim/models/dcqcn_loop.py); a QP cut from 1 Gb/s to 500 Mb/s after a packet waits for
     the packet's time at 500 Mb/s."""
     dut = Pacer(qps=QPS)
 

@@ -9,7 +9,7 @@ import pytest
 
 from gateware.roce.generator import TrafficGenerator
 from gateware.roce.requests import Verb
-from sim.rocev2 import generator_payload
+from sim.models.rocev2 import generator_payload
 
 from .streams import StreamMonitor, get_item_random_ready, get_packet, run_testbenches, wait_for
 

@@ -1,6 +1,6 @@
 """PAUSE and PFC frames through the Ethernet receiver into the MAC-control block.
 
-The frames come from sim/pause.py: Scapy's ``Ether(type=0x8808)`` with the opcode and
+The frames come from sim/models/pause.py: Scapy's ``Ether(type=0x8808)`` with the opcode and
 times packed by ``struct`` (Scapy has no PFC layer).
 The timers are checked against the durations computed here from the quanta and the
 cycles per quantum, to the cycle.
@@ -21,7 +21,7 @@ from gateware.eth.mac_control import (
 )
 from gateware.eth.rx import EthernetReceiver
 from gateware.stream import NO_META, packet_signature
-from sim.pause import pause_frame, pfc_frame
+from sim.models.pause import pause_frame, pfc_frame
 
 from .streams import run_testbenches, to_beats
 

@@ -12,7 +12,7 @@ from amaranth.lib import wiring
 from gateware.roce.generator import TrafficGenerator
 from gateware.roce.request_arbiter import RequestArbiter
 from gateware.roce.requests import Verb
-from sim.rocev2 import generator_payload
+from sim.models.rocev2 import generator_payload
 
 from .streams import (
     StreamMonitor,

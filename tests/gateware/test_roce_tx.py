@@ -1,4 +1,4 @@
-"""RequesterTransmitter against the Scapy model of sim/rocev2.py: every datagram it
+"""RequesterTransmitter against the Scapy model of sim/models/rocev2.py: every datagram it
 sends (transport headers, payload, pad, ICRC slot) and every completion, with an
 acknowledger that answers each AckReq packet."""
 
@@ -10,7 +10,7 @@ from amaranth.lib import data
 from gateware.config import parse_ipv4
 from gateware.roce.requests import QP_STATE, CompletionStatus, PathMtu, Verb
 from gateware.roce.tx import RequesterTransmitter
-from sim.rocev2 import ROCEV2_PORT, Message, RetransmitRing, message_packets, roce_frame
+from sim.models.rocev2 import ROCEV2_PORT, Message, RetransmitRing, message_packets, roce_frame
 
 from .streams import get_item, get_packet, put_item, put_packet, run_testbenches, wait_for
 

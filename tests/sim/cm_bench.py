@@ -14,7 +14,7 @@ from roce_bench import OUR_IP, PEER_IP, Qp, RoceRun, start
 
 from host import protocol
 from host.protocol import Ack, Datagram, QpInfo, Status
-from sim.rocev2 import Message, generator_payload
+from sim.models.rocev2 import Message, generator_payload
 
 VERB_NAMES = {(True, False): "RDMA_WRITE", (True, True): "RDMA_WRITE_WITH_IMMEDIATE",
               (False, False): "SEND", (False, True): "SEND_WITH_IMMEDIATE"}

@@ -4,8 +4,8 @@ Soft-RoCE tests kept on one pytest worker; the tests that synthesize started fir
 import pytest
 
 from gateware.core import NetworkCore
-from sim.bench import CORE_PARAMS
 from sim.runner import build
+from sim.testbench import CORE_PARAMS
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """cocotb tests of the reliable requester of NetworkCore against a ConnectX-class peer
-(sim/responder.py, ``ConnectX``); run through tests/sim/test_core.py.
+(sim/models/responder.py, ``ConnectX``); run through tests/sim/test_core.py.
 
 The peer acknowledges every packet that asks at once, a round trip of 1 us later, so
 at 100 Gb/s the acknowledgements of 64-byte messages arrive every 4 cycles; it pairs
@@ -15,7 +15,7 @@ from scapy.contrib.roce import AETH, BTH
 from scapy.layers.l2 import Ether
 
 from gateware.roce.timers import rnr_delay_ticks
-from sim.responder import OP_ACKNOWLEDGE, OP_CNP, ConnectX, Faults, round_trip_cycles
+from sim.models.responder import OP_ACKNOWLEDGE, OP_CNP, ConnectX, Faults, round_trip_cycles
 
 #: The peer's round trip: 1 us, 322 cycles.
 ROUND_TRIP = round_trip_cycles(1)

@@ -4,7 +4,7 @@ tests/sim/test_core.py.
 Two generator runs of 1 KiB RDMA WRITEs through the CM, each to a ConnectX-class
 peer; the first peer sends a CNP every 50 µs while its QP sends. That QP's rate,
 measured on the wire between one CNP and the next, must follow the reference model
-(sim.dcqcn fed with the same CNP arrival times) within 5 %, and the other QP must take
+(sim.models.dcqcn fed with the same CNP arrival times) within 5 %, and the other QP must take
 the bandwidth it frees. The settings are ConnectX's but for a faster recovery, scaled
 to fit a 300 µs run: the first CNP sets 30 Gb/s, the target rate is clamped at each
 cut, and a timer increase event comes every 15 µs (ConnectX: 300 µs) adding 500 Mb/s
@@ -20,9 +20,9 @@ from scapy.contrib.roce import BTH
 from scapy.layers.l2 import Ether
 
 from gateware.roce.pacer import WIRE_OVERHEAD
-from sim.bench import CLOCK_PERIOD_PS
-from sim.dcqcn import DcqcnSettings, ReactionPoint
-from sim.responder import OP_CNP, ConnectX, round_trip_cycles
+from sim.models.dcqcn import DcqcnSettings, ReactionPoint
+from sim.models.responder import OP_CNP, ConnectX, round_trip_cycles
+from sim.testbench import CLOCK_PERIOD_PS
 
 CYCLES_PER_US = round(1e6 / CLOCK_PERIOD_PS)
 SETTINGS = DcqcnSettings(rate_to_set_on_first_cnp=30_000, clamp_tgt_rate=1, rpg_time_reset=15,

@@ -13,7 +13,7 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from sim.bench import MIN_FRAME, NetworkBench
+from sim.testbench import MIN_FRAME, NetworkBench
 
 PARAMS = json.loads(os.environ["BENCH_PARAMS"])
 OUR_MAC, OUR_IP = "02:00:00:00:00:02", "10.77.0.2"

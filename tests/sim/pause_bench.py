@@ -1,7 +1,7 @@
 """cocotb tests of PAUSE and PFC through NetworkCore; run through tests/sim/test_core.py.
 
 One QP streams 1 KiB RDMA WRITEs to a ConnectX-like peer while PAUSE or PFC frames
-(sim/pause.py) come in. The pause quantum is set to 1/32 cycle, so 0xFFFF quanta are
+(sim/models/pause.py) come in. The pause quantum is set to 1/32 cycle, so 0xFFFF quanta are
 2048 cycles, twice the QPs' ACK timeout (2^6 ticks of 16 cycles): the run must still
 complete without a timeout, as the paused time counts against no timer. Issue 16,
 acceptance (a) PAUSE and (b) PFC.
@@ -15,8 +15,8 @@ from scapy.layers.inet import ICMP, IP
 from scapy.layers.l2 import Ether
 
 from gateware.eth.mac_control import QUANTUM_FRACTION_BITS
-from sim.pause import MacBoundaryWatch, pause_frame, pfc_frame
-from sim.responder import ConnectX, round_trip_cycles
+from sim.models.pause import MacBoundaryWatch, pause_frame, pfc_frame
+from sim.models.responder import ConnectX, round_trip_cycles
 
 OUR_MAC, OUR_IP = "02:00:00:00:00:02", "10.77.0.2"
 PEER_MAC, PEER_IP = "52:54:00:12:34:56", "10.77.0.1"

@@ -1,5 +1,5 @@
 """cocotb tests of the reliable requester of NetworkCore against responder models that
-misbehave on purpose (sim/responder.py, ``Faults``); run through tests/sim/test_core.py.
+misbehave on purpose (sim/models/responder.py, ``Faults``); run through tests/sim/test_core.py.
 
 Each run posts a mix of every verb with lengths on the path-MTU boundaries to three
 QPs at once (path MTUs 256, 1024 and 4096). Whatever the faults, every message must
@@ -16,8 +16,8 @@ from roce_bench import TICK, VERBS, Qp, RoceRun, start
 
 from gateware.roce.requests import CompletionStatus
 from gateware.roce.timers import rnr_delay_ticks
-from sim.responder import Faults
-from sim.rocev2 import Message
+from sim.models.responder import Faults
+from sim.models.rocev2 import Message
 
 #: ACK timeout of the QPs: 2^6 ticks of 16 cycles, 1024 cycles, about ten times the
 #: round trip of a packet and its ACK behind a long packet under backpressure.

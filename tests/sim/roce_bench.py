@@ -1,8 +1,8 @@
 """cocotb tests of the RoCEv2 requester of NetworkCore; run through tests/sim/test_core.py.
 
-A responder model (sim/responder.py) plays the peer of every QP and acknowledges
+A responder model (sim/models/responder.py) plays the peer of every QP and acknowledges
 its packets. Every frame on the MAC's transmit side is compared byte for byte
-with the frame Scapy builds for the same fields (sim/rocev2.py), ICRC included;
+with the frame Scapy builds for the same fields (sim/models/rocev2.py), ICRC included;
 every message must land in the model's memory or receive queue, and complete.
 """
 
@@ -20,14 +20,14 @@ from scapy.layers.l2 import Ether
 from gateware.config import parse_ipv4
 from gateware.core import TOS_ECT0
 from gateware.roce.requests import FIRST_QPN, CompletionStatus, PathMtu, Verb
-from sim.bench import MIN_FRAME, NetworkBench
-from sim.responder import Completion, Responder
-from sim.rocev2 import (
+from sim.models.responder import Completion, Responder
+from sim.models.rocev2 import (
     Message,
     RetransmitRing,
     message_packets,
     roce_frame,
 )
+from sim.testbench import MIN_FRAME, NetworkBench
 
 PARAMS = json.loads(os.environ["BENCH_PARAMS"])
 OUR_MAC, OUR_IP = "02:00:00:00:00:02", "10.77.0.2"

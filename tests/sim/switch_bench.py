@@ -3,13 +3,13 @@ run through tests/sim/test_core.py.
 
 Four generator runs of 1 KiB RDMA WRITEs through the CM, each QP to its own
 ConnectX-class peer, all through one switch port of half the line rate
-(sim/switch.py, between the core's transmit side and the peers) that marks ECN CE
+(sim/models/switch.py, between the core's transmit side and the peers) that marks ECN CE
 with RED; each peer sends a CNP for a marked packet of its QP, at most one per
 ``CNP_GAP``. DCQCN in the core must bring the four QPs to within 10 % of each other
 while the queue stays below K_max after the first cuts, and nothing is dropped.
 
 The run is scaled ten times faster than real time to fit about 250,000 cycles
-(``SCALED`` of sim/bench_dcqcn.py, which runs the same settings through the
+(``SCALED`` of sim/bench/dcqcn.py, which runs the same settings through the
 reference model): DCQCN's time base is 32 clock cycles a "microsecond"
 (``cycles_per_us``; rates in the settings are then in units of 10 Mb/s: the line is
 9,930 of them), and the switch's thresholds and the peers' ``min_time_between_cnps``
@@ -23,9 +23,9 @@ import cocotb
 from cm_bench import Host, open_qp, start_run
 from roce_bench import RoceRun, start
 
-from sim.bench_dcqcn import SCALED
-from sim.responder import ConnectX, round_trip_cycles
-from sim.switch import CongestedSwitch
+from sim.bench.dcqcn import SCALED
+from sim.models.responder import ConnectX, round_trip_cycles
+from sim.models.switch import CongestedSwitch
 
 RED = SCALED.red
 SWITCH = SCALED.switch()

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.bench import CORE_PARAMS
 from sim.runner import BUILD, run
+from sim.testbench import CORE_PARAMS
 
 HERE = Path(__file__).parent
 

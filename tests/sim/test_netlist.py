@@ -12,10 +12,10 @@ from scapy.layers.l2 import Ether
 from scapy.utils import rdpcap
 
 from gateware.core import NetworkCore
-from sim.bench import CORE_PARAMS
-from sim.bench_resources import SMALL_CORE, SynthesisError, native_yosys_command
+from sim.bench.resources import SMALL_CORE, SynthesisError, native_yosys_command
 from sim.netlist import cell_models, synthesized_netlist
 from sim.runner import BUILD, build, build_verilog, run
+from sim.testbench import CORE_PARAMS
 
 HERE = Path(__file__).parent
 CORE_MAC = "02:00:00:00:00:02"

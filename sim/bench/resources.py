@@ -70,11 +70,12 @@ from boards.cmac_ip import CMAC_IP_NAME
 from gateware.headers import IPV4
 from gateware.ip.tx import IP_TX_META, NEXT_HOP_META
 from gateware.stream import meta_with
+from sim.runner import ROOT
 
 #: Beat width of every target, in bytes (the CMAC's 512-bit bus).
 WIDTH = 64
 
-BUILD_DIR = Path(__file__).resolve().parent.parent / "build" / "resources"
+BUILD_DIR = ROOT / "build" / "resources"
 
 
 def _load(path: str) -> Callable[..., wiring.Component]:
@@ -317,17 +318,17 @@ def _convert_reproducibly(name: str) -> tuple[bool, str]:
     follows the order of sets, so one design converts to texts that differ from one
     process to the next, and Yosys maps them a LUT level or two apart (the status UART:
     11 or 13); with one seed every run measures the same netlist."""
-    code = ("import sys; from sim.bench_resources import TARGETS, convert; "
+    code = ("import sys; from sim.bench.resources import TARGETS, convert; "
             "board, text = convert(TARGETS[sys.argv[1]]); sys.stdout.write(f'{board:d}{text}')")
     run = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parent.parent,
+                         cwd=ROOT,
                          env={**os.environ, "PYTHONHASHSEED": "0"})
     if run.returncode < 0:
         raise SynthesisError(f"converting the design was killed by signal {-run.returncode}"
                              + (" (out of memory?)" if run.returncode == -9 else ""))
     if run.returncode:
         last = [line for line in run.stderr.splitlines() if line.strip()][-1:]
-        raise SynthesisError(" ".join(last).removeprefix("sim.bench_resources.SynthesisError: ")
+        raise SynthesisError(" ".join(last).removeprefix("sim.bench.resources.SynthesisError: ")
                              or f"converting the design failed ({run.returncode})")
     return run.stdout[0] == "1", run.stdout[1:]
 

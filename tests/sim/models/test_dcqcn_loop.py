@@ -1,13 +1,13 @@
-"""The closed loop of sim/dcqcn_loop.py: fixed-rate senders against hand-computed
+"""The closed loop of sim/models/dcqcn_loop.py: fixed-rate senders against hand-computed
 rates, CNP spacing and pauses; the DCQCN model with the settings of switch_bench."""
 
 from dataclasses import dataclass
 
 import pytest
 
-from sim.bench_dcqcn import BOTTLENECK, SCALED, run
-from sim.dcqcn_loop import LoopResult, LoopSettings, convergence, run_loop
-from sim.switch import Red, SwitchSettings
+from sim.bench.dcqcn import BOTTLENECK, SCALED, run
+from sim.models.dcqcn_loop import LoopResult, LoopSettings, convergence, run_loop
+from sim.models.switch import Red, SwitchSettings
 
 LINE = 40.0                                 # bytes a cycle
 FRAME, WIRE = 976, 1000

@@ -67,8 +67,8 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Padding
 from scapy.utils import checksum
 
-from sim.rocev2 import PKEY, RETH, ROCEV2_PORT, ImmDt
-from sim.switch import NotificationPoint
+from sim.models.rocev2 import PKEY, RETH, ROCEV2_PORT, ImmDt
+from sim.models.switch import NotificationPoint
 
 __all__ = ["Faults", "ConnectX", "Completion", "Responder", "COUNTERS", "rxe_udp_source_port",
            "spread_losses", "round_trip_cycles", "ACK_UNLIMITED", "RNR_NAK", "NAK_SEQUENCE",

@@ -3,7 +3,7 @@
 RoCEv2 congestion control (IBTA RoCEv2 annex A17.9) has three parts: the switch
 whose queue builds up marks packets ECN CE (congestion point), the receiving NIC
 answers a marked packet with a CNP to the sender's QP (notification point), and the
-sender cuts that QP's rate (reaction point, DCQCN: ``sim/dcqcn.py``). This module
+sender cuts that QP's rate (reaction point, DCQCN: ``sim/models/dcqcn.py``). This module
 models the first two, independently of the gateware, in the benches' time unit
 (clock cycles; any unit works if rates and thresholds use it too):
 
@@ -14,14 +14,14 @@ models the first two, independently of the gateware, in the benches' time unit
   never Not-ECT ones; it drops
   (counted) a packet that does not fit; it asks the sender to pause when the depth
   passes ``xoff`` and to resume when it falls back to ``xon``. It knows packets only
-  by their size, so the closed-loop runs of ``sim/bench_dcqcn.py`` use it directly.
+  by their size, so the closed-loop runs of ``sim/bench/dcqcn.py`` use it directly.
 - :class:`CongestedSwitch`: the same port for Ethernet frames. It rewrites the
   IPv4 ECN bits of the packets it marks (the ICRC masks them, annex A17.8.1; the
   IPv4 header checksum is recomputed) and sends 802.1Qbb PFC frames for the
   RoCEv2 priority, or 802.3x PAUSE, back toward the sender.
 - :class:`NotificationPoint`: at most one CNP per QP per ``gap`` cycles, as a
   ConnectX does (``min_time_between_cnps``); the responder model
-  (``sim/responder.py``, ``ConnectX``) sends its CNPs through one.
+  (``sim/models/responder.py``, ``ConnectX``) sends its CNPs through one.
 
 Defaults: RED as the DCQCN paper recommends (Zhu et al., "Congestion Control for
 Large-Scale RDMA Deployments", SIGCOMM 2015, section 5: K_min 5 KB, K_max 200 KB,

@@ -2,8 +2,8 @@
 bottleneck of half the line; ``make bench``.
 
 Each QP always has 4 KiB WRITE packets to send; its rate is the DCQCN reference
-model's (``sim/dcqcn.py``), the switch port is ``sim/switch.py`` and the loop
-between them ``sim/dcqcn_loop.py`` (pure Python: no gateware here). Prints a table
+model's (``sim/models/dcqcn.py``), the switch port is ``sim/models/switch.py`` and the loop
+between them ``sim/models/dcqcn_loop.py`` (pure Python: no gateware here). Prints a table
 per QP count: when the rates converged (every QP within 10 % of the mean, averaged
 over windows long enough for 50 packets of each QP at its fair share, and stayed
 there to the end), each QP's steady-state share of the bottleneck (the mean over
@@ -24,10 +24,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.dcqcn import DcqcnSettings, ReactionPoint
-from sim.dcqcn_loop import LoopResult, LoopSettings, convergence, run_loop
-from sim.responder import CLOCK_HZ, round_trip_cycles
-from sim.switch import MIN_TIME_BETWEEN_CNPS_US, PAUSE_QUANTUM_BITS, Red, SwitchSettings
+from sim.models.dcqcn import DcqcnSettings, ReactionPoint
+from sim.models.dcqcn_loop import LoopResult, LoopSettings, convergence, run_loop
+from sim.models.responder import CLOCK_HZ, round_trip_cycles
+from sim.models.switch import MIN_TIME_BETWEEN_CNPS_US, PAUSE_QUANTUM_BITS, Red, SwitchSettings
 
 LINE_BYTES_PER_CYCLE = 100e9 / 8 / CLOCK_HZ
 BOTTLENECK = LINE_BYTES_PER_CYCLE / 2
@@ -136,8 +136,8 @@ def summary(scenario: Scenario, qps: int, result: LoopResult) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    print("DCQCN reference model (sim/dcqcn.py) x N QPs into a switch port of half the line "
-          "(sim/switch.py, sim/dcqcn_loop.py)")
+    print("DCQCN reference model (sim/models/dcqcn.py) x N QPs into a switch port of half the line "
+          "(sim/models/switch.py, sim/models/dcqcn_loop.py)")
     print("| settings | QPs | converged after | steady-state share (of fair) | utilisation "
           "| queue after convergence (K_max) | deepest queue | drops | PFC pauses |")
     print("|---|---|---|---|---|---|---|---|---|")

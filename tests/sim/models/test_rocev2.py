@@ -1,9 +1,9 @@
-"""The golden model's AckReq rule (sim/rocev2.py): the last packet of a message, and
+"""The golden model's AckReq rule (sim/models/rocev2.py): the last packet of a message, and
 every packet whose payload reaches the next quarter of the QP's retransmit ring."""
 
 import pytest
 
-from sim.rocev2 import Message, RetransmitRing, message_packets
+from sim.models.rocev2 import Message, RetransmitRing, message_packets
 
 
 def ack_requests(ring, length, path_mtu=4096):

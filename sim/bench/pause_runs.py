@@ -1,4 +1,4 @@
-"""The cocotb side of ``python -m sim.bench_pause``: how soon the core stops starting
+"""The cocotb side of ``python -m sim.bench.pause``: how soon the core stops starting
 frames after a PAUSE or a PFC for the RoCEv2 priority comes in.
 
 BENCH_PARAMS gives the rows (``kind``: PAUSE or PFC, ``length``: the payload of the
@@ -14,9 +14,9 @@ import os
 
 import cocotb
 
-from sim.bench_connectx_runs import Run, fresh
-from sim.pause import MacBoundaryWatch, pause_frame, pfc_frame
-from sim.responder import round_trip_cycles
+from sim.bench.connectx_runs import Run, fresh
+from sim.models.pause import MacBoundaryWatch, pause_frame, pfc_frame
+from sim.models.responder import round_trip_cycles
 
 PARAMS = json.loads(os.environ["BENCH_PARAMS"])
 ROCE_PRIORITY = 3

@@ -3,12 +3,12 @@ switch port, their CNPs back to their reaction points.
 
 The sender has one line of ``line_rate`` bytes a cycle; its QPs always have data and
 each sends frames of ``frame`` bytes (plus ``overhead`` on the wire) no faster than
-its reaction point allows (:class:`sim.dcqcn.ReactionPoint`, whose times are in
+its reaction point allows (:class:`sim.models.dcqcn.ReactionPoint`, whose times are in
 microseconds and rates in Mb/s: ``clock_hz`` converts). The line starts the
 next frame of the QP whose pacing allows it first (round robin on a tie), and
 none while the switch has paused it (PFC). A frame reaches the switch's
-:class:`sim.switch.EgressQueue` when its last byte is on the wire; a marked frame
-that leaves the queue draws a CNP (through a :class:`sim.switch.NotificationPoint`)
+:class:`sim.models.switch.EgressQueue` when its last byte is on the wire; a marked frame
+that leaves the queue draws a CNP (through a :class:`sim.models.switch.NotificationPoint`)
 that reaches its QP's reaction point ``round_trip`` cycles later, as the responder
 model's ConnectX mode answers. Times are in cycles (floats).
 
@@ -16,15 +16,15 @@ model's ConnectX mode answers. Times are in cycles (floats).
 every ``sample`` cycles; :func:`convergence` finds when the rates came within a
 tolerance of each other and stayed there, and each QP's share of the bottleneck.
 This is the model ``make bench`` plots beside the gateware's run
-(``sim/bench_dcqcn.py``), and what picks the marking and timer settings that
+(``sim/bench/dcqcn.py``), and what picks the marking and timer settings that
 converge.
 """
 
 import heapq
 from dataclasses import dataclass, field
 
-from sim.dcqcn import ReactionPoint
-from sim.switch import EgressQueue, NotificationPoint, SwitchSettings
+from sim.models.dcqcn import ReactionPoint
+from sim.models.switch import EgressQueue, NotificationPoint, SwitchSettings
 
 __all__ = ["LoopSettings", "LoopResult", "run_loop", "convergence"]
 

@@ -1,11 +1,11 @@
-"""The DCQCN reference model (sim.dcqcn) against hand-worked cases of the paper's
+"""The DCQCN reference model (sim.models.dcqcn) against hand-worked cases of the paper's
 equations and ConnectX's settings."""
 
 import math
 
 import pytest
 
-from sim.dcqcn import ALPHA_ONE, DcqcnSettings, ReactionPoint
+from sim.models.dcqcn import ALPHA_ONE, DcqcnSettings, ReactionPoint
 
 
 def test_first_cnp_cuts_the_line_rate_by_the_initial_alpha():

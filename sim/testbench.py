@@ -6,10 +6,10 @@ and applies random backpressure, the pcap of both directions, a Scapy peer
 that answers the core's ARP requests for the addresses it holds, and the
 RoCEv2 side: QP writes, work requests with their payload (a cocotbext-axi
 source with optional random gaps), generator starts, the completions and
-the per-QP status. Responder models (:class:`sim.responder.Responder`) can be
+the per-QP status. Responder models (:class:`sim.models.responder.Responder`) can be
 attached: they receive the core's packets for their QPN and their answers
 are sent back into the core, in a time counted in clock cycles (``cycle``). A
-congested switch (:class:`sim.switch.CongestedSwitch`) can sit in front of them.
+congested switch (:class:`sim.models.switch.CongestedSwitch`) can sit in front of them.
 With ``line=True`` the MAC side takes beats at a 100GbE line's rate, as the CMAC does.
 """
 
@@ -35,9 +35,8 @@ from gateware.eth.mac_control import PAUSE_CONFIG
 from gateware.roce.dcqcn import DCQCN_CONFIG, DCQCN_DEFAULTS
 from gateware.roce.planner import TRANSMIT_CONFIG
 from gateware.roce.requests import COMPLETION, QP_STATUS, QP_WRITE, WORK_REQUEST
-
-from .bench_roce_goodput import LINE_BYTES_PER_CYCLE, LINE_OVERHEAD
-from .pcap import PcapWriter
+from sim.bench.roce_goodput import LINE_BYTES_PER_CYCLE, LINE_OVERHEAD
+from sim.pcap import PcapWriter
 
 __all__ = ["NetworkBench", "CLOCK_PERIOD_PS", "MIN_FRAME", "CORE_PARAMS"]
 

@@ -1,5 +1,5 @@
-"""The cocotb side of ``python -m sim.bench_connectx``: runs of the whole core against
-ConnectX-like responder models (sim/responder.py), measured in cycles on a 100GbE line.
+"""The cocotb side of ``python -m sim.bench.connectx``: runs of the whole core against
+ConnectX-like responder models (sim/models/responder.py), measured in cycles on a 100GbE line.
 
 BENCH_PARAMS gives the runs to make (``rate`` or ``goodput`` rows) and the JSON file
 to write each row's measurements to. Every run checks what it measures: every
@@ -14,9 +14,9 @@ import cocotb
 
 from gateware.config import parse_ipv4
 from gateware.roce.requests import FIRST_QPN, CompletionStatus, PathMtu, Verb
-from sim.bench import NetworkBench
-from sim.responder import ConnectX, Faults, Responder, spread_losses
-from sim.rocev2 import generator_payload
+from sim.models.responder import ConnectX, Faults, Responder, spread_losses
+from sim.models.rocev2 import generator_payload
+from sim.testbench import NetworkBench
 
 PARAMS = json.loads(os.environ["BENCH_PARAMS"])
 OUR_MAC, OUR_IP = "02:00:00:00:00:02", "10.77.0.2"

@@ -1,4 +1,5 @@
-"""The RoCEv2 responder model (sim/responder.py), driven by frames from sim/rocev2.py."""
+"""The RoCEv2 responder model (sim/models/responder.py), driven by frames from
+sim/models/rocev2.py."""
 
 import dataclasses
 import struct
@@ -8,7 +9,7 @@ from scapy.contrib.roce import AETH, BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from sim.responder import (
+from sim.models.responder import (
     ACK_UNLIMITED,
     CLOCK_HZ,
     CNP_DSCP,
@@ -27,9 +28,8 @@ from sim.responder import (
     rxe_udp_source_port,
     spread_losses,
 )
-from sim.rocev2 import Message, PacketFields, generator_payload, message_packets, roce_frame
-
-from ..rxe_vectors import RXE_ACKNOWLEDGE, RXE_WRITE_ONLY
+from sim.models.rocev2 import Message, PacketFields, generator_payload, message_packets, roce_frame
+from tests.rxe_vectors import RXE_ACKNOWLEDGE, RXE_WRITE_ONLY
 
 OUR_MAC, OUR_IP = "02:00:00:00:00:02", "10.77.0.2"          # the endpoint: the requester
 PEER_MAC, PEER_IP = "52:54:00:12:34:56", "10.77.0.1"        # the responder

@@ -1,6 +1,6 @@
 """How soon the core obeys a PAUSE or a PFC: prints a table; ``make bench``.
 
-The core (the tests' build) runs under Verilator (sim/bench_pause_runs.py, cocotb)
+The core (the tests' build) runs under Verilator (sim/bench/pause_runs.py, cocotb)
 with its MAC side at the rate of a 100 Gb/s line, one QP streaming RDMA WRITEs to a
 ConnectX-like peer. A PAUSE, or a PFC for the RoCEv2 priority (3), comes in at a
 different moment after a frame start each time; the response is the cycles (of the
@@ -17,10 +17,9 @@ import tempfile
 from pathlib import Path
 
 from gateware.core import NetworkCore
-
-from .bench import CORE_PARAMS
-from .bench_connectx import frame_length
-from .runner import BUILD, build, run, simulator
+from sim.bench.connectx import frame_length
+from sim.runner import BUILD, build, run, simulator
+from sim.testbench import CORE_PARAMS
 
 ROWS = [{"length": 64, "messages": 400}, {"length": 1024, "messages": 80},
         {"length": 4096, "messages": 40}]
@@ -31,7 +30,7 @@ HOLD = 200
 def measure(design, rows):
     with tempfile.TemporaryDirectory() as directory:
         results = Path(directory) / "pause.json"
-        run(design, module="bench_pause_runs", test_dir=Path(__file__).parent,
+        run(design, module="pause_runs", test_dir=Path(__file__).parent,
             testcase="pause_response",
             params={"pcap": str(BUILD / "pcap" / "bench-pause.pcap"), "rows": rows,
                     "results": str(results)})

@@ -3,8 +3,8 @@ message acknowledged, and goodput under packet loss. Prints two tables; ``make b
 
 The core (the tests' build, but with the board's retransmit rings of 2048 beats, 128 KiB
 per QP, unless ``--retransmit-beats`` says otherwise) runs under Verilator
-(sim/bench_connectx_runs.py, cocotb); its MAC side takes beats at the rate of a 100 Gb/s
-line, and a responder model in ConnectX mode (sim/responder.py) answers every packet
+(sim/bench/connectx_runs.py, cocotb); its MAC side takes beats at the rate of a 100 Gb/s
+line, and a responder model in ConnectX mode (sim/models/responder.py) answers every packet
 that asks at once, a round trip later. All figures are counted in cycles of the
 322.265625 MHz core clock.
 
@@ -23,12 +23,11 @@ import tempfile
 from pathlib import Path
 
 from gateware.core import NetworkCore
-
-from .bench import CORE_PARAMS
-from .bench_roce_goodput import LINE_BYTES_PER_CYCLE, LINE_OVERHEAD, theoretical_gbps
-from .responder import CLOCK_HZ, round_trip_cycles
-from .rocev2 import Message, message_packets, roce_frame
-from .runner import BUILD, build, run, simulator
+from sim.bench.roce_goodput import LINE_BYTES_PER_CYCLE, LINE_OVERHEAD, theoretical_gbps
+from sim.models.responder import CLOCK_HZ, round_trip_cycles
+from sim.models.rocev2 import Message, message_packets, roce_frame
+from sim.runner import BUILD, build, run, simulator
+from sim.testbench import CORE_PARAMS
 
 #: The retransmit ring of each QP in the VCU118 build (NetworkCore's default).
 BOARD_RETRANSMIT_BEATS = inspect.signature(NetworkCore).parameters["retransmit_beats"].default
@@ -63,7 +62,7 @@ def goodput_messages(loss):
 def measure(design, table, rows):
     with tempfile.TemporaryDirectory() as directory:
         results = Path(directory) / f"{table}.json"
-        run(design, module="bench_connectx_runs", test_dir=Path(__file__).parent,
+        run(design, module="connectx_runs", test_dir=Path(__file__).parent,
             testcase={"rate": "message_rate", "goodput": "goodput_under_loss"}[table],
             params={"pcap": str(BUILD / "pcap" / f"bench-connectx-{table}.pcap"),
                     table: rows, "results": {table: str(results)}})

@@ -1,4 +1,4 @@
-"""The congested switch model (sim/switch.py): hand-computed queues, Scapy-built frames,
+"""The congested switch model (sim/models/switch.py): hand-computed queues, Scapy-built frames,
 PFC and PAUSE frames and CNPs checked field by field with struct."""
 
 import struct
@@ -9,9 +9,9 @@ from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
 from scapy.utils import checksum
 
-from sim.responder import OP_CNP, ConnectX, Responder, round_trip_cycles
-from sim.rocev2 import Message, message_packets, roce_frame
-from sim.switch import (
+from sim.models.responder import OP_CNP, ConnectX, Responder, round_trip_cycles
+from sim.models.rocev2 import Message, message_packets, roce_frame
+from sim.models.switch import (
     DCQCN_RED,
     MAC_CONTROL_ADDRESS,
     MIN_TIME_BETWEEN_CNPS_US,

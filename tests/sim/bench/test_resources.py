@@ -23,8 +23,8 @@ from amaranth import Cat, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from sim import bench_resources
-from sim.bench_resources import (
+from sim.bench import resources
+from sim.bench.resources import (
     LUT_LEVEL_BUDGET,
     TARGETS,
     SynthesisError,
@@ -40,7 +40,7 @@ from sim.runner import BUILD
 
 #: The most LUT levels of a path into each domain's registers of the reduced board top,
 #: per Yosys version (versions map the same design a level or so apart, and a change
-#: anywhere can move a path by a level), as ``python -m sim.bench_resources "VCU118Top
+#: anywhere can move a path by a level), as ``python -m sim.bench.resources "VCU118Top
 #: (2 QPs)"`` prints them, each domain mapped alone for delay; 0.23 is Debian bookworm's.
 #: Deepest: cmac, the store-and-forward buffer's level into the transmit FIFO's read
 #: pointer; sync, the connection manager's QP index into its entry's requester, the ARP
@@ -138,14 +138,14 @@ def test_paths_are_counted_in_the_domain_of_their_end(three_domains):
 @pytest.mark.parametrize("returncode, stderr, message", [
     (-9, "", "converting the design was killed by signal 9 (out of memory?)"),
     (1, "", "converting the design failed (1)"),
-    (1, "Traceback …\nsim.bench_resources.SynthesisError: could not build the design: X\n",
+    (1, "Traceback …\nsim.bench.resources.SynthesisError: could not build the design: X\n",
      "could not build the design: X"),
 ])
 def test_a_failed_conversion_is_an_error_that_says_why(monkeypatch, returncode, stderr,
                                                        message):
     # A conversion the kernel killed for its memory (the 256-QP core with 128 KiB rings
     # took over 21 GB) once came back as an error without words, which reads as success.
-    monkeypatch.setattr(bench_resources.subprocess, "run", lambda *args, **kwargs:
+    monkeypatch.setattr(resources.subprocess, "run", lambda *args, **kwargs:
                         subprocess.CompletedProcess(args, returncode, "", stderr))
     result = synthesize("PacketGate", TARGETS["PacketGate"], ["yosys"], BUILD, timeout=1)
     assert result.error == message
@@ -224,7 +224,7 @@ def test_a_path_is_as_deep_beside_a_slower_one_as_alone(tmp_path):
 
 
 def test_zero_init_of_large_memories_goes_and_nothing_else(monkeypatch):
-    monkeypatch.setattr(bench_resources, "LARGE_MEMORY_WORDS", 2)
+    monkeypatch.setattr(resources, "LARGE_MEMORY_WORDS", 2)
     verilog = ("  reg [7:0] memory [2:0];\n  initial begin\n    memory[0] = 8'h00;\n"
                "    memory[1] = 8'h00;\n    memory[2] = 8'd0;\n  end\n"
                "  reg [7:0] small [1:0];\n  initial begin\n    small[0] = 8'h00;\n"
@@ -232,5 +232,5 @@ def test_zero_init_of_large_memories_goes_and_nothing_else(monkeypatch):
                "  reg [7:0] table [2:0];\n  initial begin\n    table[0] = 8'h00;\n"
                "    table[1] = 8'h2a;\n    table[2] = 8'h00;\n  end\n"
                "  always @* begin\n    o[0] = 1'h0;\n  end\n")
-    assert bench_resources.without_zero_memory_init(verilog) == (
+    assert resources.without_zero_memory_init(verilog) == (
         "  reg [7:0] memory [2:0];\n" + verilog[verilog.index("  reg [7:0] small"):])
