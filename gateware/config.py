@@ -6,6 +6,8 @@ from amaranth.lib import data
 
 __all__ = ["NetworkConfig", "config_value", "parse_mac", "parse_ipv4"]
 
+#: What the core's ``config`` stream carries: our MAC and IPv4 addresses, netmask
+#: and gateway, each an integer whose most significant byte is first on the wire.
 NetworkConfig = data.StructLayout({
     "mac": 48,
     "ip": 32,
@@ -34,7 +36,7 @@ def parse_ipv4(text):
 
 
 def config_value(*, mac, ip, netmask="255.255.255.0", gateway="0.0.0.0"):
-    """A constant of :data:`NetworkConfig` from address strings."""
+    """A constant of :py:obj:`NetworkConfig` from address strings."""
     return NetworkConfig.const({
         "mac": parse_mac(mac),
         "ip": parse_ipv4(ip),

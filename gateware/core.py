@@ -74,12 +74,26 @@ class NetworkCore(wiring.Component):
     netmask and gateway at run time; until written they are the build-time
     defaults. ``counters`` holds every drop and event counter, by layer.
 
+    ``roce_config`` sets the RoCEv2 traffic class and the cycles of the IB
+    timers' 4.096 us tick (default: at ``clock_hz``); ``pause_config`` the
+    PAUSE/PFC settings (see :class:`~gateware.eth.mac_control.MacControl`):
+    while the link pauses them no RoCEv2 frame starts (a PAUSE: no frame at
+    all) and the ACK timers stand still; ``dcqcn_config`` the DCQCN
+    reaction point (on by default, with ConnectX's defaults; its ``enable`` also
+    picks the ECN field: ECT(0) when on, Not-ECT when off); ``qp_status_select`` →
+    ``qp_status``: that QP's reliability state and counters, a cycle later.
+
+    The connection manager on UDP port 17185 opens and closes QPs and starts
+    the generator's runs; ``qp_write`` sets a QP directly (user logic), out
+    of the connection manager's sight.
+
     Parameters
     ----------
     mac, ip, netmask, gateway : str
         Build-time defaults of the addresses.
     clock_hz : int
-        Frequency of the ``sync`` domain; sets the ARP timers.
+        Frequency of the ``sync`` domain; sets the ARP, CM, IB and DCQCN timers
+        (the VCU118 top builds the core at 250 MHz).
     arp_retry_interval, arp_lifetime : int or None
         ARP timers in cycles (default: 1 s and 60 s at ``clock_hz``).
     rx_depth : int
@@ -105,24 +119,10 @@ class NetworkCore(wiring.Component):
         (default 60 s at ``clock_hz``; 0: for ever). ``cm_config`` sets it at
         run time (``lease_tick``: the lease / ``LEASE_SWEEPS``), and the CM's
         access list, by default the subnet of ``ip``/``netmask``.
-
     roce_priority, pause_quantum_cycles : int
         Defaults of ``pause_config``: the priority whose PFC frames pause RoCEv2
         frames, and the cycles of a pause quantum in 8.8 fixed point (default: 512
-        bit times of a 100 Gb/s line at ``clock_hz``). See :class:`MacControl`.
-
-    ``roce_config`` sets the RoCEv2 traffic class and the cycles of the IB
-    timers' 4.096 us tick (default: at ``clock_hz``); ``pause_config`` the
-    PAUSE/PFC settings (see :class:`~gateware.eth.mac_control.MacControl`):
-    while the link pauses them no RoCEv2 frame starts (a PAUSE: no frame at
-    all) and the ACK timers stand still; ``dcqcn_config`` the DCQCN
-    reaction point (on by default, with ConnectX's defaults; its ``enable`` also
-    picks the ECN field: ECT(0) when on, Not-ECT when off); ``qp_status_select`` →
-    ``qp_status``: that QP's reliability state and counters, a cycle later.
-
-    The connection manager on UDP port 17185 opens and closes QPs and starts
-    the generator's runs; ``qp_write`` sets a QP directly (user logic), out
-    of the connection manager's sight.
+        bit times of a 100 Gb/s line at ``clock_hz``).
     """
 
     def __init__(self, *, mac="02:00:00:00:00:02", ip="10.77.0.2", netmask="255.255.255.0",

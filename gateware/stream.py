@@ -45,7 +45,7 @@ def beat_layout(meta=NO_META, *, width=BEAT_BYTES):
 
 
 def packet_signature(meta=NO_META, *, width=BEAT_BYTES, always_ready=False):
-    """A :class:`stream.Signature` of packet beats."""
+    """A :class:`~amaranth.lib.stream.Signature` of packet beats."""
     return stream.Signature(beat_layout(meta, width=width), always_ready=always_ready)
 
 

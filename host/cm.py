@@ -3,7 +3,7 @@
 One request at a time: send, wait ``timeout`` seconds for the matching reply
 (request code and QPN; anything else is a stray datagram and ignored), resend
 up to ``retries`` times in all. A generator start has no reply: :meth:`CmClient.start`
-confirms it with STATUS. Every failure is a :class:`HostError` naming the fix.
+confirms it with STATUS. Every failure is a :class:`~host.errors.HostError` naming the fix.
 
 The endpoint frees a QP that is idle or in ERROR and has heard no request from
 its host for a lease (60 s by default; CM_PROTOCOL.md, "Lease"), so a crashed
@@ -201,7 +201,7 @@ class CmClient:
               poll_interval: float = 0.01) -> Status:
         """Start the generator on endpoint QP ``qpn`` and confirm it by STATUS: taken
         when the QP's run count moved. Not taken within ``timeout``: resend, ``tries``
-        (default ``retries``) times in all, then raise :class:`StartNotTaken`.
+        (default ``retries``) times in all, then raise :class:`~host.errors.StartNotTaken`.
         Returns the confirming status."""
         before = self.status(qpn)
         if not before.open:

@@ -33,7 +33,7 @@ at the latest when the next batch is asked for; its views must not be used after
 Problems are counted per QP (:class:`QpRun`: ``errors``, ``unchecked``,
 ``missing``, ``first_error``) with the same words as qp-server prints; failures
 that end the run (an endpoint QP in ERROR, a host work completion error, NO_QP)
-raise :class:`HostError`. A QP that makes no progress for ``stall`` seconds is
+raise :class:`~host.errors.HostError`. A QP that makes no progress for ``stall`` seconds is
 asked for STATUS; a run that ended with messages still missing ends that QP.
 :meth:`Receiver.close` closes every endpoint QP and the backend.
 """

@@ -107,7 +107,7 @@ class DcqcnReactionPoint(wiring.Component):
 
     ``i_cnp`` takes a CNP's QP, ``i_bytes`` the QP and wire bytes of each packet sent
     (for the byte counter), ``i_reset`` a QP set again (it returns to the line rate);
-    all are always ready and may come every cycle. Each QP's state (:data:`_STATE`)
+    all are always ready and may come every cycle. Each QP's state (``_STATE``)
     lives in a memory; a sweep visits the QPs in turn and, for a rate-limited QP or
     one with a CNP waiting, updates α for every α period that ended (at most 8 a
     visit), cuts the rate for a waiting CNP once the monitor period since the last cut

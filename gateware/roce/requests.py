@@ -61,6 +61,7 @@ class PathMtu(enum.Enum, shape=3):
         return 128 << self.value
 
 
+#: One message to send: what user logic (or the generator) puts on ``work_request``.
 WORK_REQUEST = data.StructLayout({
     "verb": Verb,
     "qp": QP_INDEX_BITS,
@@ -72,6 +73,7 @@ WORK_REQUEST = data.StructLayout({
 
 
 class CompletionStatus(enum.Enum, shape=4):
+    """How a work request ended (the ``ibv_wc_status`` each error matches is noted)."""
     SUCCESS = 0
     BAD_REQUEST = 1             # QP index out of range or length above 2^31; nothing sent
     PAYLOAD_SHORT = 2           # payload ended early; the rest was sent as zeros
@@ -84,6 +86,8 @@ class CompletionStatus(enum.Enum, shape=4):
     FLUSHED = 9                 # the QP was in ERROR: not (completely) sent (IBV_WC_WR_FLUSH_ERR)
 
 
+#: What ``completion`` gives back once a message's last packet is acknowledged (or
+#: its QP failed), in order per QP.
 COMPLETION = data.StructLayout({
     "qp": QP_INDEX_BITS,
     "tag": 16,
