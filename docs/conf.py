@@ -2,7 +2,9 @@
 
 Pages are Markdown (MyST); API pages come from the docstrings through autodoc;
 figures and tables come from ``docs/generated/`` (written by ``make bench`` and
-``make resources``) and are included, never typed in.
+``make resources``) and are included, never typed in. The pages include each fragment
+with ``:relative-images:``, so a plot a fragment shows is named relative to the
+fragment itself (``![...](tx_efficiency.svg)`` beside ``tx_efficiency.md``).
 """
 
 from pathlib import Path
