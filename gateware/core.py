@@ -282,6 +282,7 @@ class NetworkCore(wiring.Component):
         connect(m, cm.o_qp_close, roce_tx.i_qp_close)
         connect(m, cm.o_start, generator.i_start)
         connect(m, cm.o_stop, generator.i_stop)
+        connect(m, cm.o_credit, generator.i_credit)
         m.d.comb += [
             generator.query_qp.eq(cm.run_qp),
             cm.run.eq(generator.query),

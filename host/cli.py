@@ -245,6 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 "endpoint also frees such QPs itself once idle for its lease "
                                 "(60 s by default). Closes QPs of other programs on this host "
                                 "too")
+    behaviour.add_argument("--credit", action="store_true",
+                           help="a credited run (plain --write into a ring): the endpoint "
+                                "writes a slot only after this host has reported the message "
+                                "before it in that slot consumed (CREDIT), so a slow host "
+                                "never has a message overwritten")
     behaviour.add_argument("--check", type=_check_mode, default="all",
                            metavar="all|sample=N|none",
                            help="compare every byte (default), every N-th message's bytes "
@@ -391,6 +396,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace,
         divider=_divider(parser, args), ring=_ring(parser, args), qps=args.qps,
         receives=args.receives, mtu=PathMtu.from_size(args.mtu) if args.mtu else None,
         start=not args.no_start, stall=args.stall, repeat=args.repeat, reclaim=args.reclaim,
+        credit=args.credit,
         idle_sleep=0.0 if args.poll == "busy" else 1e-3, check=args.check,
         check_threads=args.check_threads)
     endpoints = _endpoints(parser, args)

@@ -197,8 +197,8 @@ class CmClient:
         return Status.from_reply(raw)
 
     def start(self, qpn: int, *, length: int, count: int, divider: int = 0, write: bool = True,
-              immediate: bool = False, ring: int = 0, tries: int | None = None,
-              poll_interval: float = 0.01) -> Status:
+              immediate: bool = False, ring: int = 0, credited: bool = False,
+              tries: int | None = None, poll_interval: float = 0.01) -> Status:
         """Start the generator on endpoint QP ``qpn`` and confirm it by STATUS: taken
         when the QP's run count moved. Not taken within ``timeout``: resend, ``tries``
         (default ``retries``) times in all, then raise :class:`~host.errors.StartNotTaken`.
@@ -213,7 +213,8 @@ class CmClient:
             raise StartNotTaken(f"endpoint QP {qpn} is still running a run: wait for it "
                                 f"(`qp-server ctrl status --qpn {qpn}`) before starting another")
         request = protocol.start_run(qpn, length=length, count=count, divider=divider,
-                                     write=write, immediate=immediate, ring=ring)
+                                     write=write, immediate=immediate, ring=ring,
+                                     credited=credited)
         tries = self.retries if tries is None else tries
         for _ in range(tries):
             self._send(request.encode())
@@ -234,6 +235,14 @@ class CmClient:
             f"tr{'y' if tries == 1 else 'ies'} ({self.timeout:g} s each): its generator runs "
             "only a few runs at once; wait for the others to finish or use fewer --qps (and it "
             "takes a start only from the host that opened the QP)")
+
+
+    def credit(self, qpn: int, consumed: int) -> None:
+        """CREDIT: the first ``consumed`` messages of endpoint QP ``qpn``'s credited run
+        are consumed (no reply; a lost one is made good by the next, or a repeat)."""
+        self._send(protocol.credit(qpn, consumed).encode())
+        if qpn in self._heard:
+            self._heard[qpn] = time.monotonic()
 
 
 def _ack_name(ack: object) -> str:

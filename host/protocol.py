@@ -123,20 +123,31 @@ class QpInfo:
 
 @dataclasses.dataclass(frozen=True)
 class TxMeta:
-    """Byte 51: a generator start, and the path MTU extension of OPEN_QP."""
+    """Byte 51: a generator start, and the path MTU extension of OPEN_QP. In a
+    start or a CREDIT (extension) bit 4 is ``credited``, in OPEN_QP bits 7:4 the
+    path MTU: a datagram carries one or the other (decoding sets both from bit 4)."""
     valid: bool = False
     start: bool = False
     immediate: bool = False
     write: bool = False
     mtu: PathMtu = PathMtu.DEFAULT
+    credited: bool = False
+
+    def __post_init__(self) -> None:
+        if self.credited and int(self.mtu):
+            raise ProtocolError("txmeta carries a path MTU or the credit bit, not both")
 
     def encode(self) -> int:
         return (self.valid | self.start << 1 | self.immediate << 2 | self.write << 3
-                | int(self.mtu) << 4)
+                | int(self.mtu) << 4 | self.credited << 4)
 
     @classmethod
     def decode(cls, value: int) -> TxMeta:
         mtu = value >> 4
+        if value & 0x10 and mtu == PathMtu.MTU_256 and value & 0x03:
+            # valid or start with bit 4 alone: a credited start or a CREDIT
+            return cls(bool(value & 1), bool(value & 2), bool(value & 4), bool(value & 8),
+                       credited=True)
         return cls(bool(value & 1), bool(value & 2), bool(value & 4), bool(value & 8),
                    PathMtu(mtu) if mtu in PathMtu._value2member_map_ else mtu)
 
@@ -302,13 +313,24 @@ def status(qpn: int, *, reply_port: int = 0) -> Datagram:
 
 
 def start_run(qpn: int, *, length: int, count: int, divider: int = 0, write: bool = True,
-              immediate: bool = False, ring: int = 0) -> Datagram:
+              immediate: bool = False, ring: int = 0, credited: bool = False) -> Datagram:
     """Start the generator on endpoint QP ``qpn``: ``count`` messages of
     ``length`` bytes; WRITE message k lands at base + (k mod (ring // length)) ×
-    length when ``ring`` (bytes) is set, else at base + k × length."""
+    length when ``ring`` (bytes) is set, else at base + k × length. ``credited``
+    (a WRITE into a ring): message k waits until the host has reported message
+    k − slots consumed with :func:`credit`."""
     return Datagram(Request.NULL, rem=QpInfo(qpn=qpn, base_addr=ring),
-                    txmeta=TxMeta(valid=True, start=True, immediate=immediate, write=write),
+                    txmeta=TxMeta(valid=True, start=True, immediate=immediate, write=write,
+                                  credited=credited),
                     length=length, count=count, divider=divider)
+
+
+def credit(qpn: int, consumed: int) -> Datagram:
+    """CREDIT (extension): the host has consumed ``consumed`` messages (mod 2^32) of
+    the credited run on endpoint QP ``qpn``; no reply. A count at or below one
+    already sent changes nothing, so a host may repeat it."""
+    return Datagram(Request.NULL, rem=QpInfo(qpn=qpn), txmeta=TxMeta(valid=True, credited=True),
+                    count=consumed & 0xFFFF_FFFF)
 
 
 def reply(request: Datagram, ack: Ack, endpoint: QpInfo, *, mtu: PathMtu = PathMtu.DEFAULT,

@@ -23,7 +23,10 @@ logic sends). Then messages are found in order per QP:
   names k and j) with numpy, and a message has landed when its word is there.
   Releasing it advances the ring. A slot that already shows a later message was
   lapped: the message is lost, reported as ``overwritten`` and skipped; a slot
-  that changes while it is held is reported at its release.
+  that changes while it is held is reported at its release. With ``credit`` the
+  run is credited: releasing a batch sends CREDIT with the messages consumed so
+  far, and the endpoint writes a slot only once the message before it there has
+  been released, so nothing is overwritten however slowly the caller consumes.
 
 Messages come in :class:`Batch` es: consecutive messages of one QP that lie back
 to back in the buffer (what one poll found), so a caller can work on a whole
@@ -102,6 +105,7 @@ class RunConfig:
     check: str = "all"
     check_threads: int = 1
     reclaim: bool = False       # --reclaim: close all the host's endpoint QPs first
+    credit: bool = False        # --credit: a credited run, CREDIT sent as messages are released
 
     def __post_init__(self) -> None:
         if (self.size < 0 or self.count < 1 or self.qps < 1 or self.receives < 1
@@ -111,6 +115,9 @@ class RunConfig:
         if self.write and self.size and self.ring and self.ring < self.size:
             raise ValueError(f"ring ({self.ring} bytes) must hold at least one message of "
                              f"{self.size} bytes")
+        if self.credit and not (self.write and not self.immediate):
+            raise ValueError("credit applies to plain WRITE runs (--write without --imm): "
+                             "SEND and immediate data are held back by posted receives")
         self.sample    # noqa: B018 (validates ``check``)
 
     @property
@@ -171,6 +178,7 @@ class QpRun:
     live_done: bool = False
     done: bool = False
     next_k: int = 0
+    credited: int = 0           # messages reported consumed (CREDIT) in this pass
     posted: int = 0
     landed: int = 0             # messages handed out (bytes in ``landed_bytes``)
     landed_bytes: int = 0
@@ -366,6 +374,7 @@ class Receiver:
             status = self.cm.start(qp.endpoint.qpn, length=config.size, count=config.count,
                                    divider=config.divider, write=config.write,
                                    immediate=config.immediate, ring=config.ring_bytes,
+                                   credited=config.credit,
                                    tries=1 if retry_later else None)
         except StartNotTaken:
             if retry_later:
@@ -624,6 +633,9 @@ class Receiver:
                 if qp.posted < self.config.count:
                     self._post(qp, wr_id)
             return
+        if self.config.credit and qp.endpoint is not None:
+            qp.credited = batch.first + batch.count
+            self.cm.credit(qp.endpoint.qpn, qp.credited)
         if self.config.slots and self.config.count > self.config.slots:
             last = batch.first + batch.count - 1
             marker_offset, marker_length = self.checker.marker()
@@ -640,6 +652,8 @@ class Receiver:
         status = qp.status = self.cm.status(qp.endpoint.qpn)
         if status.error:
             raise endpoint_error(qp.endpoint.qpn, status)
+        if self.config.credit and status.running:
+            self.cm.credit(qp.endpoint.qpn, qp.credited)       # in case the last was lost
         if not self.config.start or status.running or status.outstanding:
             return
         if not self.config.uses_completions:

@@ -7,7 +7,8 @@ from ..headers import NetworkLayout
 from ..roce.requests import CompletionStatus
 
 __all__ = [
-    "CM_PORT", "CM_DATAGRAM", "CM_QP_INFO", "CM_FLAGS", "CM_TXMETA", "CM_STATUS",
+    "CM_PORT", "CM_DATAGRAM", "CM_QP_INFO", "CM_FLAGS", "CM_TXMETA", "CM_RUN_TXMETA",
+    "CREDIT_TXMETA", "CM_STATUS",
     "CM_STATUS_DATAGRAM", "Request", "Ack",
 ]
 
@@ -58,6 +59,20 @@ CM_TXMETA = NetworkLayout({
     "start": 1,
     "valid": 1,
 })
+
+#: Byte 51 of a start or a CREDIT (extension), the same byte as :data:`CM_TXMETA`
+#: read for a run: bit 4 asks for a credited run.
+CM_RUN_TXMETA = NetworkLayout({
+    "reserved": 3,
+    "credited": 1,
+    "write": 1,
+    "immediate": 1,
+    "start": 1,
+    "valid": 1,
+})
+
+#: Byte 51 of a CREDIT datagram: valid and credited, nothing else.
+CREDIT_TXMETA = 0x11
 
 CM_DATAGRAM = NetworkLayout({
     "flags": CM_FLAGS,

@@ -13,7 +13,7 @@ from ..packet.extract import HeaderExtractor
 from ..packet.fifo import PacketFIFO
 from ..packet.insert import HeaderInserter
 from ..roce.generator import GENERATOR_RUN
-from ..roce.generator_pool import RUN_STATUS
+from ..roce.generator_pool import RUN_CREDIT, RUN_STATUS
 from ..roce.requests import (
     FIRST_QPN,
     QP_COUNTERS,
@@ -29,7 +29,16 @@ from ..stream import BEAT_BYTES, beats_for, meta_with, packet_signature
 from ..udp.rx import UDP_RX_META
 from ..udp.tx import UDP_TX_META
 from .access import AccessList
-from .datagram import CM_DATAGRAM, CM_PORT, CM_STATUS, CM_STATUS_DATAGRAM, Ack, Request
+from .datagram import (
+    CM_DATAGRAM,
+    CM_PORT,
+    CM_RUN_TXMETA,
+    CM_STATUS,
+    CM_STATUS_DATAGRAM,
+    CREDIT_TXMETA,
+    Ack,
+    Request,
+)
 from .lease import LEASE_SWEEPS, LeaseTicker
 
 __all__ = ["ConnectionManager", "CM_CONFIG", "CM_ENTRY", "CLOSE_ALL_QPN", "access_list"]
@@ -104,11 +113,15 @@ class ConnectionManager(wiring.Component):
       host, goes to the generator pool (``o_start``) with the QP's buffer
       address as base and rem_base_addr as the ring size; no reply. The QP's
       run count goes up when the pool takes it (``start_taken`` with the
-      handshake).
+      handshake). A credited start (txmeta bit 4) must be a WRITE into a ring
+      (rem_base_addr ≠ 0), else it is dropped and counted (``credit_refused``).
+    - A CREDIT (extension: request NULL, txmeta exactly 0x11) for an open QP,
+      from its host, goes to the pool (``o_credit``: the QP and ``count``); no
+      reply (counted ``credits``).
 
     Lease (extension): every ``i_config.lease_tick`` cycles the CM sweeps its
     QPs (three cycles each, between datagrams). A QP's age counts the sweeps
-    since its host's last OPEN_QP, legacy step, STATUS or start of it; a QP
+    since its host's last OPEN_QP, legacy step, STATUS, start or CREDIT of it; a QP
     whose age reached ``LEASE_SWEEPS`` and that is in ERROR, or has no packet
     outstanding and no run in progress, is freed as a close frees it
     (``expired``). The verdict on a QP is a register (its entry, the engine's
@@ -117,8 +130,8 @@ class ConnectionManager(wiring.Component):
 
     Dropped and counted: a UDP length other than 72 (``length``); info_valid
     clear or ack_valid set (``malformed``); an unknown request or a NULL
-    without a start (``request``); a start for a QPN out of range (``qpn``)
-    or for a QP that is not open (``start_closed``). Replies go from port
+    without a start (``request``); a start or CREDIT for a QPN out of range
+    (``qpn``) or for a QP that is not open (``start_closed``). Replies go from port
     17185 to the source address, at reply_port or else the source port.
 
     ``i_qp_write`` (user logic) is passed to ``o_qp_write`` while no
@@ -139,6 +152,7 @@ class ConnectionManager(wiring.Component):
             "o_qp_close": Out(stream.Signature(QP_INDEX_BITS)),
             "o_start": Out(stream.Signature(GENERATOR_RUN)),
             "o_stop": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "o_credit": Out(stream.Signature(RUN_CREDIT, always_ready=True)),
             "status_qp": Out(QP_INDEX_BITS),
             "status": In(QP_STATUS),
             "run_qp": Out(QP_INDEX_BITS),
@@ -152,8 +166,8 @@ class ConnectionManager(wiring.Component):
         return self._qps
 
     DROP_REASONS = ("overflow", "length", "malformed", "request", "qpn", "start_closed",
-                    "access", "spoofed")
-    EVENTS = ("opened", "closed", "no_qp", "starts", "expired")
+                    "access", "spoofed", "credit_refused")
+    EVENTS = ("opened", "closed", "no_qp", "starts", "expired", "credits")
 
     @classmethod
     def counters_layout(cls):
@@ -243,6 +257,8 @@ class ConnectionManager(wiring.Component):
             self.o_qp_write.p.eq(write),
             self.o_qp_close.p.eq(index),
             self.o_stop.p.eq(index),
+            self.o_credit.p.qp.eq(index),
+            self.o_credit.p.count.eq(request.count),
         ]
 
         def answer(ack, described=None):
@@ -284,6 +300,8 @@ class ConnectionManager(wiring.Component):
         closed_count = Signal(range(qps + 1))
         swept_last = Signal()               # the last thing served was a lease sweep
         asked_mtu = request.txmeta.path_mtu
+        run_meta = data.View(CM_RUN_TXMETA, request.txmeta.as_value())
+        is_credit = request.txmeta.as_value() == CREDIT_TXMETA
         mtu = Mux(asked_mtu == 0, self.i_config.path_mtu.as_value(), asked_mtu[:3])
 
         with m.FSM():
@@ -352,8 +370,12 @@ class ConnectionManager(wiring.Component):
                     with m.Else():
                         m.d.comb += counts["no_qp"].eq(1)
                         answer(Ack.NO_QP)
-                with m.Elif((kind == Request.NULL) & request.txmeta.valid
-                            & request.txmeta.start):
+                with m.Elif((kind == Request.NULL) & run_meta.valid & run_meta.start
+                            & run_meta.credited
+                            & (~run_meta.write | (request.rem.base_addr == 0))):
+                    m.d.comb += counts["credit_refused"].eq(1)
+                with m.Elif((kind == Request.NULL)
+                            & ((run_meta.valid & run_meta.start) | is_credit)):
                     with m.If(in_range):
                         m.next = "READ"
                     with m.Else():
@@ -490,8 +512,11 @@ class ConnectionManager(wiring.Component):
                         run.divider.eq(request.divider),
                         run.base.eq(entry.base),
                         run.ring.eq(request.rem.base_addr),
+                        run.credited.eq(run_meta.credited),
                     ]
-                    with m.If(from_host):
+                    with m.If(from_host & is_credit):
+                        m.next = "CREDIT"
+                    with m.Elif(from_host):
                         m.next = "START"
                     with m.Elif(entry.open):
                         m.d.comb += counts["spoofed"].eq(1)
@@ -574,6 +599,10 @@ class ConnectionManager(wiring.Component):
                 ]
                 with m.If(self.o_start.ready):
                     m.next = "IDLE"
+
+            with m.State("CREDIT"):
+                m.d.comb += [self.o_credit.valid.eq(1), counts["credits"].eq(1)]
+                m.next = "IDLE"
 
             with m.State("REPLY"):
                 m.d.comb += emit.i.valid.eq(1)

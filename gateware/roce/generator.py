@@ -20,6 +20,7 @@ GENERATOR_RUN = data.StructLayout({
     "divider": 32,              # cycles between message starts; 0: as fast as possible
     "base": 64,                 # remote address of message 0
     "ring": 64,                 # ring size in bytes; 0: no ring
+    "credited": 1,              # message k waits for the host to have consumed k - slots
 })
 
 
@@ -49,6 +50,16 @@ class TrafficGenerator(wiring.Component):
     one per cycle while the sink is ready, with no idle cycle between
     messages once the next request has been offered (always, with
     ``divider`` 0 and a ready request sink).
+    A credited run (CM_PROTOCOL, "Credit for WRITE rings") sends message ``k``
+    only once the host has reported message ``k`` − ``slots`` consumed:
+    ``i_credit`` carries the host's count of messages consumed since the start
+    (mod 2^32); a count at or below the one already taken changes nothing. The
+    generator learns ``slots`` where the ring first wraps (the first pass fills
+    free slots), and from then on keeps the free slots in a counter that a
+    request taken lowers and a credit raises; a credit acts two cycles after it
+    is offered. With no free slot no request is offered, so a valid request is
+    never withdrawn.
+
     ``i_stop`` ends the run early: no request is offered after the one offered
     in that cycle (if any), whose payload is still sent.
     ``o_running`` is low again, and a new start can be taken, from the
@@ -67,6 +78,7 @@ class TrafficGenerator(wiring.Component):
             "i_start": In(stream.Signature(GENERATOR_RUN)),
             "o_request": Out(stream.Signature(WORK_REQUEST)),
             "o_payload": Out(packet_signature(NO_META, width=width)),
+            "i_credit": In(stream.Signature(32, always_ready=True)),
             "i_stop": In(1),
             "o_running": Out(1),
             "o_messages": Out(32),
@@ -102,12 +114,13 @@ class TrafficGenerator(wiring.Component):
         more = Signal()                     # issued != run.count
         gap_zero = Signal(init=1)           # gap == 0
         request = self.o_request
+        blocked = Signal()                  # a credited run has no free slot for the next
 
         m.d.comb += [
             issued_next.eq(issued),
             count_next.eq(run.count),
             gap_next.eq(gap),
-            request.valid.eq(running & more & (gap_zero | offered)),
+            request.valid.eq(running & more & (gap_zero | offered) & ~blocked),
             request.p.verb.eq(run.verb),
             request.p.qp.eq(run.qp),
             request.p.tag.eq(issued[:16]),
@@ -121,9 +134,11 @@ class TrafficGenerator(wiring.Component):
         with m.Elif(~gap_zero):
             m.d.comb += gap_next.eq(gap - 1)
 
+        wrapping = Signal()                 # the request taken is the last of a pass
         with m.If(request.valid & request.ready):
             m.d.comb += issued_next.eq(issued + 1)
-            with m.If((run.ring == 0) | (limit <= run.ring)):
+            m.d.comb += wrapping.eq((run.ring != 0) & (limit > run.ring))
+            with m.If(~wrapping):
                 m.d.sync += [
                     address.eq(address + run.length),
                     limit.eq(limit + run.length),
@@ -168,6 +183,32 @@ class TrafficGenerator(wiring.Component):
         with m.If(self.i_stop & running & more):
             m.d.comb += count_next.eq(issued + request.valid)
 
+        # Credit: the count offered → (its advance over ``consumed``, in registers) → the
+        # free slots and ``blocked``, so that one add and one compare lie between registers.
+        consumed = Signal(32)               # messages the host reported consumed
+        advance = Signal(32)                # what the last credit added, not yet in ``free``
+        credited = Signal()                 # ``advance`` is to be added this cycle
+        wrapped = Signal()                  # the first pass through the ring has ended
+        free = Signal(32)                   # free slots (consumed + slots − issued) once wrapped
+        free_next = Signal(32)
+        offered_credit = self.i_credit
+        ahead = Signal(32)
+        m.d.comb += ahead.eq(offered_credit.p - consumed)
+        m.d.sync += credited.eq(0)
+        with m.If(offered_credit.valid & running & (ahead != 0) & ~ahead[31]):
+            m.d.sync += [consumed.eq(offered_credit.p), advance.eq(ahead), credited.eq(1)]
+        taken_now = request.valid & request.ready
+        with m.If(wrapping & ~wrapped):
+            # consumed + slots − issued, with issued = slots after this request
+            m.d.comb += free_next.eq(consumed)
+        with m.Else():
+            m.d.comb += free_next.eq(free + Mux(credited, advance, 0) - taken_now)
+        m.d.sync += [
+            free.eq(free_next),
+            wrapped.eq(wrapped | wrapping),
+            blocked.eq(run.credited & (wrapped | wrapping) & (free_next == 0)),
+        ]
+
         # Run control.
         m.d.comb += self.i_start.ready.eq(~running)
         with m.If(self.i_start.valid & self.i_start.ready):
@@ -180,6 +221,9 @@ class TrafficGenerator(wiring.Component):
             m.d.sync += [
                 run.eq(self.i_start.p),
                 running.eq(1),
+                consumed.eq(0),
+                wrapped.eq(0),
+                blocked.eq(0),
                 address.eq(self.i_start.p.base),
                 limit.eq(self.i_start.p.length << 1),
                 word.eq(0),

@@ -12,12 +12,18 @@ from .pacer import QP_BITS, PacedGate
 from .request_arbiter import RequestArbiter
 from .requests import QP_INDEX_BITS, WORK_REQUEST, check_qp_count
 
-__all__ = ["GeneratorPool", "RUN_STATUS"]
+__all__ = ["GeneratorPool", "RUN_STATUS", "RUN_CREDIT"]
 
 #: What the pool tells of a QP's run.
 RUN_STATUS = data.StructLayout({
     "running": 1,               # a run of the QP is in progress
     "messages": 32,             # requests issued in its current run, or its last one
+})
+
+#: A host's report on a QP's credited run: messages consumed since its start (mod 2^32).
+RUN_CREDIT = data.StructLayout({
+    "qp": QP_INDEX_BITS,
+    "count": 32,
 })
 
 
@@ -30,7 +36,8 @@ class GeneratorPool(wiring.Component):
     generator takes it (counted ``started``; ``start_taken`` is high with the
     handshake). ``i_stop`` ends a QP's run
     after the message being offered (see :class:`TrafficGenerator`) and
-    forgets its message count. The runs' messages are merged whole, in
+    forgets its message count. ``i_credit`` goes, a cycle later, to the generator
+    running the QP's run (none: it is dropped). The runs' messages are merged whole, in
     round-robin order (:class:`RequestArbiter`), so every run gets an equal
     share of messages and one run alone fills the output; a run whose QP is
     paced (``i_paced``, a bit per QP) is passed over until it is not. Between each
@@ -54,6 +61,7 @@ class GeneratorPool(wiring.Component):
             "i_start": In(stream.Signature(GENERATOR_RUN)),
             "start_taken": Out(1),
             "i_stop": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "i_credit": In(stream.Signature(RUN_CREDIT, always_ready=True)),
             "query_qp": In(QP_INDEX_BITS),
             "query": Out(RUN_STATUS),
             "i_paced": In(QP_BITS),
@@ -134,7 +142,16 @@ class GeneratorPool(wiring.Component):
                 keep.en.eq(1),
             ]
 
+        # A credit in a register, then to the generator whose run is the QP's.
+        credit = Signal(RUN_CREDIT)
+        credit_valid = Signal()
+        m.d.sync += [credit.eq(self.i_credit.p), credit_valid.eq(self.i_credit.valid)]
+
         for index, (generator, owner) in enumerate(zip(generators, owners, strict=True)):
+            m.d.comb += [
+                generator.i_credit.p.eq(credit.count),
+                generator.i_credit.valid.eq(credit_valid & (owner == credit.qp)),
+            ]
             stopping = stop.valid & (owner == stop.p)
             running = Signal(name=f"was_running{index}")
             m.d.sync += running.eq(generator.o_running)

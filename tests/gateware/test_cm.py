@@ -79,6 +79,7 @@ class Bench:
         self.rng = random.Random(seed)
         self.replies, self.writes, self.closes, self.starts, self.stops = [], [], [], [], []
         self.stop_cycles = []           # the cycle of each stop
+        self.credits = []               # (QP, count) of each credit
         self.cycle = 0                  # cycles since the bench began
         self.status_of, self.run_of = fake_status, fake_run
         self.counters = {}
@@ -102,12 +103,16 @@ class Bench:
                 "dst_ip", "src_port", "dst_port", "length", "tos")}))
 
     async def stop_monitor(self, ctx):
-        async for _, _, valid, qp in ctx.tick().sample(self.dut.o_stop.valid,
-                                                        self.dut.o_stop.payload):
+        """Records the stops and credits (always-ready streams) by cycle."""
+        async for _, _, valid, qp, credit_valid, credit in ctx.tick().sample(
+                self.dut.o_stop.valid, self.dut.o_stop.payload,
+                self.dut.o_credit.valid, self.dut.o_credit.payload):
             self.cycle += 1
             if valid:
                 self.stops.append(int(qp))
                 self.stop_cycles.append(self.cycle)
+            if credit_valid:
+                self.credits.append((int(credit.qp), int(credit.count)))
 
     async def status_driver(self, ctx):
         async for _, _, status_qp, run_qp in ctx.tick().sample(self.dut.status_qp,
@@ -165,7 +170,7 @@ class Bench:
             return {"qp": int(item.qp), "verb": Verb(item.verb.value),
                     "taken": len(self.starts) % 2 == 0, **{
                         name: int(getattr(item, name)) for name in (
-                            "length", "count", "divider", "base", "ring")}}
+                            "length", "count", "divider", "base", "ring", "credited")}}
 
         def sink(stream, record, convert):
             async def testbench(ctx):
@@ -263,7 +268,8 @@ def test_every_request_answers_as_the_codec_predicts(width):
             await bench.exchange(ctx, request, b, reply=False)
             assert bench.starts[-1] == {"qp": 1, "verb": verb, "length": 4097,
                                         "count": 0xFFFF_FFFF, "divider": 7, "base": b.base,
-                                        "ring": 1 << 40, "taken": verb.value % 2 == 0}
+                                        "ring": 1 << 40, "credited": 0,
+                                        "taken": verb.value % 2 == 0}
         counts["starts"] += 4
         reply = await bench.exchange(ctx, protocol.status(257), stranger)
         assert reply[0] == expected_status(1, open_=True, runs=2).reply(257)
@@ -322,6 +328,56 @@ def test_every_request_answers_as_the_codec_predicts(width):
             await ctx.tick()
         reply = await bench.exchange(ctx, protocol.status(256), a)
         assert reply[0] == expected_status(0, open_=True).reply(256)
+
+    bench.run(steps)
+    assert bench.counters == counts
+
+
+def test_credited_starts_and_credits_go_to_the_pool_only_from_the_qps_host():
+    """A credited start needs a WRITE into a ring; CREDIT (txmeta exactly 0x11) from the
+    QP's host reaches the pool with the QP and count, from anyone else it is dropped;
+    neither gets a reply."""
+    bench = Bench()
+    host, stranger = Host("10.77.0.1", 0x21), Host("10.77.0.7", 0x21)
+    counts = dict.fromkeys(COUNTERS, 0)
+
+    async def steps(bench, ctx):
+        request = protocol.open_qp(host.info)
+        await bench.exchange(ctx, request, host)
+        counts["opened"] += 1
+        for immediate in (False, True):
+            start = protocol.start_run(256, length=64, count=100, write=True,
+                                       immediate=immediate, ring=640, credited=True)
+            assert start.encode()[51] == 0x1B | immediate << 2
+            await bench.exchange(ctx, start, host, reply=False)
+            assert bench.starts[-1]["credited"] == 1 and bench.starts[-1]["ring"] == 640
+            counts["starts"] += 1
+        for refused in (protocol.start_run(256, length=64, count=9, write=False, ring=640,
+                                           credited=True),
+                        protocol.start_run(256, length=64, count=9, write=True, ring=0,
+                                           credited=True)):
+            await bench.exchange(ctx, refused, host, reply=False)
+            counts["credit_refused"] += 1
+        assert len(bench.starts) == 2
+
+        for consumed in (3, 3, 1 << 32 | 17):
+            await bench.exchange(ctx, protocol.credit(256, consumed), host, reply=False)
+            counts["credits"] += 1
+        assert bench.credits == [(0, 3), (0, 3), (0, 17)]
+        assert protocol.credit(256, 5).encode()[51] == 0x11
+        await bench.exchange(ctx, protocol.credit(256, 40), stranger, reply=False)
+        counts["spoofed"] += 1
+        await bench.exchange(ctx, protocol.credit(257, 40), host, reply=False)
+        counts["start_closed"] += 1
+        await bench.exchange(ctx, protocol.credit(256 + 16, 40), host, reply=False)
+        counts["qpn"] += 1
+        # bit 4 with another bit of the start set is not a CREDIT: no start either
+        not_credit = dataclasses.replace(protocol.credit(256, 41),
+                                         txmeta=protocol.TxMeta(valid=True, write=True,
+                                                                credited=True))
+        await bench.exchange(ctx, not_credit, host, reply=False)
+        counts["request"] += 1
+        assert bench.credits == [(0, 3), (0, 3), (0, 17)] and len(bench.starts) == 2
 
     bench.run(steps)
     assert bench.counters == counts

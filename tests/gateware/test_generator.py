@@ -246,3 +246,50 @@ def test_tag_wraps():
 def test_bad_width():
     with pytest.raises(ValueError, match="multiple of 8"):
         TrafficGenerator(width=12)
+
+
+@pytest.mark.parametrize("length, ring", [(64, 256), (24, 100), (65, 65)])
+def test_a_credited_run_sends_message_k_once_k_minus_slots_is_consumed(length, ring):
+    """The host's credits, offered at once after the start (before the ring first
+    wraps), repeated, lower than one taken, and in steps: after each, exactly
+    ``consumed + slots`` requests (at most the run's count) have been taken, with the
+    ring's addresses and payloads of an uncredited run."""
+    slots = ring // length
+    count = 3 * slots + 2
+    run = make_run(length, count, ring=ring) | {"credited": 1}
+    dut = TrafficGenerator(width=8)
+    requests, payloads = [], []
+
+    async def credit(ctx, consumed):
+        ctx.set(dut.i_credit.valid, 1)
+        ctx.set(dut.i_credit.payload, consumed)
+        await ctx.tick()
+        ctx.set(dut.i_credit.valid, 0)
+        for _ in range(30 + 12 * length):
+            await ctx.tick()
+
+    async def bench(ctx):
+        ctx.set(dut.i_start.valid, 1)
+        ctx.set(dut.i_start.payload, run)
+        await ctx.tick()
+        ctx.set(dut.i_start.valid, 0)
+        most = 0
+        for consumed in (1, 1, 0, slots, slots - 1, 2 * slots + 1, count):
+            await credit(ctx, consumed)
+            most = max(most, consumed)
+            assert len(requests) == min(count, most + slots), (consumed, len(requests))
+        await wait_for(ctx, lambda: not ctx.get(dut.o_running), 100)
+
+    async def request_sink(ctx):
+        gaps = random.Random(length)
+        for _ in range(count):
+            requests.append(await get_request(ctx, dut.o_request, gaps))
+
+    async def payload_sink(ctx):
+        for _ in range(count):
+            payloads.append((await get_packet(ctx, dut.o_payload, width=8,
+                                              gaps=random.Random(ring)))[0])
+
+    run_testbenches(dut, bench, request_sink, payload_sink)
+    assert requests == [model_request(run, k) for k in range(count)]
+    assert payloads == [generator_payload(k, length) for k in range(count)]

@@ -163,3 +163,42 @@ def test_a_paced_qps_run_is_passed_over_while_the_other_sends():
     bench.run(main)
     for run in runs:
         assert len(bench.messages_of(run["qp"])) == run["count"]
+
+
+def test_a_credit_reaches_only_the_run_of_its_qp():
+    """Two credited runs into rings of 2 slots: each stops after 2 messages; credits for
+    QP 5 (and one for QP 6, which has no run) move only QP 5's run."""
+    bench = Bench(seed=4)
+    runs = {qp: make_run(16, 6, qp=qp, ring=32) | {"credited": 1} for qp in (3, 5)}
+
+    async def credit(ctx, qp, count):
+        ctx.set(bench.dut.i_credit.valid, 1)
+        ctx.set(bench.dut.i_credit.payload, {"qp": qp, "count": count})
+        await ctx.tick()
+        ctx.set(bench.dut.i_credit.valid, 0)
+        for _ in range(100):
+            await ctx.tick()
+
+    def sent(qp):
+        return len(bench.messages_of(qp))
+
+    async def main(ctx):
+        for run in runs.values():
+            assert await bench.start(ctx, run)
+        for _ in range(100):
+            await ctx.tick()
+        assert (sent(3), sent(5)) == (2, 2)
+        await credit(ctx, 6, 4)
+        await credit(ctx, 5, 3)
+        assert (sent(3), sent(5)) == (2, 5)
+        await credit(ctx, 5, 4)
+        await credit(ctx, 3, 1)
+        assert (sent(3), sent(5)) == (3, 6)
+        assert await bench.query(ctx, 5) == (False, 6)
+        assert (await bench.query(ctx, 3))[0]
+
+    bench.run(main)
+    for qp in (3, 5):
+        messages = bench.messages_of(qp)
+        assert messages == [(model_request(runs[qp], k), generator_payload(k, 16))
+                            for k in range(len(messages))]

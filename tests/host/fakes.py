@@ -132,6 +132,7 @@ class EndpointQp:
     status: Status = Status()
     starts: list[Datagram] = dataclasses.field(default_factory=list)
     opens: int = 0
+    consumed: int = 0           # the host's CREDIT count in the current run
 
 
 class FakeEndpoint:
@@ -246,6 +247,11 @@ class FakeEndpoint:
             return protocol.reply(request, Ack.ACK, QpInfo(qpn=qp.qpn, ip="127.0.0.1")).encode()
         if request.request == Request.NULL and request.txmeta.valid and request.txmeta.start:
             self._start(request)
+        elif request.request == Request.NULL and request.txmeta.encode() == 0x11:
+            qp = self.qp(request.rem.qpn)
+            if qp is not None:
+                with self.lock:
+                    qp.consumed = max(qp.consumed, request.count)
         return None
 
     def _close_all(self, request: Datagram) -> bytes:
@@ -304,6 +310,7 @@ class FakeEndpoint:
         with self.lock:
             qp.status = dataclasses.replace(qp.status, running=True, messages=0,
                                             runs=qp.status.runs + 1)
+            qp.consumed = 0
         thread = threading.Thread(target=self._generate, args=(qp, request), daemon=True)
         self._threads.append(thread)
         thread.start()
@@ -316,6 +323,8 @@ class FakeEndpoint:
         write, immediate = start.txmeta.write, start.txmeta.immediate
         sent = count if self.stop_after is None else min(count, self.stop_after)
         for k in range(sent):
+            if start.txmeta.credited and not self._wait_for_credit(qp, k - slots + 1):
+                return
             payload = bytearray(protocol.generator_payload(k, length))
             if (index, k) in self.corrupt:
                 payload[self.corrupt[index, k]] ^= 0x40
@@ -338,6 +347,15 @@ class FakeEndpoint:
                 time.sleep(self.message_delay)
         with self.lock:
             qp.status = dataclasses.replace(qp.status, running=False)
+
+    def _wait_for_credit(self, qp: EndpointQp, consumed: int) -> bool:
+        """A credited run: wait until the host has consumed ``consumed`` messages; False
+        when the QP or the endpoint closes first."""
+        while qp.consumed < consumed:
+            if self._stop.is_set() or not qp.status.open:
+                return False
+            time.sleep(0.001)
+        return True
 
     def _retry(self, qp: EndpointQp, deliver) -> bool:
         """RNR retry: deliver until a receive is posted; False when the QP or the

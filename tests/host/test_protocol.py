@@ -184,6 +184,24 @@ def test_requests_a_host_sends():
     assert send.encode()[51] == 0b0011
 
 
+def test_credited_start_and_credit():
+    """A credited start sets txmeta bit 4; CREDIT is request NULL, txmeta exactly 0x11,
+    rem_qpn the endpoint QP, count (bytes 56-59) the messages consumed mod 2^32."""
+    start = protocol.start_run(300, length=64, count=9, write=True, ring=640, credited=True)
+    assert start.encode()[51] == 0b1_1011
+    assert Datagram.decode(start.encode()) == start
+    raw = protocol.credit(300, (1 << 32) + 7).encode()
+    assert raw[0] == 1 and raw[51] == 0x11
+    assert raw[25:29] == struct.pack(">I", 300) and raw[56:60] == struct.pack(">I", 7)
+    assert raw[1:25] == bytes(24) and raw[29:51] == bytes(22) and raw[60:] == bytes(4)
+    assert Datagram.decode(raw) == protocol.credit(300, 7)
+    with pytest.raises(protocol.ProtocolError, match="not both"):
+        protocol.TxMeta(mtu=PathMtu.MTU_1024, credited=True)
+    # an OPEN_QP asking for MTU 256 is not read as credited
+    opened = protocol.open_qp(QpInfo(ip="10.77.0.1"), mtu=PathMtu.MTU_256)
+    assert Datagram.decode(opened.encode()).txmeta.mtu == PathMtu.MTU_256
+
+
 def test_reply_echoes_the_request():
     request = protocol.open_qp(QpInfo(17, 5, 6, 7, "10.77.0.1"), mtu=PathMtu.MTU_2048)
     endpoint = QpInfo(256, 0x42, ip="10.77.0.2")

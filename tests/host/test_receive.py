@@ -2,11 +2,12 @@
 order, as a view of the registered buffer; slots released and reposted."""
 
 import contextlib
+import time
 
 import pytest
 
 from host.cm import CmClient
-from host.protocol import generator_payload
+from host.protocol import Request, generator_payload
 from host.receive import Receiver, RunConfig
 
 from .fakes import FakeBackend, FakeEndpoint
@@ -94,6 +95,36 @@ def test_a_lapped_slot_is_reported_and_skipped():
     assert ks == list(range(40, 50))
     assert qp.unchecked == 40
     assert qp.first_error == "message 0 was overwritten by message 40 before it was checked"
+
+
+def test_a_credited_ring_is_never_lapped_by_a_slow_host():
+    """The same ring and run as above, with a host that holds each batch a while: with
+    credit every message arrives, each CREDIT counts the messages released; without it
+    the same slow host loses messages (so the run above does lap)."""
+    def run(credit):
+        config = RunConfig(write=True, size=32, count=50, ring=320, credit=credit)
+        with receiving(config) as (receiver, _, endpoint):
+            ks = []
+            for batch in receiver.batches():
+                time.sleep(0.02)
+                ks += [message.k for message in batch]
+                batch.release()
+            credits = [request.count for request in endpoint.requests
+                       if request.request == Request.NULL and request.txmeta.credited
+                       and not request.txmeta.start]
+            return ks, receiver.qps[0], credits
+
+    ks, qp, credits = run(credit=True)
+    assert ks == list(range(50)) and qp.errors == qp.unchecked == 0, qp.first_error
+    assert credits == sorted(credits) and credits[-1] == 50 and len(credits) >= 5
+    ks, qp, _ = run(credit=False)
+    assert len(ks) < 50 and qp.unchecked > 0
+
+
+def test_credit_is_refused_where_posted_receives_hold_the_endpoint_back():
+    for write, immediate in ((False, False), (True, True)):
+        with pytest.raises(ValueError, match="plain WRITE"):
+            RunConfig(write=write, immediate=immediate, credit=True)
 
 
 @pytest.mark.parametrize("size", [8, 64, 20])

@@ -58,7 +58,7 @@ async def open_qp(run, host, *, memory_size=1 << 16, **responder_params):
 
 
 async def start_run(run, qp, host, *, length, count, write, immediate, divider=0,
-                    settle_cycles=500):
+                    credited=False, settle_cycles=500):
     """Expect a run's messages (k from 0; the host model posts its receives), then start
     it through the CM (which does not answer START_RUN) and wait ``settle_cycles``."""
     verb = VERB_NAMES[write, immediate]
@@ -67,7 +67,8 @@ async def start_run(run, qp, host, *, length, count, write, immediate, divider=0
         address = host.base + (k % slots if slots else k) * length
         run.expect(qp, Message(verb, generator_payload(k, length), address, k), tag=k)
     await cm(run.bench, protocol.start_run(qp.qpn, length=length, count=count, divider=divider,
-                                           write=write, immediate=immediate, ring=host.ring),
+                                           write=write, immediate=immediate, ring=host.ring,
+                                           credited=credited),
              reply=False, settle_cycles=settle_cycles)
 
 
@@ -98,6 +99,39 @@ async def generator_run_through_the_cm(dut):
     await start_run(run, qp, host, length=3000, count=5, write=True, immediate=True)
     await run.finish()
     await check_status(bench, qp, messages=5)
+    bench.close()
+
+
+@cocotb.test()
+async def a_credited_run_writes_a_slot_only_once_the_host_has_consumed_it(dut):
+    """A credited run of WRITEs into a ring of 4 slots and a host that consumes slowly:
+    each message lands, stays in its slot while the host holds it (no later message
+    overwrites it), and the next lap into that slot follows the host's CREDIT."""
+    bench = await start(dut, seed=11)
+    run = RoceRun(bench)
+    length, count, slots = 256, 13, 4
+    host = Host(0x44, psn=0x1000, rkey=0xC0DE, base=0x7E00_0000_0000, path_mtu=1024,
+                ring=slots * length)
+    qp = await open_qp(run, host, memory_size=host.ring)
+    await start_run(run, qp, host, length=length, count=count, write=True, immediate=False,
+                    credited=True)
+    memory = qp.responder.memory
+
+    def holds(k):
+        at = (k % slots) * length
+        return bytes(memory[at:at + length]) == generator_payload(k, length)
+
+    for k in range(count):
+        for _ in range(40):
+            if holds(k):
+                break
+            await bench.idle(100)
+        assert holds(k), f"message {k} did not land in its slot"
+        await bench.idle(1500)                      # the host is slow to consume it
+        assert holds(k), f"message {k} was overwritten before the host consumed it"
+        await cm(bench, protocol.credit(qp.qpn, k + 1), reply=False, settle_cycles=0)
+    await run.finish()
+    await check_status(bench, qp, messages=count)
     bench.close()
 
 

@@ -53,6 +53,7 @@ TESTCASES = {
     ],
     "cm_bench": [
         "generator_run_through_the_cm",
+        "a_credited_run_writes_a_slot_only_once_the_host_has_consumed_it",
         "runs_on_several_qps_and_a_reopened_qp",
         "the_generator_pool_refuses_a_fifth_run",
         "sixteen_qps_opened_used_and_closed_in_random_order",
