@@ -29,7 +29,7 @@ import struct
 __all__ = [
     "CM_PORT", "DATAGRAM_BYTES", "FIRST_QPN", "ProtocolError", "Request", "Ack", "PathMtu",
     "QpInfo", "TxMeta", "Datagram", "Status", "open_qp", "close_qp", "close_all", "status",
-    "start_run", "CLOSE_ALL_QPN",
+    "start_run", "credit", "CLOSE_ALL_QPN",
     "reply", "generator_payload", "generator_immediate", "ErrorStatus",
 ]
 
