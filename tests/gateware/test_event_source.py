@@ -24,7 +24,7 @@ class Bench:
     request taken after a random delay (in order), failing the ones in ``fail``."""
 
     def __init__(self, *, fragment_bytes, window, slots, count, width=64, period=0,
-                 slot_bytes=None, fail=(), seed=0):
+                 slot_bytes=None, fail=(), seed=0, gaps=True):
         self.config = {"qp": QP, "base": BASE, "slot_bytes": slot_bytes or fragment_bytes + 64,
                        "slots": slots, "period": period, "count": count}
         self.dut = EventSource(fragment_bytes=fragment_bytes, window=window, width=width,
@@ -32,6 +32,7 @@ class Bench:
         self.size, self.width, self.limit = fragment_bytes, width, min(window, slots)
         self.delay = 40 + 4 * -(-fragment_bytes // width)  # cycles a completion may take
         self.fail = set(fail)
+        self.gaps = gaps                # random ready on the request and payload sinks
         self.rng = random.Random(seed)
         self.requests, self.payloads = [], []
         self.offer_cycles = []          # the cycle each request was first offered
@@ -45,14 +46,14 @@ class Bench:
                 BASE + slot * self.config["slot_bytes"], self.size, k)
 
     async def requests_sink(self, ctx):
-        gaps = random.Random(1)
+        gaps = random.Random(1) if self.gaps else None
         while True:
             request = await get_item_random_ready(ctx, self.dut.o_request, gaps=gaps)
             self.requests.append((request.verb, request.qp, request.tag,
                                   request.remote_address, request.length, request.immediate))
 
     async def payload_sink(self, ctx):
-        gaps = random.Random(2)
+        gaps = random.Random(2) if self.gaps else None
         while True:
             payload, _ = await get_packet(ctx, self.dut.o_payload, width=self.width, gaps=gaps)
             self.payloads.append(payload)
@@ -136,6 +137,24 @@ def test_window_bounds_the_flight_and_period_spaces_events():
         await wait_for(ctx, lambda: bench.completed == 12 and len(bench.payloads) == 12, 20_000)
         bench.check_run()
         assert bench.max_in_flight == 2
+
+    run_testbenches(dut, main, bench.requests_sink, bench.payload_sink, bench.completer)
+
+
+@pytest.mark.parametrize("fragment_bytes", [24, 256, 1000])
+def test_back_to_back_fragments_take_their_beats_and_two_cycles(fragment_bytes):
+    """With both streams always ready and room in the window, the first beats of
+    consecutive fragments are ``n`` + 2 cycles apart (``n`` beats each)."""
+    bench = Bench(fragment_bytes=fragment_bytes, window=16, slots=16, count=8, gaps=False)
+    dut = bench.dut
+
+    async def main(ctx):
+        ctx.set(dut.i_enable, 1)
+        await wait_for(ctx, lambda: bench.completed == 8 and len(bench.payloads) == 8, 5000)
+        bench.check_run()
+        firsts = bench.monitor.firsts["payload"]
+        beats = -(-fragment_bytes // bench.width)
+        assert [later - earlier for earlier, later in pairwise(firsts)] == [beats + 2] * 7
 
     run_testbenches(dut, main, bench.requests_sink, bench.payload_sink, bench.completer)
 
