@@ -11,7 +11,7 @@ word   bytes    field
 ====== ======== =============================================================
 0      0-3      magic, :data:`MAGIC` (the bytes ``EVT1``)
 0      4-7      the fragment's size in bytes (u32)
-1      8-15     event number (u64; the immediate of its WRITE is its low 32 bits)
+1      8-15     event number (u64; the example source counts it in 32 bits)
 2      16-23    timestamp: the source's clock cycle count when its request was offered
 3 …    24 …     payload word ``j`` = ``(event mod 2^32) << 32 | j`` (``j``: word index)
 ====== ======== =============================================================
