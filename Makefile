@@ -79,11 +79,14 @@ resources: $(STAMP)
 # The Vivado build for a board: writes build/$(BOARD)-qsfp$(QSFP)/ (Verilog, XDC, Tcl with
 # the CMAC IP recipe) and runs Vivado if it is on PATH. Optional core build parameters:
 # MAC IP NETMASK GATEWAY QPS RETRANSMIT_BEATS MESSAGES GENERATOR_RUNS PATH_MTU RSFEC=0|1.
+# SOURCE=example builds the example event source onto the core's user request ports
+# (gateware/examples/), with FRAGMENT_BYTES RING_BASE RING_SLOTS; the default is the generator.
 BOARD ?= vcu118
 QSFP  ?= 1
 BOARD_ARGS = --board $(BOARD) --qsfp $(QSFP) $(if $(BUILD_DIR),--build-dir $(BUILD_DIR))
-CORE_ARGS = $(foreach v,MAC IP NETMASK GATEWAY QPS RETRANSMIT_BEATS MESSAGES GENERATOR_RUNS \
-              PATH_MTU RSFEC,$(if $($(v)),--$(subst _,-,$(shell echo $(v) | tr A-Z a-z)) $($(v))))
+CORE_VARS = MAC IP NETMASK GATEWAY QPS RETRANSMIT_BEATS MESSAGES GENERATOR_RUNS PATH_MTU RSFEC \
+            SOURCE FRAGMENT_BYTES RING_BASE RING_SLOTS
+CORE_ARGS = $(foreach v,$(CORE_VARS),$(if $($(v)),--$(subst _,-,$(shell echo $(v) | tr A-Z a-z)) $($(v))))
 
 bitstream: $(STAMP)
 	@$(VENV)/bin/python -m boards.build bitstream $(BOARD_ARGS) $(CORE_ARGS)

@@ -27,13 +27,15 @@ from .cmac_ip import CMAC_IP_NAME, cmac_ip_tcl
 from .jtag import write_jtag_scripts
 from .timing_gate import failed_checks, gate_report_name, timing_gate_tcl
 from .vcu118 import VCU118Platform
-from .vcu118_top import CORE_CLOCK_HZ, VCU118Top
+from .vcu118_top import CORE_CLOCK_HZ, SOURCES, VCU118Top
 
 __all__ = ["write_tree", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BOARDS = {"vcu118": (VCU118Platform, VCU118Top)}
 NAME = "top"
+#: The example source's build parameters when not given (``--source example``).
+EXAMPLE_DEFAULTS = {"fragment_bytes": 4096, "ring_base": 0, "ring_slots": 64}
 
 
 def _build_dir(args) -> Path:
@@ -112,6 +114,12 @@ def _bitstream(args) -> int:
         ("generator_runs", args.generator_runs),
         ("path_mtu", PathMtu.from_bytes(args.path_mtu) if args.path_mtu else None),
     ] if value is not None}
+    if args.source != "generator":
+        example = {name: default if getattr(args, name) is None else getattr(args, name)
+                   for name, default in EXAMPLE_DEFAULTS.items()}
+        core.update(source=args.source, fragment_bytes=example["fragment_bytes"],
+                    source_config={"base": example["ring_base"], "slots": example["ring_slots"],
+                                   "slot_bytes": example["fragment_bytes"]})
     print(f"writing the Vivado build tree to {build_dir} …", file=sys.stderr, flush=True)
     script = write_tree(build_dir, board=args.board, qsfp=args.qsfp, rsfec=args.rsfec,
                         hw_server=args.hw_server, **core)
@@ -201,7 +209,21 @@ def main(argv: list[str] | None = None) -> int:
     bitstream.add_argument("--path-mtu", type=int, choices=[mtu.bytes for mtu in PathMtu],
                            help="path MTU of QPs the CM opens when the host leaves it to us "
                                 "(default 4096)")
+    bitstream.add_argument("--source", choices=sorted(SOURCES), default="generator",
+                           help="what drives the core's user request ports: nothing (the "
+                                "generator) or the example event source (default: %(default)s)")
+    for option, helptext in [
+            ("--fragment-bytes", "bytes of the example source's fragments"),
+            ("--ring-base", "address of the host's ring, where the example source writes"),
+            ("--ring-slots", "fragments the host's ring holds")]:
+        name = option[2:].replace("-", "_")
+        bitstream.add_argument(option, type=lambda text: int(text, 0), help=f"{helptext} "
+                               f"(with --source example; default {EXAMPLE_DEFAULTS[name]})")
     args = parser.parse_args(argv)
+    if args.command == "bitstream" and args.source == "generator" and any(
+            getattr(args, name) is not None for name in EXAMPLE_DEFAULTS):
+        parser.error("--fragment-bytes, --ring-base and --ring-slots are the example "
+                     "source's: add --source example (SOURCE=example)")
     return _bitstream(args) if args.command == "bitstream" else _hardware_manager(args)
 
 

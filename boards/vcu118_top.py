@@ -11,6 +11,7 @@ from amaranth.lib.wiring import connect
 
 from gateware.core import CMAC_CLOCK_HZ, NetworkCore
 from gateware.counters import COUNTER_BITS
+from gateware.examples.event_core import EventCore
 from gateware.packet.store_forward import PacketStoreForward
 from gateware.stream import BEAT_BYTES
 
@@ -77,6 +78,11 @@ BOARD_STATUS = data.StructLayout({
 #: Baud rate of the status line.
 UART_BAUD = 115_200
 
+#: What drives the core's user request ports: nothing (the built-in generator, started
+#: through the CM, is the only RoCE source), or the example event source
+#: (:class:`~gateware.examples.event_core.EventCore`).
+SOURCES = {"generator": NetworkCore, "example": EventCore}
+
 #: The core's address parameters, which :class:`BoardAddress` also takes.
 ADDRESS_PARAMETERS = ("mac", "ip", "netmask", "gateway")
 
@@ -140,9 +146,11 @@ class VCU118Top(Elaboratable):
     Receive: CMAC → receive FIFO → core. Transmit: core → transmit FIFO →
     :class:`~gateware.packet.store_forward.PacketStoreForward`
     (the CMAC aborts a frame that pauses) → :class:`~boards.cmac_link.CmacLink`
-    (frames only while the link is up) → CMAC. The built-in generator is the
-    only source of RoCE traffic: the user work-request port is idle and
-    completions are drained. The addresses are the build-time ones with the
+    (frames only while the link is up) → CMAC. With ``source="generator"`` the
+    built-in generator is the only source of RoCE traffic: the user
+    work-request port is idle and completions are drained; with
+    ``source="example"`` the example event source drives it (see
+    :data:`SOURCES`). The addresses are the build-time ones with the
     GPIO DIP switches (GPIO_DIP_SW0-3, read at reset) added to the last octet of the IP
     and MAC address (:class:`~boards.board_address.BoardAddress`). LEDs: see
     :data:`LEDS`; the link's status (:data:`BOARD_STATUS`) is a line of text
@@ -155,16 +163,22 @@ class VCU118Top(Elaboratable):
         The cage: 1 or 2.
     rsfec : bool
         Clause 91 RS-FEC on (it must match the peer's setting).
+    source : str
+        A key of :data:`SOURCES`: what drives the core's user request ports.
     **core :
-        Build parameters of :class:`~gateware.core.NetworkCore` (addresses, QPs, ...).
+        Build parameters of :class:`~gateware.core.NetworkCore` (addresses, QPs, ...),
+        and with ``source="example"`` those of :class:`EventCore`.
     """
 
-    def __init__(self, *, qsfp=1, rsfec=True, **core):
+    def __init__(self, *, qsfp=1, rsfec=True, source="generator", **core):
         if qsfp not in (1, 2):
             raise ValueError(f"The VCU118 has QSFP28 cages 1 and 2, not {qsfp!r}")
+        if source not in SOURCES:
+            raise ValueError(f"Source must be one of {', '.join(SOURCES)}, not {source!r}")
         self.qsfp = qsfp
         self.rsfec = bool(rsfec)
-        self.core = NetworkCore(clock_hz=CORE_CLOCK_HZ, **core)
+        self.source = source
+        self.core = SOURCES[source](clock_hz=CORE_CLOCK_HZ, **core)
         defaults = inspect.signature(NetworkCore).parameters
         self.address = BoardAddress(
             switches=ADDRESS_SWITCHES,
@@ -298,11 +312,11 @@ class VCU118Top(Elaboratable):
             cmac.tx.tlast.eq(link.o.p.last),
             cmac.tx.tuser.eq(0),
             link.o.ready.eq(cmac.tx.tready),
-
-            # No user logic on the board: the generator is the RoCE source, and its
-            # completions come out of the user completion port.
-            core.completion.ready.eq(1),
         ]
+        if self.source == "generator":
+            # No user logic: the generator's completions come out of the user completion
+            # port (the example source takes them itself).
+            m.d.comb += core.completion.ready.eq(1)
 
         # The addresses, from the switches.
         m.submodules.address = address = self.address

@@ -1,0 +1,58 @@
+"""`make bitstream SOURCE=example`: the VCU118 tree with the example event source on the
+core's user request ports (gateware/examples/event_core.py) instead of the generator
+alone; without Vivado it is written and the build stops with the one error line."""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gateware.examples.event_source import EVENT_CONFIG
+
+from .test_vcu118_build import SMALL_ARGS, path_without_vivado, run_build
+
+pytestmark = pytest.mark.xdist_group("vcu118-tree")
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_ARGS = ["--source", "example", "--fragment-bytes", "1024", "--ring-base",
+                "0x7f0000000000", "--ring-slots", "8"]
+
+
+def test_make_bitstream_passes_the_example_options():
+    run = subprocess.run(["make", "-n", "bitstream", "SOURCE=example", "RING_BASE=0x7f0000",
+                          "RING_SLOTS=8", "FRAGMENT_BYTES=1024"], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    command = run.stdout.strip().splitlines()[-1].split()
+    assert command[command.index("--source") + 1] == "example"
+    assert command[command.index("--ring-base") + 1] == "0x7f0000"
+    assert command[command.index("--ring-slots") + 1] == "8"
+    assert command[command.index("--fragment-bytes") + 1] == "1024"
+    default = subprocess.run(["make", "-n", "bitstream"], cwd=ROOT, capture_output=True,
+                             text=True, check=True)
+    assert "--source" not in default.stdout
+
+
+def test_the_example_tree_without_vivado(tmp_path):
+    run = run_build("bitstream", "--build-dir", str(tmp_path), *SMALL_ARGS, *EXAMPLE_ARGS,
+                    path=path_without_vivado())
+    assert run.returncode == 1
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Vivado is not on PATH" in errors[0], run.stderr
+    for name in ("build_top.sh", "top.tcl", "top.xdc", "top.v", "program.tcl"):
+        assert (tmp_path / name).exists(), name
+    verilog = (tmp_path / "top.v").read_text()
+    modules = set(re.findall(r"^module \\?(\S+)", verilog, re.M))
+    assert {"top.core", "top.core.core", "top.core.source", "top.cmac"} <= modules, modules
+    # The source's build-time ring: the init of its config register.
+    ring = EVENT_CONFIG.const({"base": 0x7F00_0000_0000, "slots": 8, "slot_bytes": 1024})
+    init = f"{EVENT_CONFIG.size}'h{ring.as_value().value:0{-(-EVENT_CONFIG.size // 4)}x}"
+    assert re.search(rf"reg \[{EVENT_CONFIG.size - 1}:0\] \\config\s+= {init};", verilog), \
+        "the source's ring is not the one asked for"
+
+
+def test_the_example_options_need_the_example_source(tmp_path):
+    run = run_build("bitstream", "--build-dir", str(tmp_path), "--ring-slots", "8",
+                    path=path_without_vivado())
+    assert run.returncode == 2 and "add --source example" in run.stderr
+    assert not (tmp_path / "top.v").exists()

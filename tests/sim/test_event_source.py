@@ -1,0 +1,27 @@
+"""The example EventCore (the core with the example event source on its user ports) in
+cocotb, through the Python runner (SIM=verilator or SIM=icarus): event_source_bench."""
+
+import pytest
+
+from gateware.examples.event_core import EventCore
+from sim.runner import BUILD, build, run
+from sim.testbench import CORE_PARAMS
+
+from .test_core import HERE
+
+#: The core as the benches build it, with fewer QPs and generators (quicker to compile),
+#: and a source of 1000-byte fragments: four packets each at path MTU 256.
+PARAMS = {**CORE_PARAMS, "qps": 4, "generator_runs": 1, "fragment_bytes": 1000, "window": 8}
+
+
+@pytest.fixture(scope="module")
+def event_core_design():
+    return build("event_core", lambda: EventCore(**PARAMS), key=repr(PARAMS))
+
+
+@pytest.mark.parametrize("testcase", ["fragments_land_in_the_host_ring"])
+def test_event_source(event_core_design, testcase):
+    pcap = BUILD / "pcap" / f"event_source-{testcase}.pcap"
+    run(event_core_design, module="event_source_bench", test_dir=HERE, testcase=testcase,
+        params={**PARAMS, "pcap": str(pcap)})
+    assert pcap.stat().st_size > 24, "the simulation wrote no frames to its pcap"
