@@ -30,6 +30,7 @@ MAGIC = int.from_bytes(b"EVT1", "little")
 
 #: magic, size, event number, timestamp.
 HEADER = struct.Struct("<IIQQ")
+#: Bytes of the header.
 HEADER_BYTES = HEADER.size
 _WORD_BYTES = 8
 

@@ -30,11 +30,11 @@ class EventCore(wiring.Component):
     Parameters
     ----------
     fragment_bytes, window : int
-        The source's (see :class:`EventSource`).
+        The source's (see :class:`~gateware.examples.event_source.EventSource`).
     source_config : dict
-        The source's configuration after reset (fields of :data:`EVENT_CONFIG`).
+        The source's configuration after reset (fields of :data:`~gateware.examples.event_source.EVENT_CONFIG`).
     **core :
-        Build parameters of :class:`NetworkCore`.
+        Build parameters of :class:`~gateware.core.NetworkCore`.
     """
 
     #: The core's ports that the wrapper has too.
