@@ -32,7 +32,8 @@ class EventCore(wiring.Component):
     fragment_bytes, window : int
         The source's (see :class:`~gateware.examples.event_source.EventSource`).
     source_config : dict
-        The source's configuration after reset (fields of :data:`~gateware.examples.event_source.EVENT_CONFIG`).
+        The source's configuration after reset (fields of
+        :data:`~gateware.examples.event_source.EVENT_CONFIG`).
     **core :
         Build parameters of :class:`~gateware.core.NetworkCore`.
     """
