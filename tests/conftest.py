@@ -14,12 +14,14 @@ from itertools import islice
 
 import pytest
 
-#: The tests that take minutes: xdist groups, or the start of node IDs; longest first (CPU
-#: time on an idle machine, native Yosys 0.23, with a clean build directory).
+#: The tests that take minutes: xdist groups, or the start of node IDs; longest first, as
+#: ``make test`` on a clean clone timed them. The Soft-RoCE group builds the guest image and
+#: then the core's Verilator model (netdev), which every cocotb test waits for: it starts
+#: first with the netlist test, and the board top's synthesis follows it.
 LONGEST_FIRST = (
-    "board-synthesis",        # VCU118Top (2 QPs) through Yosys: 7 minutes
-    "softroce",               # the guest image (2 minutes), a boot, two demo runs
-    "tests/sim/test_netlist.py",
+    "tests/sim/test_netlist.py",    # the reduced core through Yosys and Icarus: 15 minutes
+    "softroce",                     # the image, the core's model, a boot, two demo runs
+    "board-synthesis",              # VCU118Top (2 QPs) through Yosys: 8 minutes
     "tests/sim/test_core.py::test_core[switch_bench-",
     "tests/sim/test_core.py::test_core[dcqcn_bench-",
     "tests/sim/test_core.py::test_core[fuzz_bench-",
