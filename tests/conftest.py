@@ -22,9 +22,11 @@ LONGEST_FIRST = (
     "tests/sim/test_netlist.py",    # the reduced core through Yosys and Icarus: 15 minutes
     "softroce",                     # the image, the core's model, a boot, two demo runs
     "board-synthesis",              # VCU118Top (2 QPs) through Yosys: 8 minutes
+    "vcu118-tree",                  # the board's build trees: about 3 CPU-minutes
     "tests/sim/test_core.py::test_core[switch_bench-",
     "tests/sim/test_core.py::test_core[dcqcn_bench-",
     "tests/sim/test_core.py::test_core[fuzz_bench-",
+    "tests/gateware/test_cm.py::test_256_qps_all_open_then_no_qp",
 )
 
 
