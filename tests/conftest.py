@@ -1,0 +1,68 @@
+"""The order in which ``make test``'s workers take the tests.
+
+``make test`` runs pytest-xdist with ``--dist loadgroup --no-loadscope-reorder``: the work
+units (a test, or all the tests of one ``xdist_group``) go to the workers in collection
+order, and a worker is given the next unit whenever it has two tests or fewer left, so it
+always holds one queued behind the one it runs. The tests that take minutes
+(:data:`LONGEST_FIRST`) are collected first, longest first, the first two side by side
+and then each behind a short unit: so none of them starts late and leaves the other
+worker idle at the end, and a worker busy with one never holds the next one queued while
+the other worker is free. Without pytest-xdist the order is the same.
+"""
+
+from itertools import islice
+
+import pytest
+
+#: The tests that take minutes: xdist groups, or the start of node IDs; longest first, as
+#: ``make test`` on a clean clone timed them. The Soft-RoCE group builds the guest image and
+#: then the core's Verilator model (netdev), which every cocotb test waits for: it starts
+#: first with the netlist test, and the board top's synthesis follows it.
+LONGEST_FIRST = (
+    "tests/sim/test_netlist.py",    # the reduced core through Yosys and Icarus: 15 minutes
+    "softroce",                     # the image, the core's model, a boot, two demo runs
+    "board-synthesis",              # VCU118Top (2 QPs) through Yosys: 8 minutes
+    "vcu118-tree",                  # the board's build trees: about 3 CPU-minutes
+    "tests/sim/test_core.py::test_core[switch_bench-",
+    "tests/sim/test_core.py::test_core[dcqcn_bench-",
+    "tests/sim/test_core.py::test_core[fuzz_bench-",
+    "tests/gateware/test_cm.py::test_256_qps_all_open_then_no_qp",
+)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "synthesis: synthesizes the reduced core with Yosys (minutes of CPU)")
+
+
+def _unit(item) -> str:
+    """The work unit of ``item`` under ``--dist loadgroup``: its group, or itself."""
+    group = item.get_closest_marker("xdist_group")
+    return group.args[0] if group else item.nodeid
+
+
+def _rank(unit: str) -> int | None:
+    return next((rank for rank, name in enumerate(LONGEST_FIRST)
+                 if unit == name or unit.startswith(name)), None)
+
+
+# First, so that the groups are set before pytest-xdist names the tests by them.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Every test that boots the Soft-RoCE guest runs on the same worker (one guest image
+    build, one QEMU at a time, each module's guest booted once); the units in the order
+    the module's docstring gives."""
+    for item in items:
+        if item.get_closest_marker("softroce"):
+            item.add_marker(pytest.mark.xdist_group("softroce"))
+    units: dict[str, list] = {}
+    for item in items:
+        units.setdefault(_unit(item), []).append(item)
+    long = sorted((unit for unit in units if _rank(unit) is not None), key=_rank)
+    short = [unit for unit in units if _rank(unit) is None]
+    order = long[:2] + short[:2]
+    rest = iter(short[2:])
+    for unit in long[2:]:
+        order += [unit, *islice(rest, 1)]
+    order += rest
+    items[:] = [item for unit in order for item in units[unit]]
