@@ -23,6 +23,7 @@ LONGEST_FIRST = (
     "softroce",                     # the image, the core's model, a boot, two demo runs
     "board-synthesis",              # VCU118Top (2 QPs) through Yosys: 8 minutes
     "vcu118-tree",                  # the board's build trees: about 3 CPU-minutes
+    "tests/sim/test_event_source.py",   # the example's core compiled by Verilator
     "tests/sim/test_core.py::test_core[switch_bench-",
     "tests/sim/test_core.py::test_core[dcqcn_bench-",
     "tests/sim/test_core.py::test_core[fuzz_bench-",
