@@ -66,13 +66,15 @@ resources: $(STAMP)
 	$(VENV)/bin/python -m sim.bench.resources $(TARGETS)
 
 # The Vivado build for a board: writes build/$(BOARD)-qsfp$(QSFP)/ (Verilog, XDC, Tcl with
-# the CMAC IP recipe) and runs Vivado if it is on PATH. Optional core build parameters:
-# MAC IP NETMASK GATEWAY QPS RETRANSMIT_BEATS MESSAGES GENERATOR_RUNS PATH_MTU RSFEC=0|1.
+# the CMAC IP recipes) and runs Vivado if it is on PATH. QSFP=1 or 2: a port on that cage;
+# QSFP=both: a port on each cage, two CMACs and two cores. Optional core build parameters:
+# MAC IP NETMASK GATEWAY QPS RETRANSMIT_BEATS MESSAGES GENERATOR_RUNS PATH_MTU RSFEC=0|1;
+# with QSFP=both, port 2's addresses: MAC2 IP2 NETMASK2 GATEWAY2.
 BOARD ?= vcu118
 QSFP  ?= 1
 BOARD_ARGS = --board $(BOARD) --qsfp $(QSFP) $(if $(BUILD_DIR),--build-dir $(BUILD_DIR))
-CORE_ARGS = $(foreach v,MAC IP NETMASK GATEWAY QPS RETRANSMIT_BEATS MESSAGES GENERATOR_RUNS \
-              PATH_MTU RSFEC,$(if $($(v)),--$(subst _,-,$(shell echo $(v) | tr A-Z a-z)) $($(v))))
+CORE_ARGS = $(foreach v,MAC IP NETMASK GATEWAY MAC2 IP2 NETMASK2 GATEWAY2 QPS RETRANSMIT_BEATS \
+              MESSAGES GENERATOR_RUNS PATH_MTU RSFEC,$(if $($(v)),--$(subst _,-,$(shell echo $(v) | tr A-Z a-z)) $($(v))))
 
 bitstream: $(STAMP)
 	@$(VENV)/bin/python -m boards.build bitstream $(BOARD_ARGS) $(CORE_ARGS)
