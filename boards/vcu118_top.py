@@ -200,6 +200,7 @@ class VCU118Top(_Board):
     def __init__(self, *, qsfp=1, **port):
         self.port = VCU118Port(qsfp=qsfp, refclk=0, ip_name=cmac_ip_name(0), **port)
         self.core = self.port.core
+        self.address = self.port.address
 
     @property
     def qsfp(self):
