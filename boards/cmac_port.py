@@ -135,10 +135,12 @@ class CmacPort(wiring.Component):
 
     def __init__(self, *, rsfec=True, width=BEAT_BYTES, init_hz=INIT_CLOCK_MHZ * 1_000_000,
                  cmac_hz=CMAC_CLOCK_HZ, rx_fifo_depth=RX_FIFO_DEPTH, tx_fifo_depth=TX_FIFO_DEPTH):
-        for name, value in [("init_hz", init_hz), ("cmac_hz", cmac_hz)]:
-            if value < 1000:
-                raise ValueError(f"{name} must be at least 1000 (the module's reset is 1 ms), "
-                                 f"not {value!r}")
+        if init_hz < 1000:
+            raise ValueError(f"init_hz must be at least 1000 (the module's reset is 1 ms), "
+                             f"not {init_hz!r}")
+        if cmac_hz < 20:
+            raise ValueError(f"cmac_hz must be at least 20 (an activity LED's flash is 50 ms), "
+                             f"not {cmac_hz!r}")
         self._rsfec = bool(rsfec)
         self._width = width
         self._init_hz = init_hz

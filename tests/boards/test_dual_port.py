@@ -7,6 +7,7 @@ ports. Timers are short."""
 
 import random
 
+import pytest
 from amaranth import *
 from amaranth.sim import Simulator
 
@@ -206,3 +207,9 @@ def test_each_port_has_its_own_addresses():
         assert [(config.mac, config.ip) for config in written] == [
             (parse_mac("02:00:00:00:00:02") + switches, parse_ipv4("10.77.0.2") + switches),
             (parse_mac(expected["mac"]) + switches, parse_ipv4(expected["ip"]) + switches)]
+
+
+def test_port_timers_are_checked():
+    for arguments in ({"init_hz": 999}, {"cmac_hz": 19}):
+        with pytest.raises(ValueError, match=next(iter(arguments))):
+            CmacPort(**arguments)
