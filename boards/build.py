@@ -1,8 +1,10 @@
 """``make bitstream`` and ``make program``: the Vivado build of a board, and loading it.
 
 ``python -m boards.build bitstream`` writes the complete Vivado build tree
-(``top.v``, ``top.xdc``, ``top.tcl`` with the CMAC IP recipe, ``build_top.sh``
-and ``program.tcl``) and runs it when ``vivado`` is on ``PATH``. Without
+(``top.v``, ``top.xdc``, ``top.tcl`` with the recipe of each CMAC IP,
+``build_top.sh`` and ``program.tcl``) for one QSFP28 cage (``--qsfp 1`` or
+``2``: :class:`~boards.vcu118_top.VCU118Top`) or both (``--qsfp both``:
+:class:`~boards.vcu118_top.VCU118DualTop`) and runs it when ``vivado`` is on ``PATH``. Without
 Vivado it stops there with one line saying so and how to finish on a
 machine that has it. The flow stops before ``write_bitstream`` when the routed
 design fails timing (:mod:`boards.timing_gate`); ``make bitstream`` then says
@@ -23,40 +25,46 @@ from pathlib import Path
 from gateware.core import CMAC_CLOCK_HZ
 from gateware.roce.requests import PathMtu
 
-from .cmac_ip import CMAC_IP_NAME, cmac_ip_tcl
+from .cmac_ip import cmac_ip_tcl
 from .jtag import write_jtag_scripts
 from .timing_gate import failed_checks, gate_report_name, timing_gate_tcl
 from .vcu118 import VCU118Platform
-from .vcu118_top import CORE_CLOCK_HZ, SOURCES, VCU118Top
+from .vcu118_port import SOURCES
+from .vcu118_top import CORE_CLOCK_HZ, PORT2_ADDRESS, VCU118DualTop, VCU118Top
 
 __all__ = ["write_tree", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
-BOARDS = {"vcu118": (VCU118Platform, VCU118Top)}
+#: Per board: its platform, and its top for one cage and for both.
+BOARDS = {"vcu118": (VCU118Platform, VCU118Top, VCU118DualTop)}
 NAME = "top"
 #: The example source's build parameters when not given (``--source example``).
 EXAMPLE_DEFAULTS = {"fragment_bytes": 4096, "ring_base": 0, "ring_slots": 64}
+#: The ``--qsfp`` choices: one cage, or both.
+CAGES = ("1", "2", "both")
 
 
 def _build_dir(args) -> Path:
     return args.build_dir or ROOT / "build" / f"{args.board}-qsfp{args.qsfp}"
 
 
-def _clock_constraints(platform) -> str:
+def _clock_constraints(platform, ip_names) -> str:
     """Timing constraints beyond the platform's ``create_clock`` of each clock pin: the
-    board clock, the core's clock (its MMCM's output) and the CMAC's clocks are
+    board clock, the core's clock (its MMCM's output) and each CMAC's clocks are
     asynchronous; status pins are not timed."""
-    cmac = f"[get_cells -hierarchical -filter {{REF_NAME == {CMAC_IP_NAME}}}]"
+    cmac_groups = "".join(
+        f" -group [get_clocks -include_generated_clocks -of_objects [get_pins -of_objects"
+        f" [get_cells -hierarchical -filter {{REF_NAME == {name}}}]"
+        " -filter {REF_PIN_NAME == gt_txusrclk2}]]" for name in ip_names)
     return "\n".join([
         "# The board's 125 MHz clock, the core's 250 MHz (Vivado derives it at the MMCM's",
-        "# output) and the CMAC's GT clocks (which the IP's own constraints create) are",
+        "# output) and each CMAC's GT clocks (which the IP's own constraints create) are",
         "# asynchronous; every crossing goes through a synchronizer or an asynchronous FIFO",
         "# (whose gray-code pointers have a bus skew constraint after synthesis).",
         "set_clock_groups -asynchronous"
         " -group [get_clocks clk125_0__p]"
         " -group [get_clocks -of_objects [get_pins core_mmcm/CLKOUT0]]"
-        f" -group [get_clocks -include_generated_clocks -of_objects [get_pins -of_objects {cmac}"
-        " -filter {REF_PIN_NAME == gt_txusrclk2}]]",
+        f"{cmac_groups}",
         "# LEDs, switches, the UART and QSFP28 low-speed pins: static or slow, not timed.",
         "set_false_path -to [get_ports {led_* uart_0__tx__io uart_0__rts__io}]",
         "set_false_path -to [get_ports {qsfp_*__modsel__io qsfp_*__reset__io qsfp_*__lpmode__io}]",
@@ -65,12 +73,9 @@ def _clock_constraints(platform) -> str:
     ])
 
 
-#: The asynchronous FIFOs of the top between the core's and the CMAC's clocks.
-CLOCK_CROSSING_FIFOS = ("rx_fifo", "tx_fifo")
-
-
-def _crossing_constraints() -> str:
-    """Tcl run after synthesis: each asynchronous FIFO's gray-code pointers (write and
+def _crossing_constraints(fifos) -> str:
+    """Tcl run after synthesis: each asynchronous FIFO's (``fifos``, hierarchical names)
+    gray-code pointers (write and
     read position) reach their synchronizer with a bus skew under the faster clock's
     period, so the synchronizer never samples a mix of two positions. Amaranth's flow
     puts false paths on the synchronizers' inputs (``amaranth.vivado.false_path``, applied
@@ -78,7 +83,7 @@ def _crossing_constraints() -> str:
     constraint holds through both (UG903)."""
     skew = 1e9 / max(CMAC_CLOCK_HZ, CORE_CLOCK_HZ)
     lines = ["# Bus skew of the asynchronous FIFOs' gray-code pointers (boards/build.py)."]
-    for fifo in CLOCK_CROSSING_FIFOS:
+    for fifo in fifos:
         for synchronizer in ("produce_cdc", "consume_cdc"):
             to = (f"[get_cells -hierarchical -filter "
                   f"{{NAME =~ {fifo}/*/{synchronizer}/stage0_reg*}}]")
@@ -88,17 +93,26 @@ def _crossing_constraints() -> str:
     return "\n".join(lines)
 
 
-def write_tree(build_dir: Path, *, board: str = "vcu118", qsfp: int = 1, rsfec: bool = True,
-               hw_server: str = "localhost:3121", **core) -> Path:
-    """Elaborate the top and write the complete Vivado build tree; returns the script to run."""
-    platform_class, top_class = BOARDS[board]
+def write_tree(build_dir: Path, *, board: str = "vcu118", qsfp: int | str = 1,
+               rsfec: bool = True, hw_server: str = "localhost:3121", port2=None,
+               **core) -> Path:
+    """Elaborate the top (for cage ``qsfp``, 1 or 2, or ``"both"``; ``port2``: the second
+    port's addresses, see :class:`~boards.vcu118_top.VCU118DualTop`) and write the complete
+    Vivado build tree; returns the script to run."""
+    platform_class, single, dual = BOARDS[board]
     platform = platform_class(toolchain="Vivado")
-    top = top_class(qsfp=qsfp, rsfec=rsfec, **core)
+    if str(qsfp) == "both":
+        top = dual(rsfec=rsfec, port2=port2, **core)
+    elif port2:
+        raise ValueError("port2's addresses need both cages (qsfp='both')")
+    else:
+        top = single(qsfp=int(qsfp), rsfec=rsfec, **core)
+    cmacs = top.cmac_ips
     plan = platform.build(
         top, name=NAME, build_dir=str(build_dir), do_build=False,
-        add_constraints=_clock_constraints(platform),
-        script_after_read=cmac_ip_tcl(qsfp),
-        script_after_synth=_crossing_constraints(),
+        add_constraints=_clock_constraints(platform, [name for _, name in cmacs]),
+        script_after_read="\n".join(cmac_ip_tcl(cage, name) for cage, name in cmacs),
+        script_after_synth=_crossing_constraints(top.clock_crossing_fifos),
         script_before_bitstream=timing_gate_tcl(NAME))
     plan.extract(str(build_dir))
     write_jtag_scripts(build_dir, name=NAME, device=platform.device, hw_server=hw_server)
@@ -120,9 +134,16 @@ def _bitstream(args) -> int:
         core.update(source=args.source, fragment_bytes=example["fragment_bytes"],
                     source_config={"base": example["ring_base"], "slots": example["ring_slots"],
                                    "slot_bytes": example["fragment_bytes"]})
+    port2 = {name: value for name, value in [
+        ("mac", args.mac2), ("ip", args.ip2), ("netmask", args.netmask2),
+        ("gateway", args.gateway2)] if value is not None}
+    if port2 and args.qsfp != "both":
+        print("error: --mac2, --ip2, --netmask2 and --gateway2 are port 2's, of --qsfp both",
+              file=sys.stderr)
+        return 2
     print(f"writing the Vivado build tree to {build_dir} …", file=sys.stderr, flush=True)
     script = write_tree(build_dir, board=args.board, qsfp=args.qsfp, rsfec=args.rsfec,
-                        hw_server=args.hw_server, **core)
+                        hw_server=args.hw_server, port2=port2 or None, **core)
     if not shutil.which("vivado"):
         print(f"error: Vivado is not on PATH; the complete build is written to {build_dir}: "
               f"on a machine with Vivado, source its settings64.sh and run "
@@ -181,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
                            ("flash", "write the bitstream to the board's configuration flash")]:
         command = commands.add_parser(name, help=helptext)
         command.add_argument("--board", choices=sorted(BOARDS), default="vcu118")
-        command.add_argument("--qsfp", type=int, choices=(1, 2), default=1,
-                             help="QSFP28 cage (default: %(default)s)")
+        command.add_argument("--qsfp", choices=CAGES, default="1",
+                             help="QSFP28 cage, or both (a port on each; default: "
+                                  "%(default)s)")
         command.add_argument("--build-dir", type=Path,
                              help="default: build/<board>-qsfp<qsfp>")
         command.add_argument("--hw-server", default="localhost:3121",
@@ -199,6 +221,12 @@ def main(argv: list[str] | None = None) -> int:
             ("--ip", "the FPGA's IPv4 address (default 10.77.0.2)"),
             ("--netmask", "default 255.255.255.0"),
             ("--gateway", "default 0.0.0.0 (none)")]:
+        bitstream.add_argument(option, help=helptext)
+    for option, helptext in [
+            ("--mac2", f"port 2's MAC address with --qsfp both (default {PORT2_ADDRESS['mac']})"),
+            ("--ip2", f"port 2's IPv4 address with --qsfp both (default {PORT2_ADDRESS['ip']})"),
+            ("--netmask2", "port 2's, with --qsfp both (default 255.255.255.0)"),
+            ("--gateway2", "port 2's, with --qsfp both (default 0.0.0.0, none)")]:
         bitstream.add_argument(option, help=helptext)
     for option, helptext in [
             ("--qps", "queue pairs (default 16)"),

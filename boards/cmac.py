@@ -4,11 +4,38 @@ from amaranth import *
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from gateware.stream import axi_stream_signature
+from gateware.stream import BEAT_BYTES, axi_stream_signature
 
 from .cmac_ip import CMAC_IP_NAME
 
-__all__ = ["Cmac"]
+__all__ = ["Cmac", "cmac_signature"]
+
+
+def cmac_signature(*, width=BEAT_BYTES):
+    """The ports of :class:`Cmac` (its clock, resets, streams, controls and status), as one
+    signature, so that the logic around the CMAC can take them flipped."""
+    return wiring.Signature({
+        "tx_clk": Out(1),
+        "tx_reset": Out(1),
+        "rx_reset": Out(1),
+        "tx": In(axi_stream_signature(width=width)),
+        "rx": Out(axi_stream_signature(width=width, ready=False)),
+        "rx_enable": In(1),
+        "tx_enable": In(1),
+        "tx_send_rfi": In(1),
+        "rsfec": In(1),
+        "rx_datapath_reset": In(1),
+        "rx_aligned": Out(1),
+        "rx_remote_fault": Out(1),
+        "rsfec_am_lock": Out(4),
+        "rsfec_aligned": Out(1),
+        "rsfec_hi_ser": Out(1),
+        "rsfec_corrected": Out(1),
+        "rsfec_uncorrected": Out(1),
+        "rx_bad_fcs": Out(1),
+        "tx_underflow": Out(1),
+        "tx_overflow": Out(1),
+    })
 
 
 class Cmac(wiring.Component):
@@ -42,44 +69,27 @@ class Cmac(wiring.Component):
         pairs each, requested with ``dir="-"``.
     refclk_pins :
         The GTY reference clock's differential pair, requested with ``dir="-"``.
+    ip_name : str
+        The IP's module name (:func:`~boards.cmac_ip.cmac_ip_tcl` creates it).
     init_domain : str
         The domain of ``init_clk``.
     """
 
-    def __init__(self, *, rx_pins, tx_pins, refclk_pins, init_domain="init"):
+    def __init__(self, *, rx_pins, tx_pins, refclk_pins, ip_name=CMAC_IP_NAME,
+                 init_domain="init"):
         self._rx_pins = rx_pins
         self._tx_pins = tx_pins
         self._refclk_pins = refclk_pins
+        self._ip_name = ip_name
         self._init_domain = init_domain
-        super().__init__({
-            "tx_clk": Out(1),
-            "tx_reset": Out(1),
-            "rx_reset": Out(1),
-            "tx": In(axi_stream_signature()),
-            "rx": Out(axi_stream_signature(ready=False)),
-            "rx_enable": In(1),
-            "tx_enable": In(1),
-            "tx_send_rfi": In(1),
-            "rsfec": In(1),
-            "rx_datapath_reset": In(1),
-            "rx_aligned": Out(1),
-            "rx_remote_fault": Out(1),
-            "rsfec_am_lock": Out(4),
-            "rsfec_aligned": Out(1),
-            "rsfec_hi_ser": Out(1),
-            "rsfec_corrected": Out(1),
-            "rsfec_uncorrected": Out(1),
-            "rx_bad_fcs": Out(1),
-            "tx_underflow": Out(1),
-            "tx_overflow": Out(1),
-        })
+        super().__init__(cmac_signature())
 
     def elaborate(self, platform):
         m = Module()
         init_clk = ClockSignal(self._init_domain)
         bad_fcs = Signal(3)
         m.submodules.ip = Instance(
-            CMAC_IP_NAME,
+            self._ip_name,
             # GTY lanes and reference clock.
             i_gt_rxp_in=self._rx_pins.p, i_gt_rxn_in=self._rx_pins.n,
             o_gt_txp_out=self._tx_pins.p, o_gt_txn_out=self._tx_pins.n,

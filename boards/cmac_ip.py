@@ -23,11 +23,25 @@ instantiates it. Its configuration:
 
 from .vcu118 import QSFP_LANES
 
-__all__ = ["CMAC_IP_NAME", "CMAC_SITES", "INIT_CLOCK_MHZ", "cmac_ip_properties", "cmac_ip_tcl"]
+__all__ = ["CMAC_IP_NAME", "CMAC_SITES", "INIT_CLOCK_MHZ", "cmac_ip_name", "cmac_ip_properties",
+           "cmac_ip_tcl"]
 
-CMAC_IP_NAME = "cmac_usplus_0"
 
-#: The CMAC hard block next to each cage's GTY quad on the XCVU9P.
+
+def cmac_ip_name(index: int) -> str:
+    """The module name of a board's CMAC IP ``index`` (0 for the first), as corundum's
+    two-CMAC VCU118 design names them (fpga/mqnic/VCU118/fpga_100g/ip/cmac_usplus_0.tcl and
+    cmac_usplus_1.tcl)."""
+    return f"cmac_usplus_{index}"
+
+
+#: The module name of a single-port build's CMAC IP.
+CMAC_IP_NAME = cmac_ip_name(0)
+
+#: The CMAC hard block next to each cage's GTY quad on the XCVU9P: CMACE4_X0Y7 by quad 231
+#: (QSFP1), CMACE4_X0Y8 by quad 232 (QSFP2), as corundum's VCU118 100G design selects them
+#: (fpga/mqnic/VCU118/fpga_100g/ip/cmac_usplus_0.tcl and cmac_usplus_1.tcl,
+#: ``CMAC_CORE_SELECT``).
 CMAC_SITES = {1: "CMACE4_X0Y7", 2: "CMACE4_X0Y8"}
 
 #: Frequency of the CMAC's ``init_clk`` and ``drp_clk``.
@@ -63,14 +77,15 @@ def cmac_ip_properties(qsfp: int) -> dict[str, str]:
     return properties
 
 
-def cmac_ip_tcl(qsfp: int) -> str:
-    """Tcl that creates the IP in the open project, generates and synthesizes it."""
-    settings = " \\\n    ".join(f"CONFIG.{name} {{{value}}}"
-                                for name, value in cmac_ip_properties(qsfp).items())
+def cmac_ip_tcl(qsfp: int, name: str = CMAC_IP_NAME) -> str:
+    """Tcl that creates the IP ``name`` for cage ``qsfp`` in the open project, generates and
+    synthesizes it."""
+    settings = " \\\n    ".join(f"CONFIG.{key} {{{value}}}"
+                                for key, value in cmac_ip_properties(qsfp).items())
     return "\n".join([
-        f"# The CMAC for QSFP{qsfp} (boards/cmac_ip.py)",
-        f"create_ip -name cmac_usplus -vendor xilinx.com -library ip -module_name {CMAC_IP_NAME}",
-        f"set_property -dict [list \\\n    {settings} \\\n] [get_ips {CMAC_IP_NAME}]",
-        f"generate_target all [get_ips {CMAC_IP_NAME}]",
-        f"synth_ip [get_ips {CMAC_IP_NAME}]",
+        f"# The CMAC for QSFP{qsfp}: {name} (boards/cmac_ip.py)",
+        f"create_ip -name cmac_usplus -vendor xilinx.com -library ip -module_name {name}",
+        f"set_property -dict [list \\\n    {settings} \\\n] [get_ips {name}]",
+        f"generate_target all [get_ips {name}]",
+        f"synth_ip [get_ips {name}]",
     ])

@@ -4,7 +4,7 @@ from amaranth import *
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["StatusUart", "status_line"]
+__all__ = ["StatusUart", "PortStatusUart", "status_line"]
 
 HEX_DIGITS = b"0123456789abcdef"
 
@@ -26,9 +26,10 @@ class StatusUart(wiring.Component):
     UART (8 data bits, no parity, 1 stop bit, ``divisor`` cycles a bit) at ``o_tx``.
 
     ``i`` is sampled once at the start of each line, so a line is one moment's
-    values. Read it with any terminal at the matching baud rate (115,200 on
-    the board: ``picocom -b 115200 /dev/ttyUSB1``, the VCU118's CP2105
-    enhanced port).
+    values; ``o_sampled`` is high in the cycle it is (a parent that shows several
+    records in turn moves to the next there). Read it with any terminal at the
+    matching baud rate (115,200 on the board: ``picocom -b 115200
+    /dev/ttyUSB1``, the VCU118's CP2105 enhanced port).
 
     Parameters
     ----------
@@ -67,6 +68,7 @@ class StatusUart(wiring.Component):
         super().__init__({
             "i": In(layout),
             "o_tx": Out(1, init=1),
+            "o_sampled": Out(1),
         })
 
     def elaborate(self, platform):
@@ -114,9 +116,63 @@ class StatusUart(wiring.Component):
                 m.d.sync += bit_timer.eq(bit_timer + 1)
 
         with m.If(line_due & (characters_left == 0)):
+            m.d.comb += self.o_sampled.eq(1)
             m.d.sync += [queue.eq(line), characters_left.eq(len(self._characters))]
         with m.Elif((bits_left == 0) & (characters_left != 0)):
             m.d.sync += [shift.eq(Cat(0, queue[:7], 0, 1)), bits_left.eq(10),
                          queue.eq(queue.rotate_right(7)),
                          characters_left.eq(characters_left - 1)]
+        return m
+
+
+class PortStatusUart(wiring.Component):
+    """Sends the status of several ports in turn, a line each (:func:`status_line` of
+    ``port`` then the fields of ``layout``; ports are numbered from 1), on a UART at
+    ``o_tx``: each port's line every ``interval`` cycles, the ports' lines spread evenly
+    over it.
+
+    ``i`` holds one record per port; a port's record is sampled at the start of its
+    line, as :class:`StatusUart` samples its input.
+
+    Parameters
+    ----------
+    layout : data.StructLayout
+        A port's fields, each at most 32 bits wide.
+    ports : int
+        The number of ports (at most 15).
+    divisor : int
+        Clock cycles per bit.
+    interval : int
+        Cycles between two lines of one port.
+    """
+
+    def __init__(self, layout, *, ports, divisor, interval):
+        if not 1 <= ports <= 15:
+            raise ValueError(f"ports must be from 1 to 15, not {ports!r}")
+        self._ports = ports
+        self._line = data.StructLayout({"port": 4, **{name: field.shape
+                                                      for name, field in layout}})
+        self._uart = StatusUart(self._line, divisor=divisor, interval=interval // ports)
+        super().__init__({
+            "i": In(data.ArrayLayout(layout, ports)),
+            "o_tx": Out(1, init=1),
+        })
+
+    @property
+    def line_layout(self):
+        """The layout of each line: ``port``, then the port's fields."""
+        return self._line
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.uart = uart = self._uart
+        shown = Signal(range(self._ports))
+        with m.If(uart.o_sampled):
+            m.d.sync += shown.eq(Mux(shown == self._ports - 1, 0, shown + 1))
+        record = self.i[shown]
+        m.d.comb += [
+            uart.i.port.eq(shown + 1),
+            *[uart.i[name].eq(record[name]) for name, _ in self.i.shape().elem_shape],
+            self.o_tx.eq(uart.o_tx),
+        ]
         return m

@@ -9,11 +9,13 @@ USB-UART and both QSFP28 cages.
 QSFP28 cages: four GTY lanes each, in quad 231 (QSFP1, ``GTYE4_CHANNEL_X1Y48``
 to ``X1Y51``) and quad 232 (QSFP2, ``X1Y52`` to ``X1Y55``); lane ``n`` of the
 ``rx``/``tx`` pairs is the cage's lane ``n + 1``. The reference clock both
-cages use is ``qsfp_refclk`` 0: MGTREFCLK0 of quad 231, from the QSFP Si570
-(U38), 156.25 MHz from power-up; a quad's reference clock also reaches the
-quads next to it, so it serves quad 232 as well. ``qsfp_refclk`` 1 is quad
-232's own MGTREFCLK0, which comes through a clock buffer (U104) and is not
-used here.
+cages use in a single-port build is ``qsfp_refclk`` 0: MGTREFCLK0 of quad
+231, from the QSFP Si570 (U38), 156.25 MHz from power-up; a quad's reference
+clock also reaches the quads next to it, so it serves quad 232 as well.
+``qsfp_refclk`` 1 is quad 232's own MGTREFCLK0, from U104; the two-port build
+takes QSFP2's CMAC's reference clock there (each CMAC IP buffers its own
+reference clock, so two cannot share one pin pair), as corundum's two-CMAC
+design did (fpga/mqnic/VCU118/fpga_100g/fpga.xdc, ``qsfp2_mgt_refclk_0``).
 """
 
 from amaranth.build import Attrs, Clock, DiffPairs, Pins, PinsN, Resource, Subsignal
@@ -22,7 +24,9 @@ from amaranth_boards.resources import ButtonResources, LEDResources, SwitchResou
 
 __all__ = ["VCU118Platform", "QSFP_LANES"]
 
-#: GTY channel sites of each QSFP28 cage, lane 1 first (``GT_GROUP_SELECT`` of the CMAC IP).
+#: GTY channel sites of each QSFP28 cage, lane 1 first (``GT_GROUP_SELECT`` of the CMAC IP), as
+#: corundum's VCU118 100G design places them (fpga/mqnic/VCU118/fpga_100g/fpga.xdc: QSFP1's
+#: lanes 1-4 on GTYE4_CHANNEL_X1Y48-X1Y51, QSFP2's on X1Y52-X1Y55).
 QSFP_LANES = {
     1: ("X1Y48", "X1Y49", "X1Y50", "X1Y51"),
     2: ("X1Y52", "X1Y53", "X1Y54", "X1Y55"),

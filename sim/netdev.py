@@ -14,6 +14,15 @@ remote.port=47002``::
 
     python -m sim.netdev --local 127.0.0.1:47002 --remote 127.0.0.1:47001 \\
         --ip 10.77.0.2 --mac 02:00:00:00:00:02 --faults drop=0.02
+
+With ``--ports 2`` it runs the two cores of the two-cage board top
+(:class:`boards.vcu118_top.VCU118DualTop`): port 1 as above, port 2 with its own
+addresses (``--ip2``, ``--mac2``; the board's defaults for its second port) on its
+own UDP frame channel (``--local2``, ``--remote2``), with its own pcap and summary
+(``-port2`` added to their names). The two cores share no logic (each has its own
+CMAC, CM, QPs and counters; only their clock is common), so each runs in a
+simulation of its own, from one build, in a process of its own; every other option
+applies to both.
 """
 
 from __future__ import annotations
@@ -23,17 +32,19 @@ import ipaddress
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from boards.vcu118_top import PORT2_ADDRESS
 from gateware.core import TOS_ECT0, NetworkCore
 from gateware.roce.requests import PathMtu
 from sim.models.link_faults import parse_faults
 from sim.runner import BUILD, build, run, simulator
 from sim.testbench import CORE_PARAMS
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "port_arguments"]
 
 #: Cycles of the IB timers' 4.096 us tick in the simulation. A simulated cycle
 #: takes about 0.2 ms of wall time, so with ACK timeout 12 (4096 ticks) a lost
@@ -72,6 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ip", default="10.77.0.2", help="the endpoint's IPv4 address")
     parser.add_argument("--netmask", default="255.255.255.0")
     parser.add_argument("--mac", default="02:00:00:00:00:02", help="the endpoint's MAC")
+    parser.add_argument("--ports", type=int, choices=(1, 2), default=1,
+                        help="1: one core; 2: the two-cage board's two cores, a UDP frame "
+                        "channel each (default %(default)s)")
+    parser.add_argument("--local2", type=_address, default="127.0.0.1:47004",
+                        help="with --ports 2: port 2's UDP address (default %(default)s)")
+    parser.add_argument("--remote2", type=_address, default="127.0.0.1:47003",
+                        help="with --ports 2: port 2's peer (default %(default)s)")
+    parser.add_argument("--ip2", default=PORT2_ADDRESS["ip"],
+                        help="with --ports 2: port 2's IPv4 address (default %(default)s)")
+    parser.add_argument("--mac2", default=PORT2_ADDRESS["mac"],
+                        help="with --ports 2: port 2's MAC (default %(default)s)")
     parser.add_argument("--pcap", type=Path, default=BUILD / "pcap" / "netdev.pcap",
                         help="pcap of every frame in both directions (default %(default)s)")
     parser.add_argument("--summary", type=Path, default=BUILD / "netdev-summary.json",
@@ -98,8 +120,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _port2(path: Path) -> Path:
+    return path.with_name(f"{path.stem}-port2{path.suffix}")
+
+
+def port_arguments(argv: list[str], args: argparse.Namespace) -> list[list[str]]:
+    """The command lines (after ``python -m sim.netdev``) of the two ports' simulations
+    under ``--ports 2``: ``argv`` (parsed as ``args``) with each port's own options
+    last (the last of an option counts)."""
+    return [
+        [*argv, "--ports", "1"],
+        [*argv, "--ports", "1", "--local", args.local2, "--remote", args.remote2,
+         "--ip", args.ip2, "--mac", args.mac2, "--pcap", str(_port2(args.pcap)),
+         "--summary", str(_port2(args.summary))],
+    ]
+
+
+def _two_ports(argv: list[str], args: argparse.Namespace) -> int:
+    """Both ports' simulations at once, stopped together; the worse exit status."""
+    print(f"netdev: building the endpoint with {simulator()} (cached after the first run)",
+          flush=True)
+    build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
+    ports = [subprocess.Popen([sys.executable, "-m", "sim.netdev", *arguments])
+             for arguments in port_arguments(argv, args)]
+
+    def stop(signum, frame):
+        for port in ports:
+            port.send_signal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    return max(port.wait() for port in ports)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    if args.ports == 2:
+        return _two_ports(argv, args)
     args.pcap.parent.mkdir(parents=True, exist_ok=True)
     args.summary.parent.mkdir(parents=True, exist_ok=True)
     args.summary.unlink(missing_ok=True)

@@ -24,29 +24,39 @@ class CmacStatusModel:
     there; a receiver that was last reset without a signal (its power-on
     reset, before the peer sends) stays unaligned. Alignment goes with the
     signal. While aligned, ``stat_rx_remote_fault`` is high while the peer
-    does not receive us (``peer_fault``).
+    does not receive us (``peer_fault``). ``resets`` counts the datapath
+    resets seen.
     """
 
     def __init__(self, *, signal=False, peer_fault=False):
         self.signal = signal
         self.peer_fault = peer_fault
+        self.resets = 0
 
     def testbench(self, bench):
+        """The model on ``LinkBench``'s signals."""
+        return self.drive(reset=bench.watchdog.o_reset, aligned=bench.aligned,
+                          remote_fault=bench.remote_fault)
+
+    def drive(self, *, reset, aligned, remote_fault, domain="sync"):
+        """A testbench that reads the datapath ``reset`` and drives ``aligned`` and
+        ``remote_fault`` in ``domain`` (the domain of ``reset``)."""
         async def run(ctx):
             locking = None
-            async for _, _, reset in ctx.tick().sample(bench.watchdog.o_reset):
+            async for _, _, pulse in ctx.tick(domain).sample(reset):
+                self.resets += pulse
                 if not self.signal:
                     locking = None
-                    ctx.set(bench.aligned, 0)
-                elif reset:
+                    ctx.set(aligned, 0)
+                elif pulse:
                     locking = LOCK
-                    ctx.set(bench.aligned, 0)
+                    ctx.set(aligned, 0)
                 elif locking is not None:
                     locking -= 1
                     if locking == 0:
-                        ctx.set(bench.aligned, 1)
+                        ctx.set(aligned, 1)
                         locking = None
-                ctx.set(bench.remote_fault, ctx.get(bench.aligned) and self.peer_fault)
+                ctx.set(remote_fault, ctx.get(aligned) and self.peer_fault)
         return run
 
 

@@ -1,10 +1,12 @@
 # amaranth: UnusedElaboratable=no
-"""The VCU118 build tree: the whole top elaborates to Verilog with the CMAC instance; the
-XDC places every pin the board's documentation (UG1224) gives and constrains every clock;
-the Tcl creates the CMAC IP with its properties before synthesis and stops before the
-bitstream when timing fails (run under tclsh with Vivado's commands stubbed); `make bitstream`
-without Vivado writes the tree and says so in one line, and with Vivado runs it."""
+"""The VCU118 build trees (one cage, or both): the whole top elaborates to Verilog with each
+CMAC instance; the XDC places every pin the board's documentation (UG1224) and corundum's
+two-cage design give and constrains every clock; the Tcl creates each CMAC IP with its
+properties before synthesis and stops before the bitstream when timing fails (run under
+tclsh with Vivado's commands stubbed); `make bitstream` without Vivado writes the tree and
+says so in one line, and with Vivado runs it."""
 
+import argparse
 import os
 import re
 import shutil
@@ -29,7 +31,6 @@ SMALL_CORE = {"qps": 4, "retransmit_beats": 64, "messages": 8}
 #: platform file: (port, LOC).
 BOARD_PINS = [
     ("clk125_0__p", "AY24"), ("clk125_0__n", "AY23"), ("cpu_reset_0__io", "L19"),
-    ("qsfp_refclk_0__p", "W9"), ("qsfp_refclk_0__n", "W8"),
     *[(f"led_{n}__io", pin) for n, pin in
       enumerate("AT32 AV34 AY30 BB32 BF32 AU37 AV36 BA37".split())],
     *[(f"switch_{n}__io", pin) for n, pin in enumerate("B17 G16 J16 D21".split())],
@@ -43,18 +44,51 @@ CAGE_PINS = {
         "tx__n": "L4 K6 J4 H6", "modsel__io": "AN23", "reset__io": "AY22",
         "lpmode__io": "AT24", "present__io": "AN24"},
 }
-#: The CMAC site and GTY channels of each cage (UG1224 and the XCVU9P's CMAC placement).
+#: The CMAC site and GTY channels of each cage, as corundum's VCU118 100G design sets them
+#: (fpga/mqnic/VCU118/fpga_100g/ip/cmac_usplus_0.tcl and cmac_usplus_1.tcl:
+#: CMAC_CORE_SELECT, GT_GROUP_SELECT, LANE1-4_GT_LOC; its fpga.xdc places the same lanes).
 CAGE_CMAC = {1: ("CMACE4_X0Y7", "X1Y48 X1Y49 X1Y50 X1Y51"),
              2: ("CMACE4_X0Y8", "X1Y52 X1Y53 X1Y54 X1Y55")}
+#: The GTY reference clocks' pins (corundum's fpga.xdc: qsfp1_mgt_refclk_0 on W9/W8,
+#: MGTREFCLK0 of quad 231 from U38; qsfp2_mgt_refclk_0 on R9/R8, MGTREFCLK0 of quad 232
+#: from U104), by ``qsfp_refclk`` number.
+REFCLK_PINS = {0: ("W9", "W8"), 1: ("R9", "R8")}
+
+#: Per tree: each cage's CMAC IP and the reference clock it takes. One cage: cmac_usplus_0 on
+#: quad 231's reference clock (which reaches quad 232 too); both: corundum's two-CMAC design
+#: (rtl/fpga.v at 1bb5d8ab: cmac_usplus_0 on qsfp1_mgt_refclk_0, cmac_usplus_1 on
+#: qsfp2_mgt_refclk_0).
+TREE_CMACS = {"1": {1: ("cmac_usplus_0", 0)}, "2": {2: ("cmac_usplus_0", 0)},
+              "both": {1: ("cmac_usplus_0", 0), 2: ("cmac_usplus_1", 1)}}
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["qsfp1-default-core", "qsfp2-small-core"])
+@pytest.fixture(scope="module", params=["1", "2", "both"],
+                ids=["qsfp1-default-core", "qsfp2-small-core", "qsfpboth-small-core"])
 def tree(request, tmp_path_factory):
     """The tree ``make bitstream`` writes: for QSFP1 with the default core (what users
-    build; about a minute to convert), for QSFP2 with a small one."""
+    build; about a minute to convert), for QSFP2 with a small one, for both cages with
+    small ones (through the command line without Vivado, as ``make bitstream QSFP=both``)."""
     build_dir = tmp_path_factory.mktemp(f"vcu118-qsfp{request.param}")
-    build.write_tree(build_dir, qsfp=request.param, **({} if request.param == 1 else SMALL_CORE))
+    if request.param == "both":
+        run = run_build("bitstream", "--qsfp", "both", "--build-dir", str(build_dir),
+                        *SMALL_ARGS, path=path_without_vivado())
+        errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+        assert run.returncode == 1 and len(errors) == 1, run.stderr
+        assert "Vivado is not on PATH" in errors[0] and str(build_dir) in errors[0]
+    else:
+        build.write_tree(build_dir, qsfp=int(request.param),
+                         **({} if request.param == "1" else SMALL_CORE))
     return request.param, build_dir
+
+
+def cmac_instances(verilog):
+    """``{IP module name: (the module holding it, its connections)}``."""
+    instances = {}
+    for module in re.split(r"^endmodule", verilog, flags=re.M):
+        name = re.search(r"^module (\\\S+|\w+)", module, re.M)
+        for ip, ports in re.findall(r"^  (cmac_usplus_\d) ip \((.*?)\);", module, re.M | re.S):
+            instances[ip] = (name[1], ports)
+    return instances
 
 
 def locs(xdc):
@@ -63,12 +97,25 @@ def locs(xdc):
 
 
 def test_the_whole_top_elaborates_with_the_cmac(tree):
-    _, build_dir = tree
+    qsfp, build_dir = tree
     verilog = (build_dir / "top.v").read_text()
     assert re.search(r"^module top\(", verilog, re.M)
-    instance = re.search(r"^  cmac_usplus_0 ip \((.*?)\);", verilog, re.M | re.S)
-    assert instance, "no instance of the CMAC IP"
-    ports = set(re.findall(r"\.(\w+)\(", instance[1]))
+    instances = cmac_instances(verilog)
+    assert sorted(instances) == sorted(ip for ip, _ in TREE_CMACS[qsfp].values())
+    for cage, (ip, refclk) in TREE_CMACS[qsfp].items():
+        _, connections = instances[ip]
+        for pin in ("gt_rxp_in", "gt_rxn_in", "gt_txp_out", "gt_txn_out"):
+            assert re.search(rf"\.{pin}\(qsfp_{cage}__[rt]x__[pn]\)", connections), (ip, pin)
+        for pin in ("p", "n"):
+            assert f".gt_ref_clk_{pin}(qsfp_refclk_{refclk}__{pin})" in connections, ip
+        check_cmac_instance(connections)
+    port_names = ["port"] if qsfp != "both" else ["port1", "port2"]
+    for port in port_names:
+        assert re.search(rf"^module \\top\.{port}\.core\b", verilog, re.M), f"no core in {port}"
+
+
+def check_cmac_instance(connections):
+    ports = set(re.findall(r"\.(\w+)\(", connections))
     # Every input of the IP's port list (as configured) is driven; the outputs used are there.
     assert {"gt_rxp_in", "gt_rxn_in", "gt_ref_clk_p", "gt_ref_clk_n", "init_clk", "sys_reset",
             "drp_clk", "rx_clk", "ctl_rx_enable", "ctl_tx_enable", "ctl_tx_send_rfi",
@@ -83,47 +130,60 @@ def test_the_whole_top_elaborates_with_the_cmac(tree):
             "stat_rx_rsfec_corrected_cw_inc", "stat_rx_rsfec_uncorrected_cw_inc"} <= ports
     # Pause processing is off in the CMAC: it forwards PAUSE and PFC frames to the core.
     for kind in ("gcp", "gpp", "pcp", "ppp"):
-        assert re.search(rf"\.ctl_rx_enable_{kind}\(1'h0\)", instance[1]), kind
-    assert re.search(r"\.ctl_rx_pause_enable\(9'h000\)", instance[1])
+        assert re.search(rf"\.ctl_rx_enable_{kind}\(1'h0\)", connections), kind
+    assert re.search(r"\.ctl_rx_pause_enable\(9'h000\)", connections)
     # The receive datapath reset is driven (by the watchdog), not tied off.
-    assert re.search(r"\.gtwiz_reset_rx_datapath\(\w+\)", instance[1])
+    assert re.search(r"\.gtwiz_reset_rx_datapath\(\w+\)", connections)
     # The receive side runs on the TX user clock.
-    assert re.search(r"\.gt_txusrclk2\((\w+)\).*\.rx_clk\(\1\)", instance[1], re.S)
-    assert re.search(r"^module \\top\.core\b", verilog, re.M), "the core is not in the top"
+    assert re.search(r"\.gt_txusrclk2\((\w+)\).*\.rx_clk\(\1\)", connections, re.S)
 
 
 def test_xdc_places_every_pin(tree):
     qsfp, build_dir = tree
     placed = locs((build_dir / "top.xdc").read_text())
     expected = dict(BOARD_PINS)
-    for signal, pins in CAGE_PINS[qsfp].items():
-        for lane, pin in enumerate(pins.split()):
-            name = f"qsfp_{qsfp}__{signal}"
-            expected[f"{name}[{lane}]" if " " in pins else name] = pin
+    for cage, (_, refclk) in TREE_CMACS[qsfp].items():
+        for signal, pins in CAGE_PINS[cage].items():
+            for lane, pin in enumerate(pins.split()):
+                name = f"qsfp_{cage}__{signal}"
+                expected[f"{name}[{lane}]" if " " in pins else name] = pin
+        expected.update(zip([f"qsfp_refclk_{refclk}__p", f"qsfp_refclk_{refclk}__n"],
+                            REFCLK_PINS[refclk], strict=True))
     assert {port: placed.get(port) for port in expected} == expected
-    other = 3 - qsfp
-    assert not any(port.startswith(f"qsfp_{other}__") for port in placed)
+    cages = {f"qsfp_{cage}__" for cage in TREE_CMACS[qsfp]}
+    refclks = {f"qsfp_refclk_{refclk}__" for _, refclk in TREE_CMACS[qsfp].values()}
+    assert all(port.startswith(tuple(cages | refclks)) for port in placed
+               if port.startswith("qsfp_")), "a pin of a cage or clock the build does not use"
 
 
 def test_xdc_constrains_every_clock(tree):
-    _, build_dir = tree
+    qsfp, build_dir = tree
     xdc = (build_dir / "top.xdc").read_text()
     clocks = dict(re.findall(r"create_clock -name (\S+) -period (\S+)", xdc))
     assert float(clocks["clk125_0__p"]) == 8.0
-    assert float(clocks["qsfp_refclk_0__p"]) == pytest.approx(1000 / 156.25)
-    # The CMAC's GT clocks are created by the IP's constraints; ours declares them
-    # asynchronous to the board clock.
-    assert re.search(r"set_clock_groups -asynchronous -group .*clk125_0__p.* -group .*"
-                     r"REF_NAME == cmac_usplus_0.*gt_txusrclk2", xdc)
+    for _, refclk in TREE_CMACS[qsfp].values():
+        assert float(clocks[f"qsfp_refclk_{refclk}__p"]) == pytest.approx(1000 / 156.25)
+    # Each CMAC's GT clocks are created by the IP's constraints; ours declares them
+    # asynchronous to the board clock and to each other's.
+    groups = re.search(r"set_clock_groups -asynchronous (.*)", xdc)[1].split(" -group ")
+    assert "clk125_0__p" in groups[0] and "core_mmcm/CLKOUT0" in groups[1]
+    cmac_groups = [re.fullmatch(r"\[get_clocks -include_generated_clocks .*REF_NAME == (\w+)\}.*"
+                                r"gt_txusrclk2\}\]\]", group) for group in groups[2:]]
+    assert [group and group[1] for group in cmac_groups] == [
+        ip for ip, _ in TREE_CMACS[qsfp].values()]
     assert "set_property CONFIG_VOLTAGE 1.8 [current_design]" in xdc
 
 
 def test_core_runs_at_250_mhz_behind_asynchronous_fifos(tree):
     """The MMCM makes 250 MHz from the 125 MHz board clock (the VCO within UltraScale+'s
-    800-1600 MHz); the core's clock is its output, the CMAC's TX user clock is another
-    domain, and the FIFOs between them are constrained: the three clocks asynchronous in
-    the XDC, each FIFO's two gray-code pointers with a bus skew after synthesis."""
-    _, build_dir = tree
+    800-1600 MHz); the cores' clock is its output, each CMAC's TX user clock is another
+    domain, and the FIFOs between them (and the status's, to the board clock) are
+    constrained: the clocks asynchronous in the XDC, each FIFO's two gray-code pointers
+    with a bus skew after synthesis."""
+    qsfp, build_dir = tree
+    ports = ["port"] if qsfp != "both" else ["port1", "port2"]
+    fifos = [f"{port}/cmac_port/{fifo}" for port in ports
+             for fifo in ("rx_fifo", "tx_fifo", "status_fifo")]
     verilog = (build_dir / "top.v").read_text()
     mmcm = re.search(r"^  MMCME4_BASE #\((.*?)\) core_mmcm \((.*?)\);", verilog, re.M | re.S)
     assert mmcm, "no MMCM"
@@ -132,17 +192,18 @@ def test_core_runs_at_250_mhz_behind_asynchronous_fifos(tree):
     vco = 1000 / parameters["CLKIN1_PERIOD"] * parameters["CLKFBOUT_MULT_F"] \
         / parameters["DIVCLK_DIVIDE"]
     assert 800 <= vco <= 1600 and vco / parameters["CLKOUT0_DIVIDE_F"] == 250
-    for fifo in ("rx_fifo", "tx_fifo"):
-        assert re.search(rf"^module \\top\.{fifo}\.unbuffered\b", verilog, re.M), fifo
+    for fifo in fifos:
+        module = "top." + fifo.replace("/", ".") + ".unbuffered"
+        assert re.search(rf"^module \\{re.escape(module)}\b", verilog, re.M), fifo
     xdc = (build_dir / "top.xdc").read_text()
     groups = re.search(r"set_clock_groups -asynchronous (.*)", xdc)[1].split(" -group ")
-    assert len(groups) == 3 and "core_mmcm/CLKOUT0" in groups[1]
+    assert len(groups) == 2 + len(ports) and "core_mmcm/CLKOUT0" in groups[1]
     script = (build_dir / "top.tcl").read_text()
     synthesis, placement = script.index("synth_design -top top"), script.index("opt_design")
-    skews = re.findall(r"^set_bus_skew .*NAME =~ (\w+)/\*/(\w+)/stage0_reg.* ([\d.]+)$",
+    skews = re.findall(r"^set_bus_skew .*NAME =~ ([\w/]+)/\*/(\w+)/stage0_reg.* ([\d.]+)$",
                        script, re.M)
-    assert sorted((fifo, cdc) for fifo, cdc, _ in skews) == [
-        (fifo, cdc) for fifo in ("rx_fifo", "tx_fifo") for cdc in ("consume_cdc", "produce_cdc")]
+    assert sorted((fifo, cdc) for fifo, cdc, _ in skews) == sorted(
+        (fifo, cdc) for fifo in fifos for cdc in ("consume_cdc", "produce_cdc"))
     assert all(float(skew) <= 1e3 / 322.265625 for *_, skew in skews)
     assert all(synthesis < script.index(f"{fifo}/*/{cdc}") < placement for fifo, cdc, _ in skews)
     # Amaranth's flow cuts every synchronizer's input (the pointers' too) just before.
@@ -157,25 +218,34 @@ def test_tcl_creates_the_cmac_before_synthesis(tree):
     def first(prefix):
         return next(n for n, line in enumerate(lines) if line.startswith(prefix))
 
-    create = first("create_ip -name cmac_usplus ")
-    assert "-module_name cmac_usplus_0" in lines[create]
-    assert first("create_project") < create < first("set_property -dict") \
-        < first("generate_target all [get_ips cmac_usplus_0]") \
-        < first("synth_ip [get_ips cmac_usplus_0]") < first("synth_design -top top")
+    created = [re.search(r"-module_name (\w+)$", line)[1] for line in lines
+               if line.startswith("create_ip -name cmac_usplus ")]
+    assert created == [ip for ip, _ in TREE_CMACS[qsfp].values()]
     script = "\n".join(lines)
-    properties = dict(re.findall(r"CONFIG\.(\w+) \{([^}]*)\}", script))
-    site, channels = CAGE_CMAC[qsfp]
-    channels = channels.split()
-    assert properties["CMAC_CORE_SELECT"] == site
-    assert properties["GT_GROUP_SELECT"] == f"{channels[0]}~{channels[-1]}"
-    assert [properties[f"LANE{n}_GT_LOC"] for n in range(1, 5)] == channels
-    assert all(properties[f"LANE{n}_GT_LOC"] == "NA" for n in range(5, 11))
-    assert properties["CMAC_CAUI4_MODE"] == "1" and properties["NUM_LANES"] == "4x25"
-    assert properties["GT_REF_CLK_FREQ"] == "156.25" and properties["USER_INTERFACE"] == "AXIS"
-    assert properties["INCLUDE_RS_FEC"] == "1" and properties["GT_DRP_CLK"] == "125"
-    assert int(properties["RX_MAX_PACKET_LEN"]) >= 4096 + 100
-    assert (properties["RX_FLOW_CONTROL"], properties["RX_FORWARD_CONTROL_FRAMES"]) == ("1", "1")
-    assert properties == cmac_ip_properties(qsfp)
+    settings = {match[2]: (script[:match.start()].count("\n"), match[1]) for match in re.finditer(
+        r"^set_property -dict \[list (.*?)\] \[get_ips (\w+)\]$", script, re.M | re.S)}
+    assert sorted(settings) == sorted(created)
+    for cage, (ip, _) in TREE_CMACS[qsfp].items():
+        create = first(f"create_ip -name cmac_usplus -vendor xilinx.com -library ip "
+                       f"-module_name {ip}")
+        assert first("create_project") < create < settings[ip][0] \
+            < first(f"generate_target all [get_ips {ip}]") \
+            < first(f"synth_ip [get_ips {ip}]") < first("synth_design -top top")
+        properties = dict(re.findall(r"CONFIG\.(\w+) \{([^}]*)\}", settings[ip][1]))
+        site, channels = CAGE_CMAC[cage]
+        channels = channels.split()
+        assert properties["CMAC_CORE_SELECT"] == site
+        assert properties["GT_GROUP_SELECT"] == f"{channels[0]}~{channels[-1]}"
+        assert [properties[f"LANE{n}_GT_LOC"] for n in range(1, 5)] == channels
+        assert all(properties[f"LANE{n}_GT_LOC"] == "NA" for n in range(5, 11))
+        assert properties["CMAC_CAUI4_MODE"] == "1" and properties["NUM_LANES"] == "4x25"
+        assert properties["GT_REF_CLK_FREQ"] == "156.25"
+        assert properties["USER_INTERFACE"] == "AXIS"
+        assert properties["INCLUDE_RS_FEC"] == "1" and properties["GT_DRP_CLK"] == "125"
+        assert int(properties["RX_MAX_PACKET_LEN"]) >= 4096 + 100
+        assert (properties["RX_FLOW_CONTROL"],
+                properties["RX_FORWARD_CONTROL_FRAMES"]) == ("1", "1")
+        assert properties == cmac_ip_properties(cage)
 
 
 def test_timing_gate_stands_between_routing_and_bitstream(tree):
@@ -305,6 +375,15 @@ def test_bitstream_without_vivado(tmp_path):
     assert "sh build_top.sh" in errors[0]
     for name in ("build_top.sh", "top.tcl", "top.xdc", "top.v", "program.tcl"):
         assert (tmp_path / name).exists(), name
+
+
+def test_both_cages_build_directory_and_options():
+    """``--qsfp both`` builds in build/vcu118-qsfpboth; port 2's addresses are refused for
+    a single cage."""
+    args = argparse.Namespace(board="vcu118", qsfp="both", build_dir=None)
+    assert build._build_dir(args) == build.ROOT / "build" / "vcu118-qsfpboth"
+    run = run_build("bitstream", "--qsfp", "2", "--ip2", "10.77.1.9", path=os.environ["PATH"])
+    assert run.returncode == 2 and "--qsfp both" in run.stderr
 
 
 def test_bitstream_and_program_with_vivado(tmp_path):

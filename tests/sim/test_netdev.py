@@ -192,3 +192,21 @@ def test_qp_server_reclaim_frees_the_qps_a_crashed_run_left(core_design):
     assert device.returncode == 0, output
     counters = json.loads((BUILD / "netdev-reclaim-summary.json").read_text())["counters"]
     assert (counters.get("cm.opened"), counters.get("cm.closed")) == (3, 3), counters
+
+
+def test_two_ports_each_with_its_own_channel_addresses_and_files():
+    """``--ports 2``: two simulations, the second with port 2's channel, addresses, pcap
+    and summary, both with every other option given (no simulation runs here)."""
+    from sim.netdev import build_parser, port_arguments
+
+    argv = ["--ports", "2", "--seconds", "30", "--faults", "drop=0.01", "--ip2", "10.77.1.7",
+            "--local2", "127.0.0.1:47104", "--remote2", "127.0.0.1:47103"]
+    ports = [build_parser().parse_args(arguments)
+             for arguments in port_arguments(argv, build_parser().parse_args(argv))]
+    assert [port.ports for port in ports] == [1, 1]
+    assert [(port.local, port.remote, port.ip, port.mac) for port in ports] == [
+        ("127.0.0.1:47002", "127.0.0.1:47001", CORE_IP, CORE_MAC),
+        ("127.0.0.1:47104", "127.0.0.1:47103", "10.77.1.7", "02:00:00:00:01:02")]
+    assert ports[1].pcap.name == "netdev-port2.pcap" != ports[0].pcap.name
+    assert ports[1].summary.name == "netdev-summary-port2.json" != ports[0].summary.name
+    assert all(port.seconds == 30 and port.faults["drop"] == 0.01 for port in ports)
