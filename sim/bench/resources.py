@@ -813,6 +813,7 @@ def main() -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
 
+    origin = report.provenance()
     results = []
     for name in chosen:
         print(f"{name}: synthesizing…", file=sys.stderr, flush=True)
@@ -853,7 +854,7 @@ def main() -> int:
         for row in worst.rows:
             print(row["summary"].split(": ", 1)[1])
         tables += [domains, worst]
-    report.write("resources", tables, directory=report.GENERATED / "resources")
+    report.write("resources", tables, directory=report.GENERATED / "resources", origin=origin)
     return 1 if any(result.error for result in results) else 0
 
 

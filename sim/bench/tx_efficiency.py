@@ -75,6 +75,7 @@ def measure(payload_length: int) -> tuple[int, int]:
 
 
 def main() -> int:
+    origin = report.provenance()
     table = Table("efficiency", [
         Column("payload", "UDP payload"), Column("frame", "frame"),
         Column("beats_per_frame", "beats/frame"), Column("cycles", "cycles"),
@@ -92,7 +93,7 @@ def main() -> int:
                          "idle": cycles - minimum}))
     print(f"{FRAMES} back-to-back frames per row, sink always ready; "
           f"idle = cycles without a beat between the first and the last.")
-    report.write("tx_efficiency", [table])
+    report.write("tx_efficiency", [table], origin=origin)
     return 0 if min(row["efficiency"] for row in table.rows) == 1.0 else 1
 
 
