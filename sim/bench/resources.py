@@ -821,10 +821,32 @@ def main() -> int:
         results.append(result)
         outcome = f"failed: {result.error}" if result.error else "done"
         print(f"{name}: {outcome} ({result.seconds:.1f} s)", file=sys.stderr, flush=True)
+        if len(results) < len(chosen):
+            # So that a long run leaves the rows it has.
+            tables = report_tables(results, args.paths)
+            tables[0].note += (f"\n\nA run in progress: {len(results)} of {len(chosen)} "
+                               "targets so far.")
+            report.write("resources", tables, directory=report.GENERATED / "resources",
+                         origin=origin)
 
-    heading = f"UltraScale+ (`{SYNTH}`), width {WIDTH} bytes, Yosys {yosys_version()}"
+    tables = report_tables(results, args.paths)
+    resources, *boards = tables
+    print(resources.markdown())
+    if boards:
+        domains, worst = boards
+        print(f"\n{domains.markdown()}\n")
+        for row in worst.rows:
+            print(row["summary"].split(": ", 1)[1])
+    report.write("resources", tables, directory=report.GENERATED / "resources", origin=origin)
+    return 1 if any(result.error for result in results) else 0
+
+
+def report_tables(results: list[Result], paths: int = 0) -> list[Table]:
+    """The tables of a run: resources per target (with the deepest path of each, and
+    its ``paths`` worst paths, below it), and for board tops their clock domains and
+    the worst path of each top."""
+    heading = f"UltraScale+ (`{SYNTH}`), width {WIDTH} bytes, Yosys {yosys_version()}:"
     resources = table(results)
-    print(f"{heading}\n\n{resources.markdown()}\n")
     notes = []
     for result in results:
         if result.error:
@@ -832,30 +854,22 @@ def main() -> int:
         elif result.lut_path:
             notes.append(f"- {result.name}: most LUT levels on {result.lut_path}")
             notes += [f"  - {luts} LUT levels: {start} → {end}"
-                      for luts, start, end, _ in result.paths[:args.paths]]
-    print("\n".join(notes))
-    resources.note = "\n".join(notes)
-    resources.caption = heading + ":"
-    tables = [resources]
+                      for luts, start, end, _ in result.paths[:paths]]
+    resources.caption, resources.note = heading, "\n".join(notes)
     boards = [result for result in results if result.domains]
-    if boards:
-        domains = domain_table(boards)
-        domains.caption = ("Per clock domain, its logic mapped alone for delay (LUT levels "
-                           "into its registers):")
-        worst = Table("worst_paths", [Column("summary", "worst path per board top",
-                                             align="left")])
-        for result in boards:
-            domain = worst_domain(result.domains)
-            worst.add({"target": result.name, "domain": domain.name, "mhz": domain.hz / 1e6,
-                       "lut_levels": domain.lut_levels, "budget": domain.budget,
-                       "start": domain.start, "end": domain.end,
-                       "summary": f"{result.name}: {worst_path_line(domain)}"})
-        print(f"\n{domains.caption}\n\n{domains.markdown()}\n")
-        for row in worst.rows:
-            print(row["summary"].split(": ", 1)[1])
-        tables += [domains, worst]
-    report.write("resources", tables, directory=report.GENERATED / "resources", origin=origin)
-    return 1 if any(result.error for result in results) else 0
+    if not boards:
+        return [resources]
+    domains = domain_table(boards)
+    domains.caption = ("Per clock domain, its logic mapped alone for delay (LUT levels "
+                       "into its registers):")
+    worst = Table("worst_paths", [Column("summary", "worst path per board top", align="left")])
+    for result in boards:
+        domain = worst_domain(result.domains)
+        worst.add({"target": result.name, "domain": domain.name, "mhz": domain.hz / 1e6,
+                   "lut_levels": domain.lut_levels, "budget": domain.budget,
+                   "start": domain.start, "end": domain.end,
+                   "summary": f"{result.name}: {worst_path_line(domain)}"})
+    return [resources, domains, worst]
 
 
 if __name__ == "__main__":
