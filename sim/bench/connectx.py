@@ -121,6 +121,7 @@ def rate_figure(table: Table):
                     None)
         if line is not None:
             axis.axhline(line, color="grey", lw=0.6, ls=":")
+    axis.set_xticks(sorted({row["round_trip_us"] for row in table.rows}))
     axis.set_xlabel("round trip (µs)")
     axis.set_ylabel("messages (M/s)")
     axis.set_title("64-byte messages, each acknowledged (dotted: the line's rate)")
