@@ -249,7 +249,7 @@ def record() -> list[dict[str, int]]:
         for qp in (1, 0):
             ctx.set(dut.qp_status_select, qp)
             await ctx.tick().repeat(3)
-        await ctx.tick().repeat(2)
+        await ctx.tick().repeat(10)
 
     sim = Simulator(dut)
     sim.add_clock(1e-9)
@@ -264,10 +264,10 @@ def record() -> list[dict[str, int]]:
 
 
 def window(trace: list[dict[str, int]], diagram: Diagram, *, before: int = 2,
-           after: int = 3, most: int = 24) -> range:
+           after: int = 3, least: int = 16, most: int = 24) -> range:
     """The cycles around the diagram's transfers (or changes, for a port without
     ``valid``): from ``before`` cycles ahead of the first to ``after`` past the last,
-    at most ``most``."""
+    at least ``least`` and at most ``most``."""
     if diagram.valid is not None:
         busy = [cycle for cycle, values in enumerate(trace) if values[diagram.valid]]
     else:
@@ -276,7 +276,7 @@ def window(trace: list[dict[str, int]], diagram: Diagram, *, before: int = 2,
     if not busy:
         raise RuntimeError(f"{diagram.name}: nothing happened in the run")
     start = max(0, busy[0] - before)
-    stop = min(len(trace), busy[-1] + after + 1, start + most)
+    stop = min(len(trace), max(busy[-1] + after + 1, start + least), start + most)
     return range(start, stop)
 
 

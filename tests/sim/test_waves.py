@@ -22,7 +22,7 @@ def test_each_diagram_is_wavedrom_with_a_clock_valid_and_ready(trace):
         clock, *rest = document["signal"]
         length = len(clock["wave"])
         assert clock == {"name": "clk", "wave": "p" + "." * (length - 1)}
-        assert 6 <= length <= 24, (diagram.name, length)
+        assert 16 <= length <= 24, (diagram.name, length)
         waves_shown = [entry for entry in rest if isinstance(entry, dict) and entry] + \
             [entry for group in rest if isinstance(group, list) for entry in group[1:]]
         for entry in waves_shown:
