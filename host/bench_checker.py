@@ -117,7 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         Column("size", "message"), Column("one", "checker GB/s (1 thread)", ".2f"),
         Column("many", f"checker GB/s ({args.threads} threads)", ".2f"),
         Column("plain", "array_equal GB/s", ".2f"), Column("ratio", "ratio (1 thread)", ".2f")],
-        caption=f"machine: {machine()}; ring {args.ring >> 20} MiB, best of {args.repeats}")
+        caption=f"machine: {machine()}; load average {os.getloadavg()[0]:.1f} at the start; "
+                f"ring {args.ring >> 20} MiB, best of {args.repeats}")
     print(table.caption)
     print(table.header())
     for size in SIZES:
