@@ -764,7 +764,6 @@ def table(results: list[Result]) -> Table:
         bram = r.count("RAMB36.*") + r.count("RAMB18.*") / 2
         shown.add({"target": r.name, "error": r.error, "lut": r.count("LUT[1-6]|INV"),
                    "ff": r.count("FD.*"), "bram36": bram, "uram": r.count("URAM.*"),
-                   "bram_uram": f"{bram:g} / {r.count('URAM.*')}",
                    "lutram": lutram, "srl": r.count("SRL.*"), "carry4": r.count("CARRY4"),
                    "carry8": r.count("CARRY8"), "muxf": r.count("MUXF.*"),
                    "depth_cells": r.depth_cells, "ltp_cells": r.ltp_cells,

@@ -126,10 +126,23 @@ def test_the_readme_headline_block_is_rewritten_from_the_json(tmp_path):
     assert text.startswith("# Title\n\nBefore.\n\n<!-- headline:begin -->\n| figure |")
     assert text.endswith("<!-- headline:end -->\n\nAfter.\n")
     assert "stale" not in text
-    assert ("| RDMA WRITE goodput, 4 KiB messages, 100GbE line | 97.68 Gb/s | "
-            "[roce_goodput](docs/generated/bench/roce_goodput.md) | `abc1234` |") in text
-    assert "| … of the line's theoretical goodput | 100.02% |" in text
+    assert ("| RDMA WRITE goodput, 4 KiB messages, one QP, 100GbE line | 97.68 Gb/s (100.02% "
+            "of the line's theory) | [roce_goodput](docs/generated/bench/roce_goodput.md) | "
+            "`abc1234` |") in text
     assert "VCU118Top" not in text          # no resources JSON: no row
+    resources = Table("resources", [Column("lut", "LUT")], rows=[
+        {"target": "VCU118Top", "lut": 46755, "ff": 53983, "bram36": 67.5, "uram": 57}])
+    worst = Table("worst_paths", [Column("summary", "worst")], rows=[
+        {"target": "VCU118Top", "lut_levels": 12, "mhz": 322.265625, "domain": "cmac",
+         "budget": 6}])
+    report.write("resources", [resources, worst], directory=generated / "resources",
+                 origin=Provenance(**{**ORIGIN.__dict__, "commit": "def5678", "dirty": True}))
+    assert report.main(["--readme", str(readme), "--generated", str(generated)]) == 0
+    text = readme.read_text()
+    assert ("| VCU118Top (16 QPs), Yosys synth_xilinx | 46,755 LUT, 53,983 FF, 67.5 BRAM36, "
+            "57 URAM | [resources](docs/generated/resources/resources.md) | `def5678+dirty` |"
+            ) in text
+    assert "| 12 LUT levels at 322.266 MHz (cmac; budget 6) |" in text
     # A second run gives the same file.
     assert report.main(["--readme", str(readme), "--generated", str(generated)]) == 0
     assert readme.read_text() == text
