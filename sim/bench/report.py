@@ -257,7 +257,7 @@ class Headline:
 
 
 def _rate(row: dict) -> str:
-    return f"{row['mmsg_per_s']:.1f} Mmsg/s ({row['of_line']:.1%} of the line)"
+    return f"{row['mmsg_per_s']:.1f} Mmsg/s ({row['of_line']:.2%} of the line)"
 
 
 #: The README's headline figures: where each comes from in docs/generated.
