@@ -13,7 +13,8 @@ spot-checked against ``protocol.generator_payload``. The table gives, best of
 * their ratio (one checker thread against ``array_equal``).
 
 GB/s are 10**9 bytes of payload per second. The numbers depend on the machine and
-on what else runs on it; the header names the CPU.
+on what else runs on it; the header names the CPU. The table also goes to
+``docs/generated/bench/checker.{md,json}`` (:mod:`sim.bench.report`).
 """
 
 from __future__ import annotations
@@ -108,15 +109,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=REPEATS,
                         help=f"best of this many passes (default {REPEATS})")
     args = parser.parse_args(argv)
-    print(f"machine: {machine()}; ring {args.ring >> 20} MiB, best of {args.repeats}")
-    print(f"| message | checker GB/s (1 thread) | checker GB/s ({args.threads} threads) "
-          "| array_equal GB/s | ratio (1 thread) |")
-    print("|---:|---:|---:|---:|---:|")
+    from sim.bench import report
+    from sim.bench.report import Column, Table
+
+    origin = report.provenance()
+    table = Table("checker", [
+        Column("size", "message"), Column("one", "checker GB/s (1 thread)", ".2f"),
+        Column("many", f"checker GB/s ({args.threads} threads)", ".2f"),
+        Column("plain", "array_equal GB/s", ".2f"), Column("ratio", "ratio (1 thread)", ".2f")],
+        caption=f"machine: {machine()}; load average {os.getloadavg()[0]:.1f} at the start; "
+                f"ring {args.ring >> 20} MiB, best of {args.repeats}")
+    print(table.caption)
+    print(table.header())
     for size in SIZES:
         one, many, plain = measure(size, threads=args.threads, ring_bytes=args.ring,
                                    repeats=args.repeats)
-        print(f"| {size} | {one:.2f} | {many:.2f} | {plain:.2f} | {one / plain:.2f} |",
-              flush=True)
+        print(table.add({"size": size, "threads": args.threads, "one": one, "many": many,
+                         "plain": plain, "ratio": one / plain}), flush=True)
+    report.write("checker", [table], origin=origin)
     return 0
 
 

@@ -1,5 +1,6 @@
 """The whole core against ConnectX-like peers on a 100GbE line: message rate with every
-message acknowledged, and goodput under packet loss. Prints two tables; ``make bench``.
+message acknowledged, and goodput under packet loss. Prints two tables and writes them,
+with a plot each, to ``docs/generated/bench/connectx_{rate,goodput}.*``; ``make bench``.
 
 The core (the tests' build, but with the board's retransmit rings of 2048 beats, 128 KiB
 per QP, unless ``--retransmit-beats`` says otherwise) runs under Verilator
@@ -23,6 +24,8 @@ import tempfile
 from pathlib import Path
 
 from gateware.core import NetworkCore
+from sim.bench import report
+from sim.bench.report import Column, Table
 from sim.bench.roce_goodput import LINE_BYTES_PER_CYCLE, LINE_OVERHEAD, theoretical_gbps
 from sim.models.responder import CLOCK_HZ, round_trip_cycles
 from sim.models.rocev2 import Message, message_packets, roce_frame
@@ -69,57 +72,118 @@ def measure(design, table, rows):
         return json.loads(results.read_text())
 
 
-def rate_table(design):
+def rate_table(design, origin: report.Provenance) -> bool:
     rows = [{"verb": verb, "qps": qps, "messages": RATE_MESSAGES,
              "round_trip": round_trip_cycles(us)}
             for us in (1, 2) for qps in (1, 16) for verb in ("RDMA_WRITE", "SEND")]
-    print("Message rate: 64-byte messages back to back, each acknowledged by its peer "
-          f"(ConnectX-like, round trip in cycles); {RATE_MESSAGES} messages per row.")
-    print("| verb | QPs | round trip | frame B | line cycles/msg | cycles | Mmsg/s | "
-          "line Mmsg/s | of line | resent | timeouts | ACKs dropped | last ACK → completion |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    table = Table("rate", [
+        Column("verb", "verb", align="left"), Column("qps", "QPs"),
+        Column("round_trip", "round trip"), Column("frame", "frame B"),
+        Column("line_cycles_per_message", "line cycles/msg", ".2f"),
+        Column("line_cycles", "cycles", ".0f"), Column("mmsg_per_s", "Mmsg/s", ".1f"),
+        Column("line_mmsg_per_s", "line Mmsg/s", ".1f"), Column("of_line", "of line", ".2%"),
+        Column("retransmitted", "resent"), Column("timeouts", "timeouts"),
+        Column("acks_dropped", "ACKs dropped"), Column("tail", "last ACK → completion")],
+        caption="Message rate: 64-byte messages back to back, each acknowledged by its peer "
+                f"(ConnectX-like, round trip in cycles); {RATE_MESSAGES} messages per row.")
+    print(table.caption)
+    print(table.header())
     worst = 1.0
     for row in measure(design, "rate", rows):
         frame = frame_length(row["verb"], 64)
         per_message = line_cycles_per_frame(frame)
         fraction = row["messages"] * per_message / row["line_cycles"]
-        rate = row["messages"] / row["line_cycles"] * CLOCK_HZ / 1e6
         if row["round_trip"] == round_trip_cycles(1) or row["qps"] == 16:
             worst = min(worst, fraction)
-        print(f"| {row['verb']} | {row['qps']} | {row['round_trip']} | {frame} | "
-              f"{per_message:.2f} | {row['line_cycles']:.0f} | {rate:.1f} | "
-              f"{CLOCK_HZ / per_message / 1e6:.1f} | {fraction:.2%} | {row['retransmitted']} | "
-              f"{row['timeouts']} | {row['acks_dropped']} | {row['tail']} |")
-    print(f"\nWorst fraction of the line (1 µs, and 16 QPs at 2 µs): {worst:.2%} "
-          f"(target ≥ {RATE_TARGET:.0%}).")
+        print(table.add({**row, "round_trip_us": round(row["round_trip"] / CLOCK_HZ * 1e6),
+                         "frame": frame, "line_cycles_per_message": per_message,
+                         "mmsg_per_s": row["messages"] / row["line_cycles"] * CLOCK_HZ / 1e6,
+                         "line_mmsg_per_s": CLOCK_HZ / per_message / 1e6,
+                         "of_line": fraction}), flush=True)
+    table.note = (f"Worst fraction of the line (1 µs, and 16 QPs at 2 µs): {worst:.2%} "
+                  f"(target ≥ {RATE_TARGET:.0%}).")
+    print(f"\n{table.note}")
+    report.write("connectx_rate", [table], origin=origin, figures={
+        "connectx_rate.svg": (rate_figure(table), "64-byte message rate against round trip")})
     return worst >= RATE_TARGET
 
 
-def goodput_table(design, seed, losses):
+def rate_figure(table: Table):
+    """Message rate against the round trip, per verb and QP count, with the line's."""
+    figure, axis = report.figure()
+    for verb, marker in (("RDMA_WRITE", "o"), ("SEND", "s")):
+        for qps, style in ((1, "-"), (16, "--")):
+            rows = [row for row in table.rows if row["verb"] == verb and row["qps"] == qps]
+            axis.plot([row["round_trip_us"] for row in rows],
+                      [row["mmsg_per_s"] for row in rows], marker + style,
+                      label=f"{verb}, {qps} QP{'s' if qps > 1 else ''}")
+        line = next((row["line_mmsg_per_s"] for row in table.rows if row["verb"] == verb),
+                    None)
+        if line is not None:
+            axis.axhline(line, color="grey", lw=0.6, ls=":")
+    axis.set_xticks(sorted({row["round_trip_us"] for row in table.rows}))
+    axis.set_xlabel("round trip (µs)")
+    axis.set_ylabel("messages (M/s)")
+    axis.set_title("64-byte messages, each acknowledged (dotted: the line's rate)")
+    axis.set_ylim(bottom=0)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    return figure
+
+
+def goodput_table(design, seed, losses, origin: report.Provenance) -> bool:
     round_trip = round_trip_cycles(2)
     rows = [{"length": GOODPUT_LENGTH, "path_mtu": GOODPUT_MTU, "loss": loss,
              "messages": goodput_messages(loss), "round_trip": round_trip, "seed": seed}
             for loss in losses]
     theory = theoretical_gbps(GOODPUT_LENGTH, GOODPUT_MTU)
-    print(f"\nGoodput under loss: one QP, {GOODPUT_LENGTH // 1024} KiB RDMA WRITEs, path MTU "
-          f"{GOODPUT_MTU}, round trip {round_trip} cycles (2 µs); packets lost on the way "
-          f"to the peer in a seeded pattern (seed {seed}): one at a drawn position in each "
-          "block of 1/rate packets. Theory: payload over line bytes at 100 Gb/s, "
-          f"{theory:.2f} Gb/s.")
-    print("| loss | messages | packets | lost | frames sent | NAKs | timeouts | cycles | "
-          "Gb/s | of theory |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    table = Table("goodput", [
+        Column("loss", "loss", ".2%"), Column("messages", "messages"),
+        Column("packets", "packets"), Column("lost", "lost"), Column("frames", "frames sent"),
+        Column("naks", "NAKs"), Column("timeouts", "timeouts"),
+        Column("line_cycles", "cycles", ".0f"), Column("gbps", "Gb/s", ".2f"),
+        Column("of_theory", "of theory", ".2%")],
+        caption=f"Goodput under loss: one QP, {GOODPUT_LENGTH // 1024} KiB RDMA WRITEs, path "
+                f"MTU {GOODPUT_MTU}, round trip {round_trip} cycles (2 µs); packets lost on the "
+                f"way to the peer in a seeded pattern (seed {seed}): one at a drawn position in "
+                "each block of 1/rate packets. Theory: payload over line bytes at 100 Gb/s, "
+                f"{theory:.2f} Gb/s.",
+        note="Targets: ≥ 99% of theory at 0.1% loss, ≥ 90% at 1%.")
+    print(f"\n{table.caption}")
+    print(table.header())
     ok = True
     for row in measure(design, "goodput", rows):
         gbps = row["messages"] * row["length"] * 8 / (row["line_cycles"] / CLOCK_HZ) / 1e9
-        fraction = gbps / theory
         target = GOODPUT_TARGETS.get(row["loss"])
-        ok = ok and (target is None or fraction >= target)
-        print(f"| {row['loss']:.2%} | {row['messages']} | {row['packets']} | {row['lost']} | "
-              f"{row['frames']} | {row['naks']} | {row['timeouts']} | "
-              f"{row['line_cycles']:.0f} | {gbps:.2f} | {fraction:.2%} |")
-    print("\nTargets: ≥ 99% of theory at 0.1% loss, ≥ 90% at 1%.")
+        ok = ok and (target is None or gbps / theory >= target)
+        print(table.add({**row, "gbps": gbps, "theory_gbps": theory,
+                         "of_theory": gbps / theory}), flush=True)
+    print(f"\n{table.note}")
+    report.write("connectx_goodput", [table], origin=origin, figures={
+        "connectx_goodput.svg": (loss_figure(table), "64 KiB WRITE goodput under loss")})
     return ok
+
+
+def loss_figure(table: Table):
+    """Goodput against the loss rate, with the theory and the targets."""
+    figure, axis = report.figure()
+    positions = range(len(table.rows))
+    axis.plot(positions, [row["gbps"] for row in table.rows], "o-", label="measured")
+    if table.rows:
+        axis.axhline(table.rows[0]["theory_gbps"], color="black", ls=":", label="theory")
+    targets = [(index, GOODPUT_TARGETS[row["loss"]] * row["theory_gbps"])
+               for index, row in enumerate(table.rows) if row["loss"] in GOODPUT_TARGETS]
+    if targets:
+        axis.plot(*zip(*targets, strict=True), "v", color="red", label="target")
+    axis.set_xticks(list(positions), [f"{row['loss']:.2%}" for row in table.rows])
+    axis.set_xlabel("packets lost")
+    axis.set_ylabel("goodput (Gb/s)")
+    axis.set_title(f"One QP, {GOODPUT_LENGTH // 1024} KiB RDMA WRITEs, 2 µs round trip")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    return figure
 
 
 def main() -> int:
@@ -132,6 +196,7 @@ def main() -> int:
     parser.add_argument("--retransmit-beats", type=int, default=BOARD_RETRANSMIT_BEATS,
                         help="beats of each QP's retransmit ring (default: the board's)")
     args = parser.parse_args()
+    origin = report.provenance()
     params = {**CORE_PARAMS, "retransmit_beats": args.retransmit_beats}
     print(f"Building the core with {simulator()} (cached after the first run)...", flush=True)
     design = build("core", lambda: NetworkCore(**params), key=repr(params))
@@ -139,9 +204,9 @@ def main() -> int:
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     ok = True
     if "rate" in args.tables:
-        ok = rate_table(design) and ok
+        ok = rate_table(design, origin) and ok
     if "goodput" in args.tables:
-        ok = goodput_table(design, args.seed, args.losses) and ok
+        ok = goodput_table(design, args.seed, args.losses, origin) and ok
     return 0 if ok else 1
 
 

@@ -9,7 +9,8 @@ over windows long enough for 50 packets of each QP at its fair share, and stayed
 there to the end), each QP's steady-state share of the bottleneck (the mean over
 the last quarter of the run, as a fraction of the fair share), the utilisation of
 the bottleneck, the deepest queue after convergence, drops and PFC pauses. Writes
-``build/bench/dcqcn.png``: the rate of each QP and the queue depth over time.
+``build/bench/dcqcn.png``: the rate of each QP and the queue depth over time; and the
+table with that plot to ``docs/generated/bench/dcqcn.{md,json,svg}``.
 
 The settings are :data:`SETTINGS` and :data:`RED` below: the DCQCN paper's
 additive increase (40 Mb/s) and threshold F = 5 with a faster rate-increase timer
@@ -24,6 +25,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.bench import report
+from sim.bench.report import Column, Table
 from sim.models.dcqcn import DcqcnSettings, ReactionPoint
 from sim.models.dcqcn_loop import LoopResult, LoopSettings, convergence, run_loop
 from sim.models.responder import CLOCK_HZ, round_trip_cycles
@@ -135,27 +138,33 @@ def summary(scenario: Scenario, qps: int, result: LoopResult) -> dict:
     }
 
 
-def print_table(rows: list[dict]) -> None:
-    print("DCQCN reference model (sim/models/dcqcn.py) x N QPs into a switch port of half the line "
-          "(sim/models/switch.py, sim/models/dcqcn_loop.py)")
-    print("| settings | QPs | converged after | steady-state share (of fair) | utilisation "
-          "| queue after convergence (K_max) | deepest queue | drops | PFC pauses |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        converged = "no" if row["converged_us"] is None else f"{row['converged_us']:,.0f} us"
-        after = "-" if row["queue_after_kb"] is None else f"{row['queue_after_kb']:.0f} KB"
-        print(f"| {row['scenario']} | {row['qps']} | {converged} | "
-              f"{row['share_min']:.3f}-{row['share_max']:.3f} | {row['utilisation']:.1%} | "
-              f"{after} ({row['k_max_kb']:g} KB) | {row['max_queue_kb']:.0f} KB | "
-              f"{row['dropped']} | {row['pauses']} |")
+def table(rows: list[dict]) -> Table:
+    def converged(row: dict) -> str:
+        return "no" if row["converged_us"] is None else f"{row['converged_us']:,.0f} us"
+
+    def after(row: dict) -> str:
+        queue = "-" if row["queue_after_kb"] is None else f"{row['queue_after_kb']:.0f} KB"
+        return f"{queue} ({row['k_max_kb']:g} KB)"
+
+    return Table("convergence", [
+        Column("scenario", "settings", align="left"), Column("qps", "QPs", align="left"),
+        Column("converged_us", "converged after", converged, align="left"),
+        Column("share", "steady-state share (of fair)",
+               lambda row: f"{row['share_min']:.3f}-{row['share_max']:.3f}", align="left"),
+        Column("utilisation", "utilisation", ".1%", align="left"),
+        Column("queue_after_kb", "queue after convergence (K_max)", after, align="left"),
+        Column("max_queue_kb", "deepest queue", lambda row: f"{row['max_queue_kb']:.0f} KB",
+               align="left"),
+        Column("dropped", "drops", align="left"), Column("pauses", "PFC pauses", align="left")],
+        rows=rows,
+        caption="DCQCN reference model (sim/models/dcqcn.py) x N QPs into a switch port of "
+                "half the line (sim/models/switch.py, sim/models/dcqcn_loop.py)")
 
 
-def plot(runs: list[tuple[Scenario, int, LoopResult]], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
-    figure, axes = pyplot.subplots(len(runs), 1, figsize=(9, 3 * len(runs)))
+def plot(runs: list[tuple[Scenario, int, LoopResult]]):
+    """Each run's QP rates and queue depth over time, one panel a run."""
+    figure, axes = report.figure(len(runs), 1, size=(9, 3 * len(runs)))
+    axes = axes if len(runs) > 1 else [axes]
     for axis, (scenario, qps, result) in zip(axes, runs, strict=True):
         times = [time * 1e3 / CLOCK_HZ for time in result.times]
         for qp, rates in enumerate(result.rates):
@@ -173,8 +182,7 @@ def plot(runs: list[tuple[Scenario, int, LoopResult]], path: Path) -> None:
         depth.legend(loc="upper right", fontsize=7)
     axes[-1].set_xlabel("time (ms)")
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
+    return figure
 
 
 def main() -> int:
@@ -182,11 +190,18 @@ def main() -> int:
     parser.add_argument("--qps", type=int, nargs="*", default=list(QP_COUNTS))
     parser.add_argument("--plot", type=Path, default=Path("build/bench/dcqcn.png"))
     args = parser.parse_args()
+    origin = report.provenance()
     runs = [(scenario, qps, run(scenario, qps))
             for scenario in (REAL_TIME, SCALED) for qps in args.qps]
-    print_table([summary(*each) for each in runs])
-    plot([each for each in runs if each[0] is REAL_TIME or each[1] == 4], args.plot)
+    convergence_table = table([summary(*each) for each in runs])
+    print(convergence_table.caption)
+    print(convergence_table.markdown().split("\n\n", 1)[1])
+    figure = plot([each for each in runs if each[0] is REAL_TIME or each[1] == 4])
+    args.plot.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(args.plot, dpi=110)
     print(f"wrote {args.plot}")
+    report.write("dcqcn", [convergence_table], origin=origin, figures={
+        "dcqcn.svg": (figure, "DCQCN convergence: each QP's rate and the queue over time")})
     return 0
 
 

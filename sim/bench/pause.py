@@ -1,4 +1,5 @@
-"""How soon the core obeys a PAUSE or a PFC: prints a table; ``make bench``.
+"""How soon the core obeys a PAUSE or a PFC: prints a table and writes it to
+``docs/generated/bench/pause.md``; ``make bench``.
 
 The core (the tests' build) runs under Verilator (sim/bench/pause_runs.py, cocotb)
 with its MAC side at the rate of a 100 Gb/s line, one QP streaming RDMA WRITEs to a
@@ -17,7 +18,9 @@ import tempfile
 from pathlib import Path
 
 from gateware.core import NetworkCore
+from sim.bench import report
 from sim.bench.connectx import frame_length
+from sim.bench.report import Column, Table
 from sim.runner import BUILD, build, run, simulator
 from sim.testbench import CORE_PARAMS
 
@@ -40,23 +43,29 @@ def measure(design, rows):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.parse_args()
+    origin = report.provenance()
     print(f"Building the core with {simulator()} (cached after the first run)...", flush=True)
     design = build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
     os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     rows = [{**row, "kind": kind, "injections": INJECTIONS, "hold": HOLD}
             for kind in ("PAUSE", "PFC") for row in ROWS]
-    print(f"Pause response: cycles from the pause frame's last beat in to the last frame "
-          f"start out, over {INJECTIONS} pauses at successive cycles after a frame start; "
-          "1 QP of RDMA WRITEs at 100 Gb/s line rate.")
-    print("| pause | WRITE payload | frame B | frame beats | response min | max | mean |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    table = Table("pause", [
+        Column("kind", "pause", align="left"), Column("length", "WRITE payload"),
+        Column("frame", "frame B"), Column("frame_beats", "frame beats"),
+        Column("min", "response min"), Column("max", "max"), Column("mean", "mean", ".1f")],
+        caption="Pause response: cycles from the pause frame's last beat in to the last "
+                f"frame start out, over {INJECTIONS} pauses at successive cycles after a frame "
+                "start; 1 QP of RDMA WRITEs at 100 Gb/s line rate.")
+    print(table.caption)
+    print(table.header())
     for row in measure(design, rows):
         frame = frame_length("RDMA_WRITE", row["length"])
         responses = row["responses"]
-        print(f"| {row['kind']} | {row['length']} | {frame} | {-(-frame // 64)} | "
-              f"{min(responses)} | {max(responses)} | "
-              f"{sum(responses) / len(responses):.1f} |")
+        print(table.add({**row, "frame": frame, "frame_beats": -(-frame // 64),
+                         "min": min(responses), "max": max(responses),
+                         "mean": sum(responses) / len(responses)}))
+    report.write("pause", [table], origin=origin)
     return 0
 
 

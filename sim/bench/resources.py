@@ -70,6 +70,8 @@ from boards.cmac_ip import CMAC_IP_NAME
 from gateware.headers import IPV4
 from gateware.ip.tx import IP_TX_META, NEXT_HOP_META
 from gateware.stream import meta_with
+from sim.bench import report
+from sim.bench.report import Column, Table
 from sim.runner import ROOT
 
 #: Beat width of every target, in bytes (the CMAC's 512-bit bus).
@@ -699,15 +701,22 @@ def worst_path_line(domain: DomainDepth) -> str:
             f"({domain.name}, {domain.start} → {domain.end})")
 
 
-def domain_table(results: list[Result]) -> str:
-    rows = ["| target | domain | clock (MHz) | FF | LUT levels | budget | deepest path |",
-            "|---|---|---:|---:|---:|---:|---|"]
+def domain_table(results: list[Result]) -> Table:
+    shown = Table("domains", [
+        Column("target", "target", align="left"), Column("domain", "domain", align="left"),
+        Column("mhz", "clock (MHz)", "g"), Column("ff", "FF"),
+        Column("lut_levels", "LUT levels",
+               lambda row: f"{row['lut_levels']}" + ("" if row["within_budget"] else " **over**")),
+        Column("budget", "budget"),
+        Column("path", "deepest path", lambda row: f"{row['start']} → {row['end']}",
+               align="left")])
     for r in results:
         for d in r.domains:
-            verdict = "" if d.lut_levels <= d.budget else " **over**"
-            rows.append(f"| {r.name} | {d.name} | {d.hz / 1e6:g} | {d.flip_flops} | "
-                        f"{d.lut_levels}{verdict} | {d.budget} | {d.start} → {d.end} |")
-    return "\n".join(rows)
+            shown.add({"target": r.name, "domain": d.name, "mhz": d.hz / 1e6,
+                       "ff": d.flip_flops, "lut_levels": d.lut_levels, "budget": d.budget,
+                       "within_budget": d.lut_levels <= d.budget, "start": d.start,
+                       "end": d.end})
+    return shown
 
 
 def sink(module: dict, bits: list[int], names: dict[int, str]) -> str:
@@ -729,26 +738,38 @@ def sink(module: dict, bits: list[int], names: dict[int, str]) -> str:
     return names.get(bits[0], "?")
 
 
-def table(results: list[Result]) -> str:
-    header = ("| target | LUT | FF | BRAM36 | URAM | LUTRAM | SRL | CARRY4/8 | MUXF | "
-              "depth (cells) | LUT levels | time (s) |")
-    columns = header.count("|") - 1
-    rows = [header, "|" + "---|" * columns]
+def table(results: list[Result]) -> Table:
+    """Resources and depth per target (a failed target shows only its time)."""
+    def cell(show: Callable[[dict], str]) -> Callable[[dict], str]:
+        return lambda row: "" if row["error"] else show(row)
+
+    shown = Table("resources", [
+        Column("target", "target", align="left"),
+        Column("lut", "LUT", lambda row: "failed (below)" if row["error"] else str(row["lut"])),
+        Column("ff", "FF", cell(lambda row: str(row["ff"]))),
+        Column("bram36", "BRAM36", cell(lambda row: f"{row['bram36']:g}")),
+        Column("uram", "URAM", cell(lambda row: str(row["uram"]))),
+        Column("lutram", "LUTRAM", cell(lambda row: str(row["lutram"]))),
+        Column("srl", "SRL", cell(lambda row: str(row["srl"]))),
+        Column("carry", "CARRY4/8", cell(lambda row: f"{row['carry4']}/{row['carry8']}")),
+        Column("muxf", "MUXF", cell(lambda row: str(row["muxf"]))),
+        Column("depth_cells", "depth (cells)", cell(lambda row: (
+            f"{row['depth_cells']}" + ("" if row["ltp_cells"] == row["depth_cells"]
+                                       else f" (ltp {row['ltp_cells']})")))),
+        Column("lut_levels", "LUT levels", cell(lambda row: str(row["lut_levels"]))),
+        Column("seconds", "time (s)", ".1f")])
     for r in results:
-        if r.error:
-            rows.append(f"| {r.name} | failed (below) |" + " |" * (columns - 3)
-                        + f" {r.seconds:.1f} |")
-            continue
         lutram = sum(n * LUTRAM_LUTS.get(kind, 1) for kind, n in r.cells.items()
                      if LUTRAM.match(kind))
         bram = r.count("RAMB36.*") + r.count("RAMB18.*") / 2
-        carry = f"{r.count('CARRY4')}/{r.count('CARRY8')}"
-        ltp = "" if r.ltp_cells == r.depth_cells else f" (ltp {r.ltp_cells})"
-        rows.append(
-            f"| {r.name} | {r.count('LUT[1-6]|INV')} | {r.count('FD.*')} | {bram:g} | "
-            f"{r.count('URAM.*')} | {lutram} | {r.count('SRL.*')} | {carry} | "
-            f"{r.count('MUXF.*')} | {r.depth_cells}{ltp} | {r.lut_levels} | {r.seconds:.1f} |")
-    return "\n".join(rows)
+        shown.add({"target": r.name, "error": r.error, "lut": r.count("LUT[1-6]|INV"),
+                   "ff": r.count("FD.*"), "bram36": bram, "uram": r.count("URAM.*"),
+                   "lutram": lutram, "srl": r.count("SRL.*"), "carry4": r.count("CARRY4"),
+                   "carry8": r.count("CARRY8"), "muxf": r.count("MUXF.*"),
+                   "depth_cells": r.depth_cells, "ltp_cells": r.ltp_cells,
+                   "lut_levels": r.lut_levels, "lut_path": r.lut_path,
+                   "seconds": r.seconds})
+    return shown
 
 
 def select(names: list[str]) -> list[str]:
@@ -791,6 +812,7 @@ def main() -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
 
+    origin = report.provenance()
     results = []
     for name in chosen:
         print(f"{name}: synthesizing…", file=sys.stderr, flush=True)
@@ -798,24 +820,55 @@ def main() -> int:
         results.append(result)
         outcome = f"failed: {result.error}" if result.error else "done"
         print(f"{name}: {outcome} ({result.seconds:.1f} s)", file=sys.stderr, flush=True)
+        if len(results) < len(chosen):
+            # So that a long run leaves the rows it has.
+            tables = report_tables(results, args.paths)
+            tables[0].note += (f"\n\nA run in progress: {len(results)} of {len(chosen)} "
+                               "targets so far.")
+            report.write("resources", tables, directory=report.GENERATED / "resources",
+                         origin=origin)
 
-    print(f"UltraScale+ (`{SYNTH}`), width {WIDTH} bytes\n")
-    print(table(results))
-    print()
+    tables = report_tables(results, args.paths)
+    resources, *boards = tables
+    print(resources.markdown())
+    if boards:
+        domains, worst = boards
+        print(f"\n{domains.markdown()}\n")
+        for row in worst.rows:
+            print(row["summary"].split(": ", 1)[1])
+    report.write("resources", tables, directory=report.GENERATED / "resources", origin=origin)
+    return 1 if any(result.error for result in results) else 0
+
+
+def report_tables(results: list[Result], paths: int = 0) -> list[Table]:
+    """The tables of a run: resources per target (with the deepest path of each, and
+    its ``paths`` worst paths, below it), and for board tops their clock domains and
+    the worst path of each top."""
+    heading = f"UltraScale+ (`{SYNTH}`), width {WIDTH} bytes, Yosys {yosys_version()}:"
+    resources = table(results)
+    notes = []
     for result in results:
         if result.error:
-            print(f"- {result.name}: **failed**: {result.error}")
+            notes.append(f"- {result.name}: **failed**: {result.error}")
         elif result.lut_path:
-            print(f"- {result.name}: most LUT levels on {result.lut_path}")
-            for luts, start, end, _ in result.paths[:args.paths]:
-                print(f"  - {luts} LUT levels: {start} → {end}")
+            notes.append(f"- {result.name}: most LUT levels on {result.lut_path}")
+            notes += [f"  - {luts} LUT levels: {start} → {end}"
+                      for luts, start, end, _ in result.paths[:paths]]
+    resources.caption, resources.note = heading, "\n".join(notes)
     boards = [result for result in results if result.domains]
-    if boards:
-        print("\nPer clock domain, its logic mapped alone for delay (LUT levels into its "
-              f"registers):\n\n{domain_table(boards)}\n")
-        for result in boards:
-            print(worst_path_line(worst_domain(result.domains)))
-    return 1 if any(result.error for result in results) else 0
+    if not boards:
+        return [resources]
+    domains = domain_table(boards)
+    domains.caption = ("Per clock domain, its logic mapped alone for delay (LUT levels "
+                       "into its registers):")
+    worst = Table("worst_paths", [Column("summary", "worst path per board top", align="left")])
+    for result in boards:
+        domain = worst_domain(result.domains)
+        worst.add({"target": result.name, "domain": domain.name, "mhz": domain.hz / 1e6,
+                   "lut_levels": domain.lut_levels, "budget": domain.budget,
+                   "start": domain.start, "end": domain.end,
+                   "summary": f"{result.name}: {worst_path_line(domain)}"})
+    return [resources, domains, worst]
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ beat; (b) throttled to a 100GbE line: each frame costs its bytes plus 4 of FCS
 and 20 of preamble and inter-frame gap at 100 Gb/s, against the CMAC's
 322.265625 MHz user clock. Theoretical goodput is the payload over those line
 bytes at 100 Gb/s.
+
+Writes the tables and a plot of goodput against message size to
+``docs/generated/bench/roce_goodput.{md,json,svg}``.
 """
 
 import argparse
@@ -33,6 +36,8 @@ from gateware.roce.timers import ticks_at
 from gateware.roce.tx import RequesterTransmitter
 from gateware.stream import BEAT_BYTES
 from gateware.udp.tx import UdpTransmitter
+from sim.bench import report
+from sim.bench.report import Column, Table
 
 LINE_BITS_PER_SECOND = 100e9
 LINE_OVERHEAD = 4 + 20                      # FCS, preamble and inter-frame gap
@@ -196,50 +201,88 @@ def measure(size, mtu, count, throttled, qps=1):
     return cycles, result["beats"], result["idle_inside"]
 
 
+def goodput_figure(table: Table):
+    """Goodput of one QP against the message size, per path MTU: the line-throttled
+    sink, the sink always ready, and the theory."""
+    figure, axis = report.figure()
+    for mtu, colour in ((4096, "tab:blue"), (1024, "tab:orange")):
+        rows = [row for row in table.rows if row["mtu"] == mtu]
+        sizes = [row["size"] for row in rows]
+        axis.plot(sizes, [row["line_gbps"] for row in rows], "o-", color=colour,
+                  label=f"PMTU {mtu}, 100GbE line")
+        axis.plot(sizes, [row["free_gbps"] for row in rows], "s--", color=colour,
+                  label=f"PMTU {mtu}, sink always ready")
+        axis.plot(sizes, [row["theory_gbps"] for row in rows], ":", color="black",
+                  label="line theory" if mtu == 4096 else None)
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("message (bytes)")
+    axis.set_ylabel("goodput (Gb/s)")
+    axis.set_title("RDMA WRITE goodput of one QP")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    return figure
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="*", default=SIZES)
     parser.add_argument("--bytes", type=int, default=128 * 1024,
                         help="payload per row at least (default 128 KiB)")
     args = parser.parse_args()
+    origin = report.provenance()
     clock_ghz = CMAC_CLOCK_HZ / 1e9
-    print("RDMA WRITE from one QP; goodput in Gb/s at the 322.27 MHz CMAC clock; "
-          f"ACKs {ACK_DELAY} cycles (1 us) after their packet.")
-    print("| PMTU | message | packets | beats/packet | (a) Gb/s | (a) idle in msgs"
-          " | (b) Gb/s | theory Gb/s | (b)/theory |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    worst, idle_total = 1.0, 0
+    one = Table("one_qp", [
+        Column("mtu", "PMTU"), Column("size", "message"), Column("packets", "packets"),
+        Column("beats_per_packet", "beats/packet", ".2f"), Column("free_gbps", "(a) Gb/s", ".1f"),
+        Column("idle", "(a) idle in msgs"), Column("line_gbps", "(b) Gb/s", ".2f"),
+        Column("theory_gbps", "theory Gb/s", ".2f"), Column("of_theory", "(b)/theory", ".2%")],
+        caption="RDMA WRITE from one QP; goodput in Gb/s at the 322.27 MHz CMAC clock; "
+                f"ACKs {ACK_DELAY} cycles (1 us) after their packet. (a): sink always ready; "
+                "(b): sink throttled to a 100GbE line; theory: the payload over the line "
+                "bytes at 100 Gb/s.")
+    print(one.caption)
+    print(one.header())
     for mtu in (4096, 1024):
         for size in args.sizes:
             count = max(1, min(256, args.bytes // max(size, 1)))
             packets = len(message_frames(size, mtu))
             cycles, beats, idle = measure(size, mtu, count, throttled=False)
             cycles_t, _, _ = measure(size, mtu, count, throttled=True)
-            free = count * size * 8 * clock_ghz / cycles
             line = count * size * 8 * clock_ghz / cycles_t
             theory = theoretical_gbps(size, mtu)
-            idle_total += idle
-            if size >= 4096:
-                worst = min(worst, line / theory)
-            print(f"| {mtu} | {size} | {packets} | {beats / (count * packets):.2f} | "
-                  f"{free:.1f} | {idle} | {line:.2f} | {theory:.2f} | {line / theory:.2%} |")
-    print(f"\nWorst (b)/theory for messages ≥ 4 KiB: {worst:.2%} (target ≥ 99.5%); "
-          f"idle beats inside messages: {idle_total} (target 0).")
+            print(one.add({"mtu": mtu, "size": size, "packets": packets,
+                           "beats_per_packet": beats / (count * packets),
+                           "free_gbps": count * size * 8 * clock_ghz / cycles, "idle": idle,
+                           "line_gbps": line, "theory_gbps": theory,
+                           "of_theory": line / theory}), flush=True)
+    worst = min([row["of_theory"] for row in one.rows if row["size"] >= 4096], default=1.0)
+    idle_total = sum(row["idle"] for row in one.rows)
+    one.note = (f"Worst (b)/theory for messages ≥ 4 KiB: {worst:.2%} (target ≥ 99.5%); "
+                f"idle beats inside messages: {idle_total} (target 0).")
+    print(f"\n{one.note}")
 
-    print(f"\n{MANY_QPS} QPs at once, a generator run on each, merged message by message; "
-          "RDMA WRITE, PMTU 4096.")
-    print("| message | (a) Gb/s | (b) Gb/s | theory Gb/s | (b)/theory |")
-    print("|---:|---:|---:|---:|---:|")
+    many = Table("many_qps", [
+        Column("size", "message"), Column("free_gbps", "(a) Gb/s", ".1f"),
+        Column("line_gbps", "(b) Gb/s", ".2f"), Column("theory_gbps", "theory Gb/s", ".2f"),
+        Column("of_theory", "(b)/theory", ".2%")],
+        caption=f"{MANY_QPS} QPs at once, a generator run on each, merged message by message; "
+                "RDMA WRITE, PMTU 4096.")
+    print(f"\n{many.caption}")
+    print(many.header())
     for size in (256, 4096, 65536):
         count = max(1, min(64, args.bytes // max(size, 1) // MANY_QPS))
         cycles, _, _ = measure(size, 4096, count, throttled=False, qps=MANY_QPS)
         cycles_t, _, _ = measure(size, 4096, count, throttled=True, qps=MANY_QPS)
         total = MANY_QPS * count * size * 8 * clock_ghz
         theory = theoretical_gbps(size, 4096)
+        print(many.add({"size": size, "qps": MANY_QPS, "free_gbps": total / cycles,
+                        "line_gbps": total / cycles_t, "theory_gbps": theory,
+                        "of_theory": total / cycles_t / theory}), flush=True)
         if size >= 4096:
             worst = min(worst, total / cycles_t / theory)
-        print(f"| {size} | {total / cycles:.1f} | {total / cycles_t:.2f} | {theory:.2f} | "
-              f"{total / cycles_t / theory:.2%} |")
+    report.write("roce_goodput", [one, many], origin=origin, figures={
+        "roce_goodput.svg": (goodput_figure(one), "RDMA WRITE goodput against message size")})
     return 0 if worst >= 0.995 and idle_total == 0 else 1
 
 

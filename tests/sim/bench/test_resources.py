@@ -238,3 +238,15 @@ def test_zero_init_of_large_memories_goes_and_nothing_else(monkeypatch):
                "  always @* begin\n    o[0] = 1'h0;\n  end\n")
     assert resources.without_zero_memory_init(verilog) == (
         "  reg [7:0] memory [2:0];\n" + verilog[verilog.index("  reg [7:0] small"):])
+
+
+def test_the_resources_table_counts_cells_and_shows_a_failure():
+    done = resources.Result("Block", cells={"LUT6": 3, "INV": 1, "FDRE": 5, "RAMB36E2": 1,
+                                            "RAMB18E2": 1, "RAM64M": 2, "CARRY4": 2},
+                            depth_cells=4, ltp_cells=6, lut_levels=2, seconds=1.25)
+    failed = resources.Result("Broken", error="Yosys ran out of time", seconds=30)
+    table = resources.table([done, failed])
+    lines = table.markdown().splitlines()
+    assert lines[2] == "| Block | 4 | 5 | 1.5 | 0 | 8 | 0 | 2/0 | 0 | 4 (ltp 6) | 2 | 1.2 |"
+    assert lines[3] == "| Broken | failed (below) |  |  |  |  |  |  |  |  |  | 30.0 |"
+    assert table.find(target="Block")["bram36"] == 1.5
