@@ -327,6 +327,7 @@ async def minimum_frames_after_a_jumbo_are_absorbed(dut):
 DISCARDED_SOURCES = {
     "limited broadcast": "255.255.255.255",
     "directed broadcast": "10.77.0.255",
+    "host number zero": "10.77.0.0",
     "multicast": "224.0.0.251",
     "this host": "0.0.0.0",
     "loopback": "127.0.0.1",
