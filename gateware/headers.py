@@ -17,7 +17,7 @@ from amaranth.lib import data
 __all__ = [
     "NetworkLayout", "byte_swap",
     "ETHERNET", "ARP", "IPV4", "UDP", "ICMP_ECHO", "BTH", "RETH", "IMMDT", "AETH", "DETH",
-    "MAD_HEADER", "CM_REQ", "CM_MRA", "CM_REJ", "CM_REP", "CM_RTU", "CM_DREQ", "CM_DREP",
+    "MAD_HEADER", "MAD", "CM_REQ", "CM_MRA", "CM_REJ", "CM_REP", "CM_RTU", "CM_DREQ", "CM_DREP",
     "CMA_HEADER", "CmAttribute", "MAC_CONTROL",
     "MAD_BYTES", "GSI_QPN", "GSI_QKEY", "OPCODE_UD_SEND_ONLY", "MAD_BASE_VERSION",
     "MGMT_CLASS_CM", "CM_CLASS_VERSION", "METHOD_SEND",
@@ -179,6 +179,11 @@ MAD_HEADER = NetworkLayout({   # MAD common header (IBTA vol. 1, 13.4)
     "attribute_id": 16,
     "reserved": 16,
     "attribute_modifier": 32,
+})
+
+MAD = NetworkLayout({          # a whole MAD: the common header and the class's data
+    "header": MAD_HEADER,
+    "data": 8 * 232,           # a CM message: view it as CM_REQ, CM_REP, ...
 })
 
 

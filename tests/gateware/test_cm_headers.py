@@ -18,6 +18,7 @@ from gateware.headers import (
     CMA_HEADER,
     DETH,
     GSI_QKEY,
+    MAD,
     MAD_BYTES,
     MAD_HEADER,
     CmAttribute,
@@ -80,6 +81,9 @@ def test_mad_header_and_attributes():
     assert header.attribute_id == CmAttribute.RTU
     assert header.attribute_modifier == 0xDEADBEEF
     assert MAD_HEADER.length == ib_cm.MAD_HEADER_FORMAT.size
+    whole = read(MAD, datagram)
+    assert whole.header.transaction_id == 0x8877665544332211
+    assert read(CM_RTU, whole.data.to_bytes(CM_RTU.length, "big")).local_comm_id == 1
     for kind, attribute in ib_cm.ATTRIBUTE_IDS.items():
         assert CmAttribute[kind] == attribute
 
