@@ -17,7 +17,7 @@ communication IDs, service ID are the consumer's).
 
 from amaranth import *
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..counters import counters_layout, event_counter
 from ..headers import (
@@ -35,12 +35,13 @@ from ..headers import (
     UDP,
     UDP_PORT_ROCEV2,
 )
+from ..packet.router import PacketRouter
 from ..roce.icrc import ICRC, ICRC_BYTES, PSEUDO_LRH, variant_mask
 from ..stream import BEAT_BYTES, beats_for, packet_signature
 from ..udp.rx import UDP_RX_META
 from ..udp.tx import UDP_TX_META
 
-__all__ = ["Qp1Receiver", "Qp1Transmitter", "QP1_RECEIVED", "QP1_SEND", "QP1_COUNTERS",
+__all__ = ["Qp1Split", "Qp1Receiver", "Qp1Transmitter", "QP1_RECEIVED", "QP1_SEND", "QP1_COUNTERS",
            "GSI_PAYLOAD_BYTES", "DEFAULT_PARTITION", "SOURCE_PORT_BASE"]
 
 #: The UDP payload of a GSI packet: BTH, DETH, MAD, ICRC.
@@ -85,6 +86,39 @@ _COVERED = GSI_PAYLOAD_BYTES - ICRC_BYTES
 def _wire_bits(offset, length):
     """The bit slice of bytes ``offset`` to ``offset + length`` of lanes in wire order."""
     return slice(8 * offset, 8 * (offset + length))
+
+
+class Qp1Split(wiring.Component):
+    """Splits the datagrams of UDP port 4791 by their BTH's destination QP: QP1's to
+    ``o_qp1``, every other one to ``o_other`` (the first beat must hold the BTH; a
+    shorter datagram goes where its first bytes say, and its receiver drops it).
+
+    Latency 1 cycle: the beats pass a register slice (no path runs through the split);
+    one beat per cycle, no idle cycle between datagrams; ``i`` stalls only when the
+    output its datagram goes to does.
+    """
+
+    def __init__(self, *, width=BEAT_BYTES):
+        if not isinstance(width, int) or width < BTH.length:
+            raise ValueError(f"Beat width must be an integer of at least {BTH.length} bytes, "
+                             f"not {width!r}")
+        self._width = width
+        super().__init__({
+            "i": In(packet_signature(UDP_RX_META, width=width)),
+            "o_qp1": Out(packet_signature(UDP_RX_META, width=width)),
+            "o_other": Out(packet_signature(UDP_RX_META, width=width)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.router = router = PacketRouter(UDP_RX_META, outputs=2, drop_reasons=(),
+                                                    width=self._width, registered=True)
+        connect(m, flipped(self.i), router.i)
+        connect(m, router.o[0], flipped(self.o_other))
+        connect(m, router.o[1], flipped(self.o_qp1))
+        bth = BTH.from_wire(self.i.p.data[:8 * BTH.length])
+        m.d.comb += router.i_route.eq(bth.dest_qp == GSI_QPN)
+        return m
 
 
 class Qp1Receiver(wiring.Component):

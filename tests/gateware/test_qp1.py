@@ -11,13 +11,16 @@ import pytest
 from amaranth import *
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
-from scapy.layers.inet import IP
+from scapy.contrib.roce import BTH
+from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
+from scapy.packet import Raw
 
 from gateware.cm.qp1 import (
     GSI_PAYLOAD_BYTES,
     QP1_SEND,
     Qp1Receiver,
+    Qp1Split,
     Qp1Transmitter,
 )
 from gateware.config import NetworkConfig, config_value
@@ -258,3 +261,49 @@ def test_transmitter_frames_with_icrc(gaps):
             assert meta.dst_ip == int(ipaddress.IPv4Address(record["dst_ip"]))
 
     run_testbenches(dut, check, source, sink)
+
+
+@pytest.mark.parametrize("gaps", [False, True])
+def test_split_by_destination_qp(gaps):
+    """Datagrams of UDP 4791 for QP1 and for other QPs (and one too short for a BTH),
+    mixed: each comes out whole, in order, on its side."""
+    rng = random.Random(f"split {gaps}")
+    frames = []
+    for _ in range(30):
+        kind = rng.choice(("qp1", "other", "other"))
+        if kind == "qp1":
+            frames.append((good_frame(rng)[0], "qp1"))
+        else:
+            frames.append((bytes(Ether() / IP(src=HOST, dst=ENDPOINT) /
+                                 UDP(sport=0xC000, dport=4791) /
+                                 BTH(opcode=0x11, dqpn=rng.choice((0, 2, 0x101, 0x10000)))
+                                 / Raw(rng.randbytes(rng.choice((4, 16, 100))))), "other"))
+    frames.append((bytes(Ether() / IP(src=HOST, dst=ENDPOINT) / UDP(sport=1, dport=4791) /
+                         Raw(b"\x11\x00\xff\xff\x00\x00\x00\x02")), "other"))
+    expected = {side: [udp_delivery(frame)[1] for frame, to in frames if to == side]
+                for side in ("qp1", "other")}
+    dut = Qp1Split(width=64)
+    received = {"qp1": [], "other": []}
+
+    async def source(ctx):
+        source_gaps = random.Random(1) if gaps else None
+        for frame, _ in frames:
+            meta, payload = udp_delivery(frame)
+            await put_packet(ctx, dut.i, payload, meta, width=64, gaps=source_gaps)
+
+    def sink(side, port, seed):
+        async def testbench(ctx):
+            sink_gaps = random.Random(seed) if gaps else None
+            while True:
+                received[side].append((await get_packet(ctx, port, width=64,
+                                                        gaps=sink_gaps))[0])
+        return testbench
+
+    async def check(ctx):
+        await wait_for(ctx, lambda: all(len(received[side]) == len(expected[side])
+                                        for side in expected), 5000)
+        await ctx.tick().repeat(20)
+        assert received == expected
+
+    run_testbenches(dut, check, source, sink("qp1", dut.o_qp1, 2),
+                    sink("other", dut.o_other, 3))
