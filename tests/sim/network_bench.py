@@ -378,7 +378,7 @@ async def qp1_counts_cm_mads_and_drops_a_bad_icrc(dut):
     good = ib_cm.gsi_frame(request, src_ip=PEER_IP, dst_ip=OUR_IP, src_mac=PEER_MAC,
                            dst_mac=OUR_MAC, sport=0xC0DE)
     bad = bytearray(good)
-    bad[14 + 20 + 8 + 12 + 8 + 40] ^= 0x04          # a bit of the REQ's service ID
+    bad[14 + 20 + 8 + 12 + 8 + 40] ^= 0x04          # a bit of the REQ's local CA GUID
     before = bench.counters()
     for frame in (good, bytes(bad), good):
         await bench.send(frame)
