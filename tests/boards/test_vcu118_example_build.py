@@ -43,7 +43,8 @@ def test_the_example_tree_without_vivado(tmp_path):
         assert (tmp_path / name).exists(), name
     verilog = (tmp_path / "top.v").read_text()
     modules = set(re.findall(r"^module \\?(\S+)", verilog, re.M))
-    assert {"top.core", "top.core.core", "top.core.source", "top.cmac"} <= modules, modules
+    assert {"top.port.core", "top.port.core.core", "top.port.core.source",
+            "top.port.cmac"} <= modules, modules
     # The source's build-time ring: the init of its config register.
     ring = EVENT_CONFIG.const({"base": 0x7F00_0000_0000, "slots": 8, "slot_bytes": 1024})
     init = f"{EVENT_CONFIG.size}'h{ring.as_value().value:0{-(-EVENT_CONFIG.size // 4)}x}"

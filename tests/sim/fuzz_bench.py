@@ -176,17 +176,19 @@ def difference(after, before):
 
 def accounted(counters, *, icmp_replies, udp_replies, cm_replies, cm_naks):
     """Frames the counters and the replies account for: each frame is dropped and counted
-    by exactly one layer, or taken (an ARP binding learnt, an acknowledgement), or
-    answered; a reply dropped on its way out for its next hop counts as answered."""
-    arp, icmp, cm = counters["arp"], counters["icmp"], counters["cm"]
+    by exactly one layer, or taken (an ARP binding learnt, an acknowledgement, a MAD on
+    QP1), or answered; a reply dropped on its way out for its next hop counts as
+    answered."""
+    arp, icmp, cm, qp1 = counters["arp"], counters["icmp"], counters["cm"], counters["qp1"]
     dropped = (sum(counters["eth"].values()) + sum(counters["ip"].values()) +
                sum(counters["udp"].values()) +
                arp["malformed"] + arp["ignored"] + arp["truncated"] +
                icmp["ignored"] + icmp["dropped"] + icmp["truncated"] +
                counters["udp_echo_dropped"] + sum(counters["roce_ack"].values()) +
+               sum(qp1.values()) - qp1["received"] +
                # An OPEN_QP asking for a bad path MTU is answered NAK and counted malformed.
                sum(cm[reason] for reason in ConnectionManager.DROP_REASONS) - cm_naks)
-    taken = arp["learnt"]
+    taken = arp["learnt"] + qp1["received"]
     answered = (icmp_replies + udp_replies + cm_replies +
                 arp["unresolved"] + arp["unreachable"])
     return dropped + taken + answered

@@ -13,6 +13,7 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
+from sim.models import ib_cm
 from sim.testbench import MIN_FRAME, NetworkBench
 
 PARAMS = json.loads(os.environ["BENCH_PARAMS"])
@@ -327,6 +328,7 @@ async def minimum_frames_after_a_jumbo_are_absorbed(dut):
 DISCARDED_SOURCES = {
     "limited broadcast": "255.255.255.255",
     "directed broadcast": "10.77.0.255",
+    "host number zero": "10.77.0.0",
     "multicast": "224.0.0.251",
     "this host": "0.0.0.0",
     "loopback": "127.0.0.1",
@@ -357,6 +359,36 @@ async def rfc1122_sources_are_discarded(dut):
     request = ping(16)                         # and a good one is answered
     await bench.send(bytes(request))
     check_ping_reply(await bench.recv(), request)
+    bench.close()
+
+
+@cocotb.test()
+async def qp1_counts_cm_mads_and_drops_a_bad_icrc(dut):
+    """A REQ to QP1 (RoCEv2 UD SEND ONLY with DETH, as rdma_cm sends it) is counted as
+    received; the same frame with one bit of its MAD flipped is dropped as an ICRC error,
+    and the REQ after it is received again. Nothing is answered, and the ACK receiver
+    sees none of them."""
+    bench = await start(dut)
+    message = ib_cm.cm_message(
+        "REQ", local_comm_id=0x5EED0001, service_id=ib_cm.service_id(17185),
+        local_ca_guid=0x525400FFFE123456, local_qpn=0x11, starting_psn=0x1234,
+        partition_key=0xFFFF, path_mtu=3, rnr_retry_count=7, max_cm_retries=15,
+        private_data=ib_cm.cma_header(src_ip=PEER_IP, dst_ip=OUR_IP, port=0xC001))
+    request = ib_cm.mad("REQ", message, transaction_id=0x0000_0001_5EED_0001)
+    good = ib_cm.gsi_frame(request, src_ip=PEER_IP, dst_ip=OUR_IP, src_mac=PEER_MAC,
+                           dst_mac=OUR_MAC, sport=0xC0DE)
+    bad = bytearray(good)
+    bad[14 + 20 + 8 + 12 + 8 + 40] ^= 0x04          # a bit of the REQ's local CA GUID
+    before = bench.counters()
+    for frame in (good, bytes(bad), good):
+        await bench.send(frame)
+    await bench.wait_sent()
+    await bench.idle(300)
+    counters = bench.counters()
+    qp1 = {name: counters["qp1"][name] - before["qp1"][name] for name in counters["qp1"]}
+    assert qp1 == {**dict.fromkeys(qp1, 0), "received": 2, "icrc": 1}, qp1
+    assert counters["roce_ack"] == before["roce_ack"], counters["roce_ack"]
+    assert not bench.received and not bench.arp_requests
     bench.close()
 
 

@@ -32,6 +32,7 @@ TESTCASES = {
         "runtime_address_change",
         "minimum_frames_after_a_jumbo_are_absorbed",
         "rfc1122_sources_are_discarded",
+        "qp1_counts_cm_mads_and_drops_a_bad_icrc",
         "a_silent_host_never_stalls_a_qp",
     ],
     "roce_bench": [
