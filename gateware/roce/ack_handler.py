@@ -98,10 +98,13 @@ class AckHandler(wiring.Component):
     the QP's state (``w_*``; a reset writes the QP's settings and clears the rest)
     and its flags (``o_flags``). ``o_reset`` shows the reset it takes.
 
-    Latency: an acknowledgement takes 4 cycles from IDLE to IDLE (IDLE, ACK,
+    Latency, from IDLE back to IDLE: an acknowledgement 4 cycles (IDLE, ACK,
     ACK_APPLY, RETIRE; 3 when it says nothing new by then) and 1 more per message
-    it completes; a timer 2 (IDLE, EXPIRE) and 2 more to retire after a failure;
-    a close 3, and a reset 1.
+    it completes; an expired timer 2 (IDLE, EXPIRE), 4 when it fails the QP (then
+    RETIRE_READ, RETIRE); a close 4 (IDLE, CLOSE, RETIRE_READ, RETIRE); a reset 1.
+    A failed QP takes 1 cycle more per message it flushes. The reads of ``r_*``
+    come a cycle after their address, so each state acts on the QP it was entered
+    with.
     """
 
     def __init__(self, *, qps, messages, width=BEAT_BYTES):
