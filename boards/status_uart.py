@@ -86,10 +86,10 @@ class StatusUart(wiring.Component):
         # constants, and each digit's 4 bits as their hex character (one LUT a bit), 7 bits
         # a character (ASCII). It rotates by a character as each goes out, so a character
         # is always the low bits of a register and no path here is more than a few LUT
-        # levels deep at the CMAC clock, whatever the mapper does. (A multiplexer of every
-        # digit by position was 12 LUT levels; a table of the constants by position, 7.)
+        # levels deep at the CMAC clock, whatever the mapper does (a multiplexer of every
+        # digit by position takes 12 LUT levels; a table of the constants by position, 7).
         # Rotated, not shifted: zeros shifted in would make Yosys prove the constant
-        # characters' flip-flops constant one at a time, a pass over the design each.
+        # characters' flip-flops constant one at a time, each by a run over the design.
         fields = self.i.as_value()
         line = []
         for kind, value in self._characters:

@@ -392,8 +392,9 @@ def test_a_resend_stops_for_an_rnr_wait():
     """A NAK for PSN 3 of a 16-packet message starts a resend; an RNR NAK for its first
     packet stops it: nothing of the QP leaves during the wait but the packets planned
     before it (here 45 cycles, 6 resent packets, one every 10 cycles with the buffer's
-    read latency of 3; 35 cycles and 5 packets at latency 1; before the fix the resend
-    went on, 51 cycles, up to PSN 10), then it resends from PSN 3 (IBTA 9.7.5.2.8)."""
+    read latency of 3; 35 cycles and 5 packets at latency 1; a resend that went on
+    would send for 51 cycles, up to PSN 10), then it resends from PSN 3 (IBTA
+    9.7.5.2.8)."""
     rnr_nak = 0x20 | 14                             # 1.28 ms: 313 ticks of 1 cycle
     # The responder NAKs PSN 3, then RNR NAKs it, each time discarding what follows until
     # PSN 3 comes again (it sees the AckReq packets: each quarter of the ring, 4 packets,
@@ -423,9 +424,9 @@ def test_a_resend_stops_for_an_rnr_wait():
 def test_a_resend_waits_for_the_packet_being_segmented_only():
     """A NAK for PSN 3 of a message of 4 KiB packets: its resend's first beat leaves
     after the packet being segmented (66 beats with the transport headers) and at most
-    24 cycles more (here 68 cycles). The planner used to fill the queue to the
-    segmenter (6 descriptors): 393 cycles, and each 4 KiB packet queued costs a further
-    108 cycles of a 100 Gb/s line before a go-back-N resend."""
+    24 cycles more (here 68 cycles). A planner that filled the queue to the segmenter
+    (6 descriptors) would delay it to 393 cycles: each 4 KiB packet queued costs a
+    further 108 cycles of a 100 Gb/s line before a go-back-N resend."""
     nak = []
 
     def acknowledge(qp, psn):

@@ -3,8 +3,8 @@
 
 The peer acknowledges every packet that asks at once, a round trip of 1 us later, so
 at 100 Gb/s the acknowledgements of 64-byte messages arrive every 4 cycles; it pairs
-an RNR NAK with a sequence NAK for the same PSN; it sends CNPs. Each test is one
-acceptance line of issue 14: (a) nothing is lost at that rate, (b) RNR and sequence
+an RNR NAK with a sequence NAK for the same PSN; it sends CNPs. Each test checks one
+property: (a) nothing is lost at that rate, (b) RNR and sequence
 NAK pairs do not use up the transport retries, (c) the ACK timer runs from the oldest
 unacknowledged packet, (d) timers are served while acknowledgements stream in.
 """

@@ -1,5 +1,4 @@
-"""cocotb test of DCQCN in the whole core (issue 16, acceptance (c)); run through
-tests/sim/test_core.py.
+"""cocotb test of DCQCN in the whole core; run through tests/sim/test_core.py.
 
 Two generator runs of 1 KiB RDMA WRITEs through the CM, each to a ConnectX-class
 peer; the first peer sends a CNP every 50 µs while its QP sends. That QP's rate,

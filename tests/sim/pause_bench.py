@@ -3,8 +3,8 @@
 One QP streams 1 KiB RDMA WRITEs to a ConnectX-like peer while PAUSE or PFC frames
 (sim/models/pause.py) come in. The pause quantum is set to 1/32 cycle, so 0xFFFF quanta are
 2048 cycles, twice the QPs' ACK timeout (2^6 ticks of 16 cycles): the run must still
-complete without a timeout, as the paused time counts against no timer. Issue 16,
-acceptance (a) PAUSE and (b) PFC.
+complete without a timeout, as the paused time counts against no timer: PAUSE holds
+every frame, PFC only the RoCE priority.
 """
 
 from collections import deque

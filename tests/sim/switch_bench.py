@@ -1,5 +1,5 @@
-"""cocotb test of the whole core behind a congested switch (issue 16, acceptance (d));
-run through tests/sim/test_core.py.
+"""cocotb test of the whole core behind a congested switch; run through
+tests/sim/test_core.py.
 
 Four generator runs of 1 KiB RDMA WRITEs through the CM, each QP to its own
 ConnectX-class peer, all through one switch port of half the line rate

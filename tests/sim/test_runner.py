@@ -2,8 +2,8 @@
 """The Verilog the simulators get: every flip-flop has an initial value, as on the FPGA.
 
 Yosys leaves the registers of memory read ports without one; Icarus (4-state) then starts
-them at X, and X that a port's next address takes from its own data never clears (issue
-17: every timer of the reliability engine dead under Icarus)."""
+them at X, and X that a port's next address takes from its own data never clears (under
+Icarus it would hold every timer of the reliability engine dead)."""
 
 import re
 

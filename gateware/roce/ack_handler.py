@@ -1,0 +1,449 @@
+"""The reliability engine's ACK handler: one FSM that acts on one QP at a time (an
+acknowledgement, an expired timer, a close, a reset) and retires the messages
+acknowledged as completions."""
+
+from amaranth import *
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..stream import BEAT_BYTES
+from .ack import AETH_ACK, AETH_NAK, AETH_RNR_NAK, NAK_SEQUENCE
+from .ack_intake import ACK_TAKEN
+from .descriptor import MESSAGE, POINTER_BITS, SLOT_BITS
+from .qp_context import (
+    EVENT_COUNTERS,
+    PEER,
+    TIME_BITS,
+    lookup,
+    per_qp_layouts,
+    qp_bits_of,
+    slot_address,
+    update,
+)
+from .qp_flags import ENGINE_FLAG_WRITES
+from .requests import (
+    COMPLETION,
+    MAX_MESSAGE_BYTES,
+    QP_INDEX_BITS,
+    QP_WRITE,
+    CompletionStatus,
+    PathMtu,
+    check_qp_count,
+)
+from .timer_sweep import expired_timer
+
+__all__ = ["AckHandler", "RNR_RETRY_FOREVER", "MAX_PACKETS", "HANDLER_FLAGS"]
+
+#: Packets of the longest message (2^31 bytes at path MTU 256).
+MAX_PACKETS = MAX_MESSAGE_BYTES // PathMtu.MTU_256.bytes
+
+#: An RNR retry count of 7 retries without limit (IBTA 9.7.5.2.8).
+RNR_RETRY_FOREVER = 7
+
+#: The flags the handler reads (one bit per QP each, from :class:`QpFlags`).
+HANDLER_FLAGS = ("error", "retrying")
+
+#: Packets a QP may have outstanding, at most: a packet with payload takes a beat or more
+#: of the QP's retransmit ring (under 2^21 beats), an empty one a message slot. Below half
+#: the PSN space (IBTA 9.7.1: the PSNs outstanding and those acknowledged must not alias),
+#: so ``nxt - una`` never wraps, and ``una - first_psn`` of the QP's oldest message is
+#: either up to its packets and those outstanding after it (``una`` reached it) or, in
+#: ERROR, down to minus those outstanding: below 3 * 2^22, or above it, modulo 2^24.
+_MAX_OUTSTANDING = (1 << POINTER_BITS - 1) + (1 << SLOT_BITS)
+assert MAX_PACKETS + _MAX_OUTSTANDING < 3 << 22 and _MAX_OUTSTANDING < 1 << 22
+
+#: NAK codes (AETH syndrome bits 4:0) and what the work request completes with.
+_NAK_STATUS = {
+    1: CompletionStatus.REMOTE_INVALID_REQUEST,
+    2: CompletionStatus.REMOTE_ACCESS_ERROR,
+    3: CompletionStatus.REMOTE_OPERATIONAL_ERROR,
+    4: CompletionStatus.REMOTE_INVALID_REQUEST,     # invalid RD request
+}
+
+#: The per-QP memories the handler reads, and those it writes.
+_READS = ("una", "nxt", "end", "positions", "retry", "peer", "event_counters")
+_WRITES = ("una", "positions", "retry", "timer", "resend_psn", "peer", "event_counters")
+
+
+class AckHandler(wiring.Component):
+    """Acts on one QP at a time, ``qp``, in an FSM; between two jobs it waits in IDLE
+    (``o_busy`` low) and takes, in this order: a reset (``i_reset``, once ``i_quiet``
+    says nothing else writes the QP's state), a close (``i_close``), an expired timer
+    (``i_expired``, so that acknowledgements streaming in do not hold it), an
+    acknowledgement (``i_ack``, from :class:`AckIntake`).
+
+    - Acknowledgement for p (an ACK covers p, a NAK or RNR NAK the PSNs before p):
+      checked again against the QP's window (one behind ``una`` says nothing new),
+      then ``una`` advances; progress restores both retry counts and restarts the
+      ACK timer. NAK sequence error: resend from p (``resend``), one of
+      ``retry_count`` retries, unless a resend from p is already under way
+      (``retrying``: IBTA 9.7.5.2, as rxe). RNR NAK: an RNR wait (``rnr_wait``, the
+      AETH's timer code) then a resend from p, ``rnr_retry`` times
+      (:data:`RNR_RETRY_FOREVER`: always). Error NAKs: ERROR with their status.
+    - Expired ACK timer: resend from ``una``, one retry; expired RNR wait: the wait
+      ends (the resend was due already).
+    - Close: ERROR (FLUSHED) unless the QP is in ERROR already.
+    - No retries left: ERROR, RETRY_EXCEEDED or RNR_RETRY_EXCEEDED.
+
+    After an acknowledgement taken, a timeout that fails the QP, or a close, it
+    retires the QP's oldest messages in order (``o_completion``): each whose last
+    packet is acknowledged with the status its payload ended with (``r_status``),
+    and in ERROR every one (the failed work request with the error status, the
+    others FLUSHED); the ring room of a message that is not done is freed up to
+    its packets acknowledged.
+
+    It reads the QP's state through registered ports addressed a cycle ahead
+    (``r_*`` of the per-QP memories, ``"transparent"``), the oldest message slot
+    through registered ports of the ring (``r_ring``, ``r_status``), and writes
+    the QP's state (``w_*``; a reset writes the QP's settings and clears the rest)
+    and its flags (``o_flags``). ``o_reset`` shows the reset it takes.
+
+    Latency, from IDLE back to IDLE: an acknowledgement 4 cycles (IDLE, ACK,
+    ACK_APPLY, RETIRE; 3 when it says nothing new by then) and 1 more per message
+    it completes; an expired timer 2 (IDLE, EXPIRE), 4 when it fails the QP (then
+    RETIRE_READ, RETIRE); a close 4 (IDLE, CLOSE, RETIRE_READ, RETIRE); a reset 1.
+    A failed QP takes 1 cycle more per message it flushes. The reads of ``r_*``
+    come a cycle after their address, so each state acts on the QP it was entered
+    with.
+    """
+
+    def __init__(self, *, qps, messages, width=BEAT_BYTES):
+        self._qps = check_qp_count(qps)
+        self._messages = messages
+        self._width = width
+        entries = 1 << qp_bits_of(qps)
+        slot_bits = (messages - 1).bit_length()
+        ring_bits = slot_bits + qp_bits_of(qps)
+        layouts = per_qp_layouts(slot_bits)
+        members = {
+            "i_reset": In(stream.Signature(QP_WRITE)),
+            "i_quiet": In(1),
+            "i_close": In(stream.Signature(QP_INDEX_BITS)),
+            "i_expired": In(stream.Signature(expired_timer(qps))),
+            "i_ack": In(stream.Signature(ACK_TAKEN)),
+            "i_now": In(TIME_BITS),
+            "i_flags": In(data.StructLayout({name: entries for name in HANDLER_FLAGS})),
+            "r_ring": Out(lookup(MESSAGE, ring_bits)),
+            "r_status": Out(lookup(CompletionStatus, ring_bits)),
+            "o_flags": Out(ENGINE_FLAG_WRITES),
+            "o_reset": Out(stream.Signature(QP_WRITE, always_ready=True)),
+            "o_busy": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "o_completion": Out(stream.Signature(COMPLETION)),
+        }
+        for name in _READS:
+            members[f"r_{name}"] = Out(lookup(layouts[name], QP_INDEX_BITS))
+        for name in _WRITES:
+            members[f"w_{name}"] = Out(update(layouts[name], QP_INDEX_BITS))
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        qps = self._qps
+        qp_bits = qp_bits_of(qps)
+        slot_bits = (self._messages - 1).bit_length()
+        beat_bits = (self._width - 1).bit_length()
+        reset = self.i_reset.p
+        flags = self.i_flags
+        now = self.i_now
+        una_write, positions_write, retry_write = self.w_una, self.w_positions, self.w_retry
+        timer_write, resend_psn_write = self.w_timer, self.w_resend_psn
+        peer_write, event_counters_write = self.w_peer, self.w_event_counters
+
+        def flag_of(flag, qp):
+            return flag.bit_select(qp[:qp_bits], 1)
+
+        def fsm_flag(name, value):
+            m.d.comb += [self.o_flags[name].en.eq(1), self.o_flags[name].value.eq(value)]
+
+        # A reset is taken when no other writer of its state is busy (``i_quiet``).
+        resetting = Signal()
+        reset_write = self.o_reset.valid
+        m.d.comb += [
+            reset_write.eq(resetting & (reset.qp < qps)),
+            self.o_reset.p.eq(reset),
+        ]
+
+        # The FSM works on one QP, ``qp``, at a time; it reads that QP's state through
+        # ports addressed a cycle ahead (``qp_next``).
+        qp = Signal(QP_INDEX_BITS)
+        qp_next = Signal(QP_INDEX_BITS)
+        m.d.comb += [qp_next.eq(qp), self.o_flags.qp.eq(qp)]
+        m.d.sync += qp.eq(qp_next)
+        for name in _READS:
+            m.d.comb += getattr(self, f"r_{name}").addr.eq(qp_next)
+        s_una, s_nxt, s_end = self.r_una.data, self.r_nxt.data, self.r_end.data
+        s_positions, s_retry = self.r_positions.data, self.r_retry.data
+        s_peer, s_counters = self.r_peer.data, self.r_event_counters.data
+        s_error = flag_of(flags.error, qp)
+        s_retrying = flag_of(flags.retrying, qp)
+        # What the FSM writes; fields it leaves alone keep their value.
+        for write, kept in ((una_write, None), (positions_write, s_positions),
+                            (retry_write, s_retry), (timer_write, None),
+                            (resend_psn_write, None)):
+            m.d.comb += write.addr.eq(qp)
+            if kept is not None:
+                m.d.comb += write.data.eq(kept)
+        counts = {name: Signal(name=f"count_{name}") for name in EVENT_COUNTERS.members}
+
+        event = Signal(ACK_TAKEN)
+        # What ``una`` becomes if the acknowledgement is taken (an ACK covers its PSN, a
+        # NAK the ones before it), worked out as the acknowledgement is: the ACK state
+        # only compares it with ``una``.
+        una_after = Signal(24)
+        record = Signal(MESSAGE)
+        # The oldest message's slot is read a cycle ahead; while the FSM retires messages,
+        # the one after it (so that it retires one a cycle; it reads again after a stall).
+        retire_slot = Signal(slot_bits + 1)
+        retire_address = slot_address(qp, retire_slot, qp_bits=qp_bits, slot_bits=slot_bits)
+        m.d.comb += [
+            self.r_ring.addr.eq(retire_address),
+            self.r_status.addr.eq(retire_address),
+            record.eq(self.r_ring.data),
+        ]
+        expired_rnr_wait = Signal()         # the timer taken is an RNR wait
+
+        def fail(status):
+            fsm_flag("error", 1)
+            fsm_flag("resend", 0)
+            fsm_flag("rnr_wait", 0)
+            fsm_flag("retrying", 0)
+            m.d.comb += [
+                retry_write.en.eq(1),
+                retry_write.data.error_status.eq(status),
+                retry_write.data.error_reported.eq(0),
+            ]
+
+        def resend_from(psn):
+            fsm_flag("resend", 1)
+            fsm_flag("retrying", 1)
+            m.d.comb += [resend_psn_write.en.eq(1), resend_psn_write.data.eq(psn)]
+
+        def restart_timer(rnr_code=0):
+            """The QP's timer runs from now (an RNR wait, with ``rnr_code``)."""
+            fsm_flag("from_sent", 0)
+            m.d.comb += [
+                timer_write.en.eq(1),
+                timer_write.data.start.eq(now),
+                timer_write.data.rnr_code.eq(rnr_code),
+            ]
+
+        def ring_room_after(covered):
+            """The ring position after the first ``covered`` packets of ``record``."""
+            position = Signal(POINTER_BITS)
+            with m.Switch(record.path_mtu):
+                for mtu in PathMtu:
+                    with m.Case(mtu):
+                        m.d.comb += position.eq(
+                            record.start + (covered << ((mtu.bytes >> beat_bits).bit_length() - 1)))
+            return position
+
+        with m.FSM() as engine:
+            with m.State("IDLE"):
+                m.d.comb += self.i_reset.ready.eq(self.i_quiet)
+                # While a reset waits for quiet, nothing else goes in (the views soon
+                # block new packets): the other choices do not wait on ``i_quiet``.
+                with m.If(self.i_reset.valid):
+                    m.d.comb += resetting.eq(self.i_quiet)
+                with m.Elif(self.i_close.valid):
+                    m.d.comb += [self.i_close.ready.eq(1), qp_next.eq(self.i_close.p)]
+                    with m.If(self.i_close.p < qps):
+                        m.next = "CLOSE"
+                # A timer expired goes first, so that acknowledgements streaming in do
+                # not hold it.
+                with m.Elif(self.i_expired.valid):
+                    m.d.comb += [qp_next.eq(self.i_expired.p.qp), self.i_expired.ready.eq(1)]
+                    m.d.sync += expired_rnr_wait.eq(self.i_expired.p.rnr_wait)
+                    m.next = "EXPIRE"
+                with m.Elif(self.i_ack.valid):
+                    m.d.comb += [self.i_ack.ready.eq(1), qp_next.eq(self.i_ack.p.qp)]
+                    m.d.sync += [
+                        event.eq(self.i_ack.p),
+                        una_after.eq(Mux(self.i_ack.p.syndrome[5:7] == AETH_ACK,
+                                         self.i_ack.p.psn + 1, self.i_ack.p.psn)[:24]),
+                    ]
+                    m.next = "ACK"
+
+            # An acknowledgement in two steps: what it means (kept in registers), then
+            # what the handler does about it.
+            kind = event.syndrome[5:7]
+            code = event.syndrome[:5]
+            taken = Signal()
+            progress = Signal()
+            new_una = Signal(24)
+            retries = Signal.like(s_retry.retries)
+            rnr_retries = Signal.like(s_retry.rnr_retries)
+            # Worked out with them, so that the decisions of ACK_APPLY start from registers.
+            retries_zero = Signal()             # retries == 0
+            rnr_retries_zero = Signal()         # rnr_retries == 0
+            rnr_forever = Signal()              # the QP's rnr_retry is RNR_RETRY_FOREVER
+
+            # The intake checked the acknowledgement; checked again here, as the QP may
+            # have moved on since (one behind ``una`` says nothing new).
+            with m.State("ACK"):
+                ahead = (event.psn - s_una)[:24]
+                window = (s_nxt - s_una)[:24]
+                advances = una_after != s_una
+                retries_next = Mux(advances, s_peer.retry_count, s_retry.retries)
+                rnr_retries_next = Mux(advances, s_peer.rnr_retry, s_retry.rnr_retries)
+                m.d.sync += [
+                    taken.eq((ahead < window) & ~s_error),
+                    progress.eq(advances),
+                    new_una.eq(una_after),
+                    retries.eq(retries_next),
+                    rnr_retries.eq(rnr_retries_next),
+                    retries_zero.eq(retries_next == 0),
+                    rnr_retries_zero.eq(rnr_retries_next == 0),
+                    rnr_forever.eq(s_peer.rnr_retry == RNR_RETRY_FOREVER),
+                ]
+                m.next = "ACK_APPLY"
+
+            with m.State("ACK_APPLY"):
+                # The ring slot to retire is read here already (its address does not
+                # change in this state), and the writes of this state show from the next.
+                m.next = "RETIRE"
+                with m.If(~taken):
+                    m.next = "IDLE"
+                with m.Else():
+                    m.d.comb += [
+                        una_write.en.eq(1), una_write.data.eq(new_una),
+                        retry_write.en.eq(1),
+                        retry_write.data.retries.eq(retries),
+                        retry_write.data.rnr_retries.eq(rnr_retries),
+                    ]
+                    with m.If(progress):
+                        restart_timer()
+                        fsm_flag("retrying", 0)
+                    with m.Switch(kind):
+                        with m.Case(AETH_RNR_NAK):
+                            with m.If(rnr_retries_zero & ~rnr_forever):
+                                fail(CompletionStatus.RNR_RETRY_EXCEEDED)
+                            with m.Else():
+                                m.d.comb += [
+                                    counts["rnr_waits"].eq(1),
+                                    retry_write.data.rnr_retries.eq(
+                                        Mux(rnr_forever, rnr_retries, rnr_retries - 1)),
+                                ]
+                                restart_timer(rnr_code=code)
+                                fsm_flag("rnr_wait", 1)
+                                resend_from(event.psn)
+                        with m.Case(AETH_NAK):
+                            with m.If(code == NAK_SEQUENCE):
+                                # A resend from p under way (after a NAK, an RNR NAK or a
+                                # timeout, nothing acknowledged since): the responder's NAK
+                                # for p is no news and starts no retry (IBTA 9.7.5.2; rxe
+                                # ignores NAKs while ``started_retry``). Else go back to p
+                                # (IBTA 9.7.5.2), one retry of ``retry_count``.
+                                with m.If(s_retrying & ~progress):
+                                    pass
+                                with m.Elif(retries_zero):
+                                    fail(CompletionStatus.RETRY_EXCEEDED)
+                                with m.Else():
+                                    m.d.comb += retry_write.data.retries.eq(retries - 1)
+                                    resend_from(event.psn)
+                                    restart_timer()
+                            for nak_code, status in _NAK_STATUS.items():
+                                with m.Elif(code == nak_code):
+                                    fail(status)
+                            with m.Else():
+                                fail(CompletionStatus.REMOTE_OPERATIONAL_ERROR)
+
+            with m.State("EXPIRE"):
+                m.next = "IDLE"
+                restart_timer()
+                with m.If(expired_rnr_wait):
+                    fsm_flag("rnr_wait", 0)
+                with m.Else():
+                    m.d.comb += counts["timeouts"].eq(1)
+                    with m.If(s_retry.retries == 0):
+                        fail(CompletionStatus.RETRY_EXCEEDED)
+                        m.next = "RETIRE_READ"
+                    with m.Else():
+                        m.d.comb += [
+                            retry_write.en.eq(1),
+                            retry_write.data.retries.eq(s_retry.retries - 1),
+                        ]
+                        resend_from(s_una)
+
+            with m.State("CLOSE"):
+                with m.If(~s_error):
+                    fail(CompletionStatus.FLUSHED)
+                m.next = "RETIRE_READ"
+
+            with m.State("RETIRE_READ"):
+                m.next = "RETIRE"
+
+            with m.State("RETIRE"):
+                # Whether ``una`` reached the oldest message, and how far (see
+                # ``_MAX_OUTSTANDING``): a message of 2^23 packets completes too.
+                covered = (s_una - record.first_psn)[:24]
+                reached = ~(covered[22] & covered[23])
+                done = reached & (covered >= record.packets)
+                completion = self.o_completion.p
+                m.d.comb += [
+                    completion.qp.eq(qp),
+                    completion.tag.eq(record.request.tag),
+                    completion.first_psn.eq(record.first_psn),
+                    completion.packets.eq(record.packets),
+                    completion.status.eq(Mux(done, self.r_status.data,
+                                             Mux(s_retry.error_reported, CompletionStatus.FLUSHED,
+                                                 s_retry.error_status))),
+                ]
+                beats = (record.request.length + self._width - 1) >> beat_bits
+                with m.If(s_positions.first == s_end):
+                    m.next = "IDLE"
+                with m.Elif(done | s_error):
+                    m.d.comb += self.o_completion.valid.eq(1)
+                    with m.If(self.o_completion.ready):
+                        m.d.comb += [
+                            positions_write.en.eq(1),
+                            positions_write.data.first.eq(s_positions.first + 1),
+                            positions_write.data.head.eq(record.start + beats),
+                            retry_write.en.eq(1),
+                            retry_write.data.error_reported.eq(s_error),
+                        ]
+                        m.next = "RETIRE"
+                    with m.Else():
+                        m.next = "RETIRE_READ"      # read the slot again
+                with m.Else():
+                    m.d.comb += [
+                        positions_write.en.eq(1),
+                        positions_write.data.head.eq(
+                            ring_room_after(Mux(reached, covered, 0))),
+                    ]
+                    m.next = "IDLE"
+
+        m.d.comb += [
+            self.o_busy.valid.eq(~engine.ongoing("IDLE")),
+            self.o_busy.p.eq(qp),
+            retire_slot.eq(s_positions.first + engine.ongoing("RETIRE")),
+        ]
+
+        # The FSM's counts, and a reset of what it owns.
+        m.d.comb += [
+            event_counters_write.addr.eq(qp),
+            event_counters_write.en.eq(Cat(counts.values()).any()),
+        ]
+        for name, strobe in counts.items():
+            m.d.comb += event_counters_write.data[name].eq(s_counters[name] + strobe)
+        with m.If(reset_write):
+            m.d.comb += [
+                una_write.addr.eq(reset.qp),
+                una_write.data.eq(reset.state.next_psn),
+                una_write.en.eq(1),
+                positions_write.addr.eq(reset.qp),
+                positions_write.data.eq(0),
+                positions_write.en.eq(1),
+                retry_write.addr.eq(reset.qp),
+                retry_write.data.eq(0),
+                retry_write.data.retries.eq(reset.state.retry_count),
+                retry_write.data.rnr_retries.eq(reset.state.rnr_retry),
+                retry_write.en.eq(1),
+                peer_write.addr.eq(reset.qp),
+                peer_write.en.eq(1),
+                event_counters_write.addr.eq(reset.qp),
+                event_counters_write.data.eq(0),
+                event_counters_write.en.eq(1),
+            ]
+            for name in PEER.members:
+                m.d.comb += peer_write.data[name].eq(reset.state[name])
+        return m

@@ -1,0 +1,139 @@
+"""The reliability engine's go-back-N resend: the outstanding messages of a QP with a
+resend due, handed to the planner from the resend PSN on."""
+
+from amaranth import *
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .ack_intake import lowest_set
+from .descriptor import MESSAGE, REPLAY
+from .qp_context import lookup, per_qp_layouts, qp_bits_of, slot_address
+from .requests import QP_INDEX_BITS, check_qp_count
+
+__all__ = ["ResendWalker", "WALKED_FLAGS"]
+
+#: The flags the walker reads (one bit per QP each, from :class:`QpFlags`).
+WALKED_FLAGS = ("error", "resend", "rnr_wait")
+
+
+class ResendWalker(wiring.Component):
+    """Finds the message of a QP's resend PSN, and hands the planner (``o_replay``) that
+    message from that packet on, then every later outstanding message of the QP.
+
+    It takes the lowest QP with ``resend`` set and neither ``rnr_wait`` nor ``error``,
+    unless ``i_hold`` (a reset waits), and clears its ``resend`` (``o_taken``, in
+    the cycle after it picks the QP). It reads the QP's resend PSN (``r_resend_psn``),
+    oldest and next message slot (``r_positions``, ``r_end``: registered reads
+    addressed a cycle ahead) and each message slot from the oldest on (``r_ring``,
+    registered). It stops after the QP's last outstanding message, when the QP enters
+    ERROR, or when a new resend of the QP is due before a hand-over (which starts the
+    walk again).
+
+    Latency: the first message is offered 4 cycles after the cycle the walker picks
+    the QP (then clear, read, find, offer), plus 2 cycles per older message it skips;
+    a later message 3 cycles after the one before is taken. ``o_busy`` shows the QP
+    from the cycle of ``o_taken`` through the walk's last cycle; ``o_idle`` while the
+    walker waits for a QP.
+    """
+
+    def __init__(self, *, qps, messages):
+        self._qps = check_qp_count(qps)
+        self._messages = messages
+        entries = 1 << qp_bits_of(qps)
+        slot_bits = (messages - 1).bit_length()
+        layouts = per_qp_layouts(slot_bits)
+        members = {
+            "i_flags": In(data.StructLayout({name: entries for name in WALKED_FLAGS})),
+            "i_hold": In(1),
+            "r_ring": Out(lookup(MESSAGE, slot_bits + qp_bits_of(qps))),
+            "o_replay": Out(stream.Signature(REPLAY)),
+            "o_taken": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "o_busy": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "o_idle": Out(1),
+        }
+        for name in ("resend_psn", "positions", "end"):
+            members[f"r_{name}"] = Out(lookup(layouts[name], QP_INDEX_BITS))
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        qp_bits = qp_bits_of(self._qps)
+        slot_bits = (self._messages - 1).bit_length()
+        entries = 1 << qp_bits
+        flags = self.i_flags
+
+        def flag_of(flag, qp):
+            return flag.bit_select(qp[:qp_bits], 1)
+
+        walking = Signal()
+        walk_qp = Signal(QP_INDEX_BITS)
+        walk = Signal(REPLAY)
+        walk_psn = Signal(24)
+        walk_slot = Signal(slot_bits + 1)
+        walk_clear = self.o_taken.valid
+        walk_next = Signal(QP_INDEX_BITS)
+        m.d.comb += walk_next.eq(walk_qp)
+        m.d.sync += walk_qp.eq(walk_next)
+        for reader in (self.r_resend_psn, self.r_positions, self.r_end):
+            m.d.comb += reader.addr.eq(walk_next)
+        k_resend_psn, k_positions, k_end = (self.r_resend_psn.data, self.r_positions.data,
+                                            self.r_end.data)
+        k_error = flag_of(flags.error, walk_qp)
+        walk_record = Signal(MESSAGE)
+        m.d.comb += [
+            self.r_ring.addr.eq(slot_address(walk_qp, walk_slot, qp_bits=qp_bits,
+                                             slot_bits=slot_bits)),
+            walk_record.eq(self.r_ring.data),
+            self.o_replay.p.eq(walk),
+            self.o_taken.p.eq(walk_qp),
+            self.o_busy.valid.eq(walking | walk_clear),
+            self.o_busy.p.eq(walk_qp),
+        ]
+        with m.FSM() as walker:
+            with m.State("IDLE"):
+                due = Signal(entries)
+                m.d.comb += due.eq(flags.resend & ~flags.rnr_wait & ~flags.error)
+                any_due, first_due = lowest_set(due)
+                with m.If(any_due & ~self.i_hold):
+                    m.d.comb += walk_next.eq(first_due)
+                    m.next = "START"
+            with m.State("START"):
+                m.d.comb += walk_clear.eq(1)
+                m.d.sync += [
+                    walking.eq(1),
+                    walk_psn.eq(k_resend_psn),
+                    walk_slot.eq(k_positions.first),
+                ]
+                m.next = "READ"
+            with m.State("READ"):
+                m.next = "FIND"
+            with m.State("FIND"):
+                into = (walk_psn - walk_record.first_psn)[:24]
+                with m.If((walk_slot == k_end) | k_error):
+                    m.d.sync += walking.eq(0)
+                    m.next = "IDLE"
+                with m.Elif(into < walk_record.packets):
+                    m.d.sync += [
+                        walk.qp.eq(walk_qp),
+                        walk.slot.eq(walk_slot[:slot_bits]),
+                        walk.packet.eq(into),
+                        walk.message.eq(walk_record),
+                    ]
+                    m.next = "ISSUE"
+                with m.Else():
+                    m.d.sync += walk_slot.eq(walk_slot + 1)
+                    m.next = "READ"
+            with m.State("ISSUE"):
+                m.d.comb += self.o_replay.valid.eq(1)
+                with m.If(self.o_replay.ready):
+                    m.d.sync += [
+                        walk_slot.eq(walk_slot + 1),
+                        walk_psn.eq(walk.message.first_psn + walk.message.packets),
+                    ]
+                    with m.If(flag_of(flags.resend, walk_qp) | k_error):
+                        m.d.sync += walking.eq(0)
+                        m.next = "IDLE"
+                    with m.Else():
+                        m.next = "READ"
+        m.d.comb += self.o_idle.eq(walker.ongoing("IDLE"))
+        return m

@@ -1,0 +1,123 @@
+"""The planner's side of the reliability engine's per-QP state: what each message loaded
+and each packet sent writes (next PSN, ring tail, next message slot, the ACK timer's
+start, the sent counters), and the messages themselves into the message ring."""
+
+from amaranth import *
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .descriptor import MESSAGE, MESSAGE_END, MESSAGE_LOADED, PACKET_SENT
+from .qp_context import TIME_BITS, lookup, per_qp_layouts, qp_bits_of, slot_address, update
+from .requests import QP_INDEX_BITS, QP_WRITE, CompletionStatus, check_qp_count
+
+__all__ = ["SendTracker"]
+
+
+class SendTracker(wiring.Component):
+    """Writes, in the cycle of each event, what the planner's events change of a QP.
+
+    A packet sent (``i_sent``) that is new writes its QP's next PSN (``w_nxt``) and
+    ring tail (``w_tail``); every packet sent adds to the QP's sent counters
+    (``w_sent_counters``: ``packets`` and ``bytes``, or ``retransmitted`` for a
+    resent one). A new packet sent while none is outstanding (``una`` = ``nxt``, read
+    through ``r_una`` and ``r_nxt``) starts the ACK timer: it stamps ``w_sent_time``
+    with ``i_now`` and shows on ``o_timer_from_sent``; the others leave it running
+    (IBTA 9.7.6.1.3: the timer measures from the oldest unacknowledged packet; progress
+    restarts it). A message loaded (``i_loaded``) goes into the QP's next message slot
+    of the ring (``w_ring``) and advances that slot (``w_end``). A message whose payload
+    ended (``i_message_end``) leaves its status in the ring (``w_status``).
+
+    ``i_reset`` (a QP being set, when nothing else writes here) writes the QP's next
+    PSN and clears its tail, next slot and sent counters, instead of the events.
+    The reads (``r_*``) are combinational.
+    """
+
+    def __init__(self, *, qps, messages):
+        self._qps = check_qp_count(qps)
+        self._messages = messages
+        slot_bits = (messages - 1).bit_length()
+        ring_bits = slot_bits + qp_bits_of(qps)
+        layouts = per_qp_layouts(slot_bits)
+        members = {
+            "i_sent": In(stream.Signature(PACKET_SENT, always_ready=True)),
+            "i_loaded": In(stream.Signature(MESSAGE_LOADED, always_ready=True)),
+            "i_message_end": In(stream.Signature(MESSAGE_END, always_ready=True)),
+            "i_reset": In(stream.Signature(QP_WRITE, always_ready=True)),
+            "i_now": In(TIME_BITS),
+            "o_timer_from_sent": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "w_ring": Out(update(MESSAGE, ring_bits)),
+            "w_status": Out(update(CompletionStatus, ring_bits)),
+        }
+        for name in ("una", "nxt", "end", "sent_counters"):
+            members[f"r_{name}"] = Out(lookup(layouts[name], QP_INDEX_BITS))
+        for name in ("nxt", "tail", "end", "sent_time", "sent_counters"):
+            members[f"w_{name}"] = Out(update(layouts[name], QP_INDEX_BITS))
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        qp_bits = qp_bits_of(self._qps)
+        slot_bits = (self._messages - 1).bit_length()
+        sent, loaded, ended = self.i_sent, self.i_loaded, self.i_message_end
+        reset = self.i_reset.p
+
+        def ring_address(qp, slot):
+            return slot_address(qp, slot, qp_bits=qp_bits, slot_bits=slot_bits)
+
+        end_loaded, counted_sent = self.r_end, self.r_sent_counters
+        timer_starts = self.o_timer_from_sent.valid
+        m.d.comb += [
+            self.r_una.addr.eq(sent.p.qp),
+            self.r_nxt.addr.eq(sent.p.qp),
+            timer_starts.eq(sent.valid & ~sent.p.replay & (self.r_una.data == self.r_nxt.data)),
+            self.o_timer_from_sent.p.eq(sent.p.qp),
+            end_loaded.addr.eq(loaded.p.qp),
+            self.w_ring.addr.eq(ring_address(loaded.p.qp, end_loaded.data)),
+            self.w_ring.data.eq(loaded.p.message),
+            self.w_ring.en.eq(loaded.valid),
+            self.w_status.addr.eq(ring_address(ended.p.completion.qp, ended.p.slot)),
+            self.w_status.data.eq(ended.p.completion.status),
+            self.w_status.en.eq(ended.valid & ended.p.tracked),
+            counted_sent.addr.eq(sent.p.qp),
+            self.w_sent_time.addr.eq(sent.p.qp),
+            self.w_sent_time.data.eq(self.i_now),
+            self.w_sent_time.en.eq(timer_starts),
+        ]
+        nxt_write, tail_write, end_write = self.w_nxt, self.w_tail, self.w_end
+        sent_counters_write = self.w_sent_counters
+        with m.If(self.i_reset.valid):
+            m.d.comb += [
+                nxt_write.addr.eq(reset.qp),
+                nxt_write.data.eq(reset.state.next_psn),
+                nxt_write.en.eq(1),
+                tail_write.addr.eq(reset.qp),
+                tail_write.en.eq(1),
+                end_write.addr.eq(reset.qp),
+                end_write.en.eq(1),
+                sent_counters_write.addr.eq(reset.qp),
+                sent_counters_write.en.eq(1),
+            ]
+        with m.Else():
+            m.d.comb += [
+                nxt_write.addr.eq(sent.p.qp),
+                nxt_write.data.eq(sent.p.next_psn),
+                nxt_write.en.eq(sent.valid & ~sent.p.replay),
+                tail_write.addr.eq(sent.p.qp),
+                tail_write.data.eq(sent.p.next_tail),
+                tail_write.en.eq(sent.valid & ~sent.p.replay),
+                end_write.addr.eq(loaded.p.qp),
+                end_write.data.eq(end_loaded.data + 1),
+                end_write.en.eq(loaded.valid),
+                sent_counters_write.addr.eq(sent.p.qp),
+                sent_counters_write.data.eq(counted_sent.data),
+                sent_counters_write.en.eq(sent.valid),
+            ]
+            with m.If(sent.p.replay):
+                m.d.comb += sent_counters_write.data.retransmitted.eq(
+                    counted_sent.data.retransmitted + 1)
+            with m.Else():
+                m.d.comb += [
+                    sent_counters_write.data.packets.eq(counted_sent.data.packets + 1),
+                    sent_counters_write.data.bytes.eq(counted_sent.data.bytes + sent.p.bytes),
+                ]
+        return m
