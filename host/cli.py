@@ -133,6 +133,18 @@ def parse_endpoint(text: str) -> str:
             f"not an endpoint IP[:PORT]: {text!r} (e.g. 10.77.0.2 or 10.77.0.2:17185)") from None
 
 
+def receiver_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a program on the receive API: ``--endpoint``, ``--timeout``,
+    ``--stall`` and ``--device``."""
+    parser.add_argument("--endpoint", type=parse_endpoint, default=DEFAULT_ENDPOINT,
+                        metavar="IP[:PORT]", help=f"the endpoint (default {DEFAULT_ENDPOINT})")
+    parser.add_argument("--timeout", type=float, default=1.0, metavar="SECONDS",
+                        help="wait for each CM reply (default 1.0)")
+    parser.add_argument("--stall", type=float, default=2.0, metavar="SECONDS",
+                        help="ask STATUS after this long without progress (default 2)")
+    parser.add_argument("--device", default=None, help="RDMA device (default: the first)")
+
+
 def _check_mode(text: str) -> str:
     try:
         RunConfig(check=text)

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from .backend import BackendFactory, VerbsOptions
-from .cli import parse_bytes, parse_endpoint
-from .cm import DEFAULT_ENDPOINT, CmClient
+from .cli import parse_bytes, receiver_options
+from .cm import CmClient
 from .errors import HostError
 from .figures import Figures
 from .protocol import CM_PORT
@@ -42,13 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"python -m {_PROG}",
                                      description="Write every message of a generator run to "
                                                  "one file per QP, through the receive API.")
-    parser.add_argument("--endpoint", type=parse_endpoint, default=DEFAULT_ENDPOINT,
-                        metavar="IP[:PORT]", help=f"the endpoint (default {DEFAULT_ENDPOINT})")
-    parser.add_argument("--timeout", type=float, default=1.0, metavar="SECONDS",
-                        help="wait for each CM reply (default 1.0)")
-    parser.add_argument("--stall", type=float, default=2.0, metavar="SECONDS",
-                        help="ask STATUS after this long without progress (default 2)")
-    parser.add_argument("--device", default=None, help="RDMA device (default: the first)")
+    receiver_options(parser)
     operation = parser.add_mutually_exclusive_group()
     operation.add_argument("--write", dest="write", action="store_true", default=True,
                            help="RDMA WRITE into a buffer ring (default)")

@@ -21,8 +21,8 @@ from typing import TextIO
 
 from . import fragments
 from .backend import BackendFactory, VerbsOptions
-from .cli import parse_bytes, parse_endpoint
-from .cm import DEFAULT_ENDPOINT, CmClient
+from .cli import parse_bytes, receiver_options
+from .cm import CmClient
 from .errors import HostError
 from .protocol import CM_PORT
 from .receive import Receiver, RunConfig
@@ -52,13 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Read and check the example event source's "
                                                  "fragments from a ring, through the receive "
                                                  "API.")
-    parser.add_argument("--endpoint", type=parse_endpoint, default=DEFAULT_ENDPOINT,
-                        metavar="IP[:PORT]", help=f"the endpoint (default {DEFAULT_ENDPOINT})")
-    parser.add_argument("--timeout", type=float, default=1.0, metavar="SECONDS",
-                        help="wait for each CM reply (default 1.0)")
-    parser.add_argument("--stall", type=float, default=2.0, metavar="SECONDS",
-                        help="ask STATUS after this long without progress (default 2)")
-    parser.add_argument("--device", default=None, help="RDMA device (default: the first)")
+    receiver_options(parser)
     parser.add_argument("--size", type=parse_bytes, default=4096, metavar="BYTES",
                         help="bytes of a fragment, as the source was built (default 4096)")
     parser.add_argument("--slots", type=int, default=64, metavar="N",
