@@ -134,11 +134,11 @@ class TrafficGenerator(wiring.Component):
         with m.Elif(~gap_zero):
             m.d.comb += gap_next.eq(gap - 1)
 
-        wrapping = Signal()                 # the request taken is the last of a pass
+        past_end = Signal()                 # the next slot would cross the ring's end
+        m.d.comb += past_end.eq((run.ring != 0) & (limit > run.ring))
         with m.If(request.valid & request.ready):
             m.d.comb += issued_next.eq(issued + 1)
-            m.d.comb += wrapping.eq((run.ring != 0) & (limit > run.ring))
-            with m.If(~wrapping):
+            with m.If(~past_end):
                 m.d.sync += [
                     address.eq(address + run.length),
                     limit.eq(limit + run.length),
@@ -184,7 +184,9 @@ class TrafficGenerator(wiring.Component):
             m.d.comb += count_next.eq(issued + request.valid)
 
         # Credit: the count offered → (its advance over ``consumed``, in registers) → the
-        # free slots and ``blocked``, so that one add and one compare lie between registers.
+        # free slots and ``blocked``. The free slots after this cycle, with and without a
+        # request taken, and whether each is zero, come from registers alone; the handshake
+        # only picks among them, so that it does not feed the add and the compare.
         consumed = Signal(32)               # messages the host reported consumed
         advance = Signal(32)                # what the last credit added, not yet in ``free``
         credited = Signal()                 # ``advance`` is to be added this cycle
@@ -197,16 +199,26 @@ class TrafficGenerator(wiring.Component):
         m.d.sync += credited.eq(0)
         with m.If(offered_credit.valid & running & (ahead != 0) & ~ahead[31]):
             m.d.sync += [consumed.eq(offered_credit.p), advance.eq(ahead), credited.eq(1)]
+        kept = Signal(32)                   # free slots if no request is taken
+        spent = Signal(32)                  # free slots if one is
+        first_wrap = past_end & ~wrapped    # a request taken now ends the first pass
+        m.d.comb += [
+            kept.eq(free + Mux(credited, advance, 0)),
+            spent.eq(kept - 1),
+        ]
         taken_now = request.valid & request.ready
-        with m.If(wrapping & ~wrapped):
+        none_left = Signal()
+        with m.If(taken_now & first_wrap):
             # consumed + slots − issued, with issued = slots after this request
-            m.d.comb += free_next.eq(consumed)
+            m.d.comb += [free_next.eq(consumed), none_left.eq(consumed == 0)]
+        with m.Elif(taken_now):
+            m.d.comb += [free_next.eq(spent), none_left.eq(spent == 0)]
         with m.Else():
-            m.d.comb += free_next.eq(free + Mux(credited, advance, 0) - taken_now)
+            m.d.comb += [free_next.eq(kept), none_left.eq(kept == 0)]
         m.d.sync += [
             free.eq(free_next),
-            wrapped.eq(wrapped | wrapping),
-            blocked.eq(run.credited & (wrapped | wrapping) & (free_next == 0)),
+            wrapped.eq(wrapped | (taken_now & past_end)),
+            blocked.eq(run.credited & (wrapped | (taken_now & past_end)) & none_left),
         ]
 
         # Run control.
