@@ -45,6 +45,7 @@ from sim.runner import BUILD
 #: Deepest: cmac, the store-and-forward buffer's level into the transmit FIFO's read
 #: pointer; sync, the connection manager's QP index into its entry's requester, the ARP
 #: cache's lookup into the direct path and the ACK receiver's outputs (7 each); init, the
+#: status UART's shift register (4) or, as logic elsewhere moves the mapping, the
 #: receive-reset watchdog's countdown in :class:`~boards.cmac_port.CmacPort` (5).
 MEASURED_LUT_LEVELS = {"0.23": {"cmac": 4, "sync": 7, "init": 5}}
 
