@@ -30,6 +30,7 @@ from .roce.planner import TRANSMIT_CONFIG
 from .roce.request_arbiter import RequestArbiter
 from .roce.requests import (
     COMPLETION,
+    CONNECTION_EVENT,
     QP_INDEX_BITS,
     QP_STATUS,
     QP_WRITE,
@@ -86,7 +87,11 @@ class NetworkCore(wiring.Component):
 
     The connection manager on UDP port 17185 opens and closes QPs and starts
     the generator's runs; ``qp_write`` sets a QP directly (user logic), out
-    of the connection manager's sight. QP1 takes the IB CM's MADs (UDP port
+    of the connection manager's sight. ``connection`` tells user logic of each
+    QP the connection manager opens (with the host's buffer address and rkey)
+    and frees (closed or expired), through a queue of 4 events; user logic that
+    takes none never stalls the connection manager (an event that finds the
+    queue full is dropped and counted in ``counters.cm.events_lost``). QP1 takes the IB CM's MADs (UDP port
     4791, destination QP 1; see :mod:`~gateware.cm.qp1`): each valid one is
     counted in ``counters.qp1`` and let go, and none is sent.
 
@@ -170,6 +175,7 @@ class NetworkCore(wiring.Component):
             "dcqcn_config": In(stream.Signature(DCQCN_CONFIG)),
             "qp_status_select": In(QP_INDEX_BITS),
             "qp_status": Out(QP_STATUS),
+            "connection": Out(stream.Signature(CONNECTION_EVENT)),
         })
 
     @staticmethod
@@ -293,6 +299,7 @@ class NetworkCore(wiring.Component):
         connect(m, cm.o_start, generator.i_start)
         connect(m, cm.o_stop, generator.i_stop)
         connect(m, cm.o_credit, generator.i_credit)
+        connect(m, cm.o_connection, flipped(self.connection))
         m.d.comb += [
             generator.query_qp.eq(cm.run_qp),
             cm.run.eq(generator.query),

@@ -4,7 +4,7 @@ generator, closes QPs and reports their status (CM_PROTOCOL.md)."""
 import ipaddress
 
 from amaranth import *
-from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..counters import counters_layout, event_counter
@@ -15,12 +15,14 @@ from ..packet.insert import HeaderInserter
 from ..roce.generator import GENERATOR_RUN
 from ..roce.generator_pool import RUN_CREDIT, RUN_STATUS
 from ..roce.requests import (
+    CONNECTION_EVENT,
     FIRST_QPN,
     QP_COUNTERS,
     QP_INDEX_BITS,
     QP_STATE,
     QP_STATUS,
     QP_WRITE,
+    ConnectionEvent,
     PathMtu,
     Verb,
     check_qp_count,
@@ -136,11 +138,24 @@ class ConnectionManager(wiring.Component):
 
     ``i_qp_write`` (user logic) is passed to ``o_qp_write`` while no
     datagram is being served; QPs set that way are not known to the CM.
+
+    Connection events (:data:`~gateware.roce.requests.CONNECTION_EVENT`) tell user
+    logic which QPs the CM holds: OPENED when an OPEN_QP takes a QP, in the cycle
+    ``o_qp_write`` takes its state (a repeated OPEN_QP answered again makes none),
+    CLOSED for each QP a CLOSE_QP (close-all included) frees and EXPIRED for each QP
+    the lease frees, in the cycle ``o_qp_close`` takes the QP. They wait in a queue of
+    ``events`` (a :class:`~amaranth.lib.fifo.SyncFIFOBuffered`) for ``o_connection``;
+    an event that finds it full is dropped and counted (``events_lost``), so user
+    logic that takes none never stalls the CM.
     """
 
-    def __init__(self, *, qps, queue=8, width=BEAT_BYTES):
+    def __init__(self, *, qps, queue=8, events=4, width=BEAT_BYTES):
         self._qps = check_qp_count(qps)
         self._queue = queue
+        if not isinstance(events, int) or events < 1:
+            raise ValueError(f"Connection event queue must hold 1 or more events, not "
+                             f"{events!r}")
+        self._events = events
         self._width = width
         super().__init__({
             "i": In(packet_signature(UDP_RX_META, width=width, always_ready=True)),
@@ -153,6 +168,7 @@ class ConnectionManager(wiring.Component):
             "o_start": Out(stream.Signature(GENERATOR_RUN)),
             "o_stop": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "o_credit": Out(stream.Signature(RUN_CREDIT, always_ready=True)),
+            "o_connection": Out(stream.Signature(CONNECTION_EVENT)),
             "status_qp": Out(QP_INDEX_BITS),
             "status": In(QP_STATUS),
             "run_qp": Out(QP_INDEX_BITS),
@@ -167,7 +183,7 @@ class ConnectionManager(wiring.Component):
 
     DROP_REASONS = ("overflow", "length", "malformed", "request", "qpn", "start_closed",
                     "access", "spoofed", "credit_refused")
-    EVENTS = ("opened", "closed", "no_qp", "starts", "expired", "credits")
+    EVENTS = ("opened", "closed", "no_qp", "starts", "expired", "credits", "events_lost")
 
     @classmethod
     def counters_layout(cls):
@@ -239,6 +255,19 @@ class ConnectionManager(wiring.Component):
         write = Signal(QP_WRITE)
         scan = Signal(range(qps + 1))       # the QP read this cycle (in SCAN)
         scanning = Signal()                 # the FSM is in SCAN
+
+        # Connection events out, through a queue that drops (and counts) when full.
+        m.submodules.events = events = fifo.SyncFIFOBuffered(width=CONNECTION_EVENT.size,
+                                                             depth=self._events)
+        event = Signal(CONNECTION_EVENT)    # the event of this cycle, when ``events.w_en``
+        m.d.comb += [
+            events.w_data.eq(event),
+            event.qp.eq(index),
+            counts["events_lost"].eq(events.w_en & ~events.w_rdy),
+            self.o_connection.valid.eq(events.r_rdy),
+            self.o_connection.payload.eq(events.r_data),
+            events.r_en.eq(self.o_connection.ready),
+        ]
 
         m.d.comb += [
             self.status_qp.eq(index),
@@ -448,6 +477,12 @@ class ConnectionManager(wiring.Component):
             with m.State("SET_QP"):
                 m.d.comb += self.o_qp_write.valid.eq(1)
                 with m.If(self.o_qp_write.ready):
+                    m.d.comb += [
+                        events.w_en.eq(1),
+                        event.event.eq(ConnectionEvent.OPENED),
+                        event.state.eq(write.state),
+                        event.base.eq(found.base),
+                    ]
                     answer(Ack.ACK, found)
 
             with m.State("READ"):
@@ -534,6 +569,7 @@ class ConnectionManager(wiring.Component):
             with m.State("CLOSE"):
                 m.d.comb += self.o_qp_close.valid.eq(1)
                 with m.If(self.o_qp_close.ready):
+                    m.d.comb += [events.w_en.eq(1), event.event.eq(ConnectionEvent.CLOSED)]
                     answer(Ack.ACK, found)
 
             # The sweep: one QP every three cycles (``index`` → entry, status and run →
@@ -584,6 +620,11 @@ class ConnectionManager(wiring.Component):
             with m.State("SWEEP_CLOSE"):
                 m.d.comb += self.o_qp_close.valid.eq(1)
                 with m.If(self.o_qp_close.ready):
+                    m.d.comb += [
+                        events.w_en.eq(1),
+                        event.event.eq(Mux(closing_all, ConnectionEvent.CLOSED,
+                                           ConnectionEvent.EXPIRED)),
+                    ]
                     next_qp()
 
             with m.State("START"):

@@ -12,8 +12,8 @@ from amaranth.lib import data, enum
 
 __all__ = [
     "QP_INDEX_BITS", "FIRST_QPN", "MAX_MESSAGE_BYTES", "Verb", "PathMtu", "WORK_REQUEST",
-    "CompletionStatus", "COMPLETION", "QP_STATE", "QP_WRITE", "QP_COUNTERS", "QP_STATUS",
-    "check_qp_count",
+    "CompletionStatus", "COMPLETION", "QP_STATE", "QP_WRITE", "ConnectionEvent",
+    "CONNECTION_EVENT", "QP_COUNTERS", "QP_STATUS", "check_qp_count",
 ]
 
 #: Bits of a QP index: up to 256 QPs.
@@ -113,6 +113,25 @@ QP_STATE = data.StructLayout({
 QP_WRITE = data.StructLayout({
     "qp": QP_INDEX_BITS,
     "state": QP_STATE,
+})
+
+
+class ConnectionEvent(enum.Enum, shape=2):
+    """What happened to a QP that the connection manager holds."""
+    OPENED = 0                  # an OPEN_QP took it and the QP table has its state
+    CLOSED = 1                  # a CLOSE_QP (or close-all) freed it
+    EXPIRED = 2                 # its lease ran out and freed it
+
+
+#: A QP the connection manager opened or freed, as ``connection`` tells user logic. The
+#: host's buffer is where user logic writes: its address is ``base``, its rkey
+#: ``state.rkey``. OPEN_QP carries no buffer size: how much of it to use is the user's
+#: agreement with the host program. For CLOSED and EXPIRED, ``state`` and ``base`` are 0.
+CONNECTION_EVENT = data.StructLayout({
+    "qp": QP_INDEX_BITS,
+    "event": ConnectionEvent,
+    "state": QP_STATE,          # OPENED: the QP's transmit state as the CM set it
+    "base": 64,                 # OPENED: the address of the host's buffer (OPEN_QP's loc_base_addr)
 })
 
 #: What the reliability engine counts per QP, each since the QP was last set.

@@ -12,7 +12,7 @@ from scapy.packet import Raw
 from gateware.cm.lease import LEASE_SWEEPS
 from gateware.cm.manager import CLOSE_ALL_QPN, ConnectionManager, access_list
 from gateware.config import parse_ipv4
-from gateware.roce.requests import CompletionStatus, PathMtu, Verb
+from gateware.roce.requests import CompletionStatus, ConnectionEvent, PathMtu, Verb
 from host import protocol
 from host.protocol import Ack, Datagram, QpInfo, Request, Status
 
@@ -69,15 +69,18 @@ def expected_status(index, *, open_, runs=0):
 
 class Bench:
     """The CM with a fake transmit engine and generator pool around it: sinks for its
-    QP writes, closes and starts (random ready; the pool takes every other start), a
-    record of stops, the status and run of each QP driven from ``fake_status`` and
-    ``fake_run``, and a collector of replies."""
+    QP writes, closes, starts and connection events (random ready; the pool takes every
+    other start; events are taken only while ``take_events``), a record of stops, the
+    status and run of each QP driven from ``fake_status`` and ``fake_run``, and a
+    collector of replies."""
 
-    def __init__(self, *, qps=16, width=64, seed=0, config=CONFIG):
-        self.dut = ConnectionManager(qps=qps, width=width)
+    def __init__(self, *, qps=16, width=64, seed=0, config=CONFIG, events=4):
+        self.dut = ConnectionManager(qps=qps, width=width, events=events)
         self.qps, self.width, self.config = qps, width, config
         self.rng = random.Random(seed)
         self.replies, self.writes, self.closes, self.starts, self.stops = [], [], [], [], []
+        self.events = []                # (QP, ConnectionEvent, state, base) of each event
+        self.take_events = True
         self.stop_cycles = []           # the cycle of each stop
         self.credits = []               # (QP, count) of each credit
         self.cycle = 0                  # cycles since the bench began
@@ -88,6 +91,8 @@ class Bench:
     async def sink(self, ctx, stream, record, convert):
         while True:
             ready = self.rng.random() < 0.6
+            if stream is self.dut.o_connection:
+                ready = ready and self.take_events
             ctx.set(stream.ready, ready)
             if stream is self.dut.o_start:
                 taken = len(record) % 2 == 0
@@ -166,6 +171,12 @@ class Bench:
                 "remote_qpn", "next_psn", "rkey", "remote_ip", "path_mtu", "src_port",
                 "timeout", "retry_count", "rnr_retry")})
 
+        def event(item):
+            """(QP, event, state, base); state None when all its bits are 0."""
+            zero = item.state.as_value().value == 0
+            return (int(item.qp), item.event, None if zero else write(item)[1],
+                    int(item.base))
+
         def start(item):
             return {"qp": int(item.qp), "verb": Verb(item.verb.value),
                     "taken": len(self.starts) % 2 == 0, **{
@@ -180,7 +191,8 @@ class Bench:
         run_testbenches(dut, main, self.reply_sink, self.stop_monitor, self.status_driver,
                         sink(dut.o_qp_write, self.writes, write),
                         sink(dut.o_qp_close, self.closes, int),
-                        sink(dut.o_start, self.starts, start))
+                        sink(dut.o_start, self.starts, start),
+                        sink(dut.o_connection, self.events, event))
 
 
 def open_reply(request, index, psn, mtu):
@@ -634,11 +646,13 @@ def test_a_lease_frees_idle_and_failed_qps_only():
         "outstanding": 5 if index in (failed, outstanding) else 0, "counters": {}}
     bench.run_of = lambda index: {"running": index == running, "messages": 0}
     heard = {}                          # cycle of each QP's host's last request
+    psns = []
 
     async def steps(bench, ctx):
         for index, host in enumerate(hosts):
             request = protocol.open_qp(host.info)
-            await bench.exchange(ctx, request, host)
+            psns.append(check_open(bench, await bench.exchange(ctx, request, host), request,
+                                   host, index, PathMtu.MTU_4096))
             heard[index] = bench.cycle
         assert len(bench.writes) == 6
         while bench.cycle < heard[idle] + lease + 3 * tick:
@@ -655,8 +669,105 @@ def test_a_lease_frees_idle_and_failed_qps_only():
                                                                   running))
         # A freed QP is free: its host opens again and gets the lowest free QP.
         request = protocol.open_qp(hosts[idle].info)
-        check_open(bench, await bench.exchange(ctx, request, hosts[idle]), request,
-                   hosts[idle], failed, PathMtu.MTU_4096)
+        psns.append(check_open(bench, await bench.exchange(ctx, request, hosts[idle]),
+                               request, hosts[idle], failed, PathMtu.MTU_4096))
 
     bench.run(steps)
     assert (bench.counters["expired"], bench.counters["closed"]) == (3, 0)
+    # Each open, each expiry (in the order of the sweeps), and the reopen.
+    assert bench.events[:6] == [opened(host, index, psn) for index, (host, psn)
+                                in enumerate(zip(hosts, psns, strict=False))]
+    expired = sorted(bench.events[6:9], key=lambda event: event[0])
+    assert expired == [(index, ConnectionEvent.EXPIRED, None, 0)
+                       for index in (failed, idle, stranger_kept)]
+    assert bench.events[9:] == [opened(hosts[idle], failed, psns[-1])]
+
+
+def opened(host, index, psn):
+    """The OPENED event of ``host``'s QP at endpoint QP ``index``."""
+    return (index, ConnectionEvent.OPENED, qp_write(host, index, psn, PathMtu.MTU_4096)[1],
+            host.base)
+
+
+def test_connection_events_tell_each_qp_opened_and_closed():
+    """OPENED with the QP's state and the host's buffer address for each QP an OPEN_QP
+    takes (none for a repeated OPEN_QP answered again, nor for a refused one), CLOSED for
+    a CLOSE_QP and for each QP of a close-all, none for a close that frees nothing."""
+    bench = Bench(qps=3, seed=11)
+    a = [Host("10.77.0.1", qpn, rkey=0x1000 + qpn, base=0x7F00_0000_0000 + (qpn << 20))
+         for qpn in (1, 2)]
+    b = Host("10.77.0.2", 1, rkey=0xB, base=0x5555_0000, port=40001)
+    c = Host("10.77.0.3", 7)
+
+    async def expect(ctx, events):
+        await wait_for(ctx, lambda: len(bench.events) >= len(events), 200)
+        await ctx.tick().repeat(20)
+        assert bench.events == events
+
+    async def steps(bench, ctx):
+        psns, events = [], []
+        for index, host in enumerate([a[0], b, a[1]]):
+            request = protocol.open_qp(host.info)
+            psns.append(check_open(bench, await bench.exchange(ctx, request, host), request,
+                                   host, index, PathMtu.MTU_4096))
+            events.append(opened(host, index, psns[-1]))
+            await expect(ctx, events)
+            assert bench.writes[-1] == (index, events[-1][2]), "the event's state is the QP's"
+            # A retry of the same OPEN_QP is answered again, and makes no event.
+            await bench.exchange(ctx, request, host)
+            await expect(ctx, events)
+        # No QP free: NO_QP, no event.
+        await bench.exchange(ctx, protocol.open_qp(c.info), c)
+        await expect(ctx, events)
+        # CLOSE_QP of b's QP; a close that frees nothing (a retry) makes no event.
+        request = protocol.close_qp(257, b.ip)
+        await bench.exchange(ctx, request, b)
+        events.append((1, ConnectionEvent.CLOSED, None, 0))
+        await bench.exchange(ctx, request, b)
+        await expect(ctx, events)
+        # Close-all from a: each of its QPs, lowest first.
+        assert (await bench.exchange(ctx, protocol.close_all(a[0].ip), a[0]))[0] == \
+            close_all_reply(protocol.close_all(a[0].ip), 2)
+        events += [(0, ConnectionEvent.CLOSED, None, 0), (2, ConnectionEvent.CLOSED, None, 0)]
+        await expect(ctx, events)
+        # The freed QP opens again: a new OPENED.
+        request = protocol.open_qp(c.info)
+        psn = check_open(bench, await bench.exchange(ctx, request, c), request, c, 0,
+                         PathMtu.MTU_4096)
+        events.append(opened(c, 0, psn))
+        await expect(ctx, events)
+
+    bench.run(steps)
+    assert {name: value for name, value in bench.counters.items() if value} == {
+        "opened": 4, "closed": 3, "no_qp": 2}
+
+
+def test_connection_events_that_find_the_queue_full_are_dropped_and_counted():
+    """User logic that takes no events stalls nothing: six OPEN_QPs are all answered, the
+    queue keeps the first four events and counts two lost; once drained, the next event
+    (a CLOSE_QP's) comes through."""
+    bench = Bench(qps=8, seed=12)
+    hosts = [Host(f"10.77.0.{index + 1}", 0x30 + index, base=0x1000 * (index + 1))
+             for index in range(6)]
+
+    async def steps(bench, ctx):
+        bench.take_events = False
+        psns = []
+        for index, host in enumerate(hosts):
+            request = protocol.open_qp(host.info)
+            psns.append(check_open(bench, await bench.exchange(ctx, request, host), request,
+                                   host, index, PathMtu.MTU_4096))
+        assert ctx.get(bench.dut.o_counters.events_lost) == 2
+        assert bench.events == []
+        bench.take_events = True
+        await wait_for(ctx, lambda: len(bench.events) == 4, 200)
+        assert bench.events == [opened(host, index, psn) for index, (host, psn)
+                                in enumerate(zip(hosts[:4], psns, strict=False))]
+        await bench.exchange(ctx, protocol.close_qp(256 + 5, hosts[5].ip), hosts[5])
+        await wait_for(ctx, lambda: len(bench.events) == 5, 200)
+        await ctx.tick().repeat(20)
+        assert bench.events[4:] == [(5, ConnectionEvent.CLOSED, None, 0)]
+
+    bench.run(steps)
+    assert (bench.counters["opened"], bench.counters["closed"],
+            bench.counters["events_lost"]) == (6, 1, 2)
