@@ -87,12 +87,12 @@ resources: $(STAMP)
 # MAC IP NETMASK GATEWAY QPS RETRANSMIT_BEATS MESSAGES GENERATOR_RUNS PATH_MTU RSFEC=0|1;
 # with QSFP=both, port 2's addresses: MAC2 IP2 NETMASK2 GATEWAY2.
 # SOURCE=example builds the example event source onto the core's user request ports
-# (gateware/examples/), with FRAGMENT_BYTES RING_BASE RING_SLOTS; the default is the generator.
+# (gateware/examples/), with FRAGMENT_BYTES RING_SLOTS; the default is the generator.
 BOARD ?= vcu118
 QSFP  ?= 1
 BOARD_ARGS = --board $(BOARD) --qsfp $(QSFP) $(if $(BUILD_DIR),--build-dir $(BUILD_DIR))
 CORE_VARS = MAC IP NETMASK GATEWAY MAC2 IP2 NETMASK2 GATEWAY2 QPS RETRANSMIT_BEATS MESSAGES \
-            GENERATOR_RUNS PATH_MTU RSFEC SOURCE FRAGMENT_BYTES RING_BASE RING_SLOTS
+            GENERATOR_RUNS PATH_MTU RSFEC SOURCE FRAGMENT_BYTES RING_SLOTS
 CORE_ARGS = $(foreach v,$(CORE_VARS),$(if $($(v)),--$(subst _,-,$(shell echo $(v) | tr A-Z a-z)) $($(v))))
 
 bitstream: $(STAMP)

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BOARDS = {"vcu118": (VCU118Platform, VCU118Top, VCU118DualTop)}
 NAME = "top"
 #: The example source's build parameters when not given (``--source example``).
-EXAMPLE_DEFAULTS = {"fragment_bytes": 4096, "ring_base": 0, "ring_slots": 64}
+EXAMPLE_DEFAULTS = {"fragment_bytes": 4096, "ring_slots": 64}
 #: The ``--qsfp`` choices: one cage, or both.
 CAGES = ("1", "2", "both")
 
@@ -132,7 +132,7 @@ def _bitstream(args) -> int:
         example = {name: default if getattr(args, name) is None else getattr(args, name)
                    for name, default in EXAMPLE_DEFAULTS.items()}
         core.update(source=args.source, fragment_bytes=example["fragment_bytes"],
-                    source_config={"base": example["ring_base"], "slots": example["ring_slots"],
+                    source_config={"slots": example["ring_slots"],
                                    "slot_bytes": example["fragment_bytes"]})
     port2 = {name: value for name, value in [
         ("mac", args.mac2), ("ip", args.ip2), ("netmask", args.netmask2),
@@ -242,16 +242,16 @@ def main(argv: list[str] | None = None) -> int:
                                 "generator) or the example event source (default: %(default)s)")
     for option, helptext in [
             ("--fragment-bytes", "bytes of the example source's fragments"),
-            ("--ring-base", "address of the host's ring, where the example source writes"),
-            ("--ring-slots", "fragments the host's ring holds")]:
+            ("--ring-slots", "fragments the host's ring holds (its address comes with the "
+                             "host's OPEN_QP)")]:
         name = option[2:].replace("-", "_")
         bitstream.add_argument(option, type=lambda text: int(text, 0), help=f"{helptext} "
                                f"(with --source example; default {EXAMPLE_DEFAULTS[name]})")
     args = parser.parse_args(argv)
     if args.command == "bitstream" and args.source == "generator" and any(
             getattr(args, name) is not None for name in EXAMPLE_DEFAULTS):
-        parser.error("--fragment-bytes, --ring-base and --ring-slots are the example "
-                     "source's: add --source example (SOURCE=example)")
+        parser.error("--fragment-bytes and --ring-slots are the example source's: add "
+                     "--source example (SOURCE=example)")
     return _bitstream(args) if args.command == "bitstream" else _hardware_manager(args)
 
 

@@ -91,9 +91,10 @@ class NetworkCore(wiring.Component):
     QP the connection manager opens (with the host's buffer address and rkey)
     and frees (closed or expired), through a queue of 4 events; user logic that
     takes none never stalls the connection manager (an event that finds the
-    queue full is dropped and counted in ``counters.cm.events_lost``). QP1 takes the IB CM's MADs (UDP port
-    4791, destination QP 1; see :mod:`~gateware.cm.qp1`): each valid one is
-    counted in ``counters.qp1`` and let go, and none is sent.
+    queue full is dropped and counted in ``counters.cm.events_lost``). QP1
+    takes the IB CM's MADs (UDP port 4791, destination QP 1; see
+    :mod:`~gateware.cm.qp1`): each valid one is counted in ``counters.qp1`` and
+    let go, and none is sent.
 
     Parameters
     ----------

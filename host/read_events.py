@@ -2,9 +2,10 @@
 host's ring through the receive API, and check each against :mod:`host.fragments`.
 
 The endpoint runs the example source (``make bitstream SOURCE=example``, or
-``gateware/examples/event_core.py`` in simulation): once this program has opened a QP
-through the CM, the source writes event ``k``'s fragment into ring slot ``k mod
-slots`` with an RDMA WRITE with immediate ``k``. Each completion hands over one
+``python -m sim.netdev --source example`` in simulation): once this program has opened
+a QP through the CM, whose OPEN_QP carries the ring's address and rkey, the source
+writes event ``k``'s fragment into ring slot ``k mod slots`` with an RDMA WRITE with
+immediate ``k``. Each completion hands over one
 fragment (:class:`host.receive.Receiver` with ``start=False``: the generator is not
 started); it is checked against the format by its immediate, and its receive is
 re-posted (so the source, which keeps at most ``slots`` fragments in flight, never
@@ -86,8 +87,8 @@ def main(argv: Sequence[str] | None = None, *, backend: BackendFactory | None = 
         with CmClient(address, cm_port=int(port or CM_PORT), timeout=args.timeout) as cm, \
                 Receiver(config, backend(VerbsOptions(device=args.device)), cm,
                          notice=lambda text: print(f"{_PROG}: {text}", file=err)) as receiver:
-            print(f"{_PROG}: the ring is at {receiver.qps[0].host.base_addr:#x}: the source "
-                  f"must write there", file=err)
+            print(f"{_PROG}: the ring is at {receiver.qps[0].host.base_addr:#x} (OPEN_QP told "
+                  f"the endpoint)", file=err)
             for _, header in read_events(receiver):
                 seen += 1
                 first = header if first is None else first

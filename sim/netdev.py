@@ -15,6 +15,13 @@ remote.port=47002``::
     python -m sim.netdev --local 127.0.0.1:47002 --remote 127.0.0.1:47001 \\
         --ip 10.77.0.2 --mac 02:00:00:00:00:02 --faults drop=0.02
 
+With ``--source example`` it runs the example event source beside the core
+(:class:`gateware.examples.event_core.EventCore`, the design of ``make bitstream
+SOURCE=example``, built as tests/sim/event_source_bench.py builds it, so one
+Verilator build serves both): a host's OPEN_QP starts its run of ``--events``
+fragments of ``--fragment-bytes`` into a ring of ``--slots`` slots at the buffer
+address the OPEN_QP carries, which ``python -m host.read_events`` reads.
+
 With ``--ports 2`` it runs the two cores of the two-cage board top
 (:class:`boards.vcu118_top.VCU118DualTop`): port 1 as above, port 2 with its own
 addresses (``--ip2``, ``--mac2``; the board's defaults for its second port) on its
@@ -39,10 +46,11 @@ from pathlib import Path
 
 from boards.vcu118_top import PORT2_ADDRESS
 from gateware.core import TOS_ECT0, NetworkCore
+from gateware.examples.event_core import EventCore
 from gateware.roce.requests import PathMtu
 from sim.models.link_faults import parse_faults
-from sim.runner import BUILD, build, run, simulator
-from sim.testbench import CORE_PARAMS
+from sim.runner import BUILD, Build, build, run, simulator
+from sim.testbench import CORE_PARAMS, EVENT_CORE_PARAMS
 
 __all__ = ["main", "build_parser", "port_arguments"]
 
@@ -117,7 +125,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tos", type=lambda text: int(text, 0), default=TOS_ECT0,
                         help="DSCP/ECN byte of RoCEv2 packets (default %(default)#x: DSCP 26, "
                         "ECT(0))")
+    example = parser.add_argument_group("the example event source (--source example)")
+    example.add_argument("--source", choices=("generator", "example"), default="generator",
+                         help="generator: the core alone; example: the core with the example "
+                         "event source on its user ports (default %(default)s)")
+    example.add_argument("--fragment-bytes", type=int,
+                         default=EVENT_CORE_PARAMS["fragment_bytes"],
+                         help="bytes of a fragment, a build parameter: other than the default "
+                         "(%(default)s, the cocotb bench's) it takes a build of its own")
+    example.add_argument("--slots", type=int, default=64,
+                         help="slots of the host's ring (default %(default)s)")
+    example.add_argument("--events", type=int, default=0,
+                         help="fragments in a run (default 0: without end)")
     return parser
+
+
+def _design(args: argparse.Namespace) -> Build:
+    """The design ``args`` ask for, built (cached after the first time)."""
+    print(f"netdev: building the endpoint with {simulator()} (cached after the first run)",
+          flush=True)
+    if args.source == "example":
+        params = {**EVENT_CORE_PARAMS, "fragment_bytes": args.fragment_bytes}
+        return build("event_core", lambda: EventCore(**params), key=repr(params))
+    return build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
 
 
 def _port2(path: Path) -> Path:
@@ -138,9 +168,7 @@ def port_arguments(argv: list[str], args: argparse.Namespace) -> list[list[str]]
 
 def _two_ports(argv: list[str], args: argparse.Namespace) -> int:
     """Both ports' simulations at once, stopped together; the worse exit status."""
-    print(f"netdev: building the endpoint with {simulator()} (cached after the first run)",
-          flush=True)
-    build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
+    _design(args)
     ports = [subprocess.Popen([sys.executable, "-m", "sim.netdev", *arguments])
              for arguments in port_arguments(argv, args)]
 
@@ -154,7 +182,12 @@ def _two_ports(argv: list[str], args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.source == "example" and args.ports == 2:
+        parser.error("--source example runs one port")
+    if args.source == "example" and not 1 <= args.slots < 1 << 16:
+        parser.error(f"--slots must be 1 … 65535, not {args.slots}")
     if args.ports == 2:
         return _two_ports(argv, args)
     args.pcap.parent.mkdir(parents=True, exist_ok=True)
@@ -168,9 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
 
-    print(f"netdev: building the endpoint with {simulator()} (cached after the first run)",
-          flush=True)
-    design = build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
+    design = _design(args)
     os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     both = args.faults or {}
@@ -182,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         "tos": args.tos,
         "faults_to_core": args.faults_to_core or both,
         "faults_to_host": args.faults_to_host or both,
+        "source": None if args.source == "generator" else {
+            "slot_bytes": args.fragment_bytes, "slots": args.slots, "period": 0,
+            "count": args.events},
     }
     try:
         run(design, module="netdev_bench", test_dir=Path(__file__).parent, params=params)

@@ -15,7 +15,7 @@ from gateware.config import parse_ipv4
 from gateware.core import CMAC_CLOCK_HZ
 from gateware.roce.requests import PathMtu
 from sim.models.link_faults import LinkFaults
-from sim.testbench import NetworkBench
+from sim.testbench import EventCoreBench, NetworkBench
 
 PARAMS = json.loads(os.environ["BENCH_PARAMS"])
 
@@ -30,10 +30,14 @@ def _address(text):
 
 @cocotb.test()
 async def netdev(dut):
-    """Runs until the stop file appears (or ``seconds`` pass), then writes a summary."""
+    """Runs until the stop file appears (or ``seconds`` pass), then writes a summary.
+    With ``source`` (an EVENT_CONFIG), the design is the EventCore, its source so
+    configured."""
     stop_file = Path(PARAMS["stop_file"])
     frames = []
-    bench = NetworkBench(dut, pcap=PARAMS["pcap"], forward=frames.append)
+    source = PARAMS["source"]
+    bench = (NetworkBench if source is None else EventCoreBench)(
+        dut, pcap=PARAMS["pcap"], forward=frames.append)
     await bench.reset()
     await bench.configure(mac=int(PARAMS["mac"].replace(":", ""), 16),
                           ip=parse_ipv4(PARAMS["ip"]), netmask=parse_ipv4(PARAMS["netmask"]))
@@ -42,6 +46,8 @@ async def netdev(dut):
                              retry_count=7, rnr_retry=7,
                              **access_list(PARAMS["ip"], PARAMS["netmask"]),
                              lease_tick=lease_tick(60 * CMAC_CLOCK_HZ))
+    if source is not None:
+        await bench.configure_source(**source)
     link = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     link.bind(_address(PARAMS["local"]))
     link.setblocking(False)
@@ -85,7 +91,11 @@ async def netdev(dut):
                "frames": sent, "faults_to_core": to_core.counts,
                "faults_to_host": to_host.counts, "counters": moved,
                "pcap": PARAMS["pcap"]}
+    if source is not None:
+        summary["source"] = bench.source_status()
     Path(PARAMS["summary"]).write_text(json.dumps(summary, indent=1))
     print(f"netdev: {bench.cycle} cycles in {summary['seconds']} s; frames {sent}; "
           f"faults to the core {to_core.counts}, to the host {to_host.counts}", flush=True)
     print(f"netdev: counters that moved: {moved}", flush=True)
+    if source is not None:
+        print(f"netdev: the event source: {summary['source']}", flush=True)

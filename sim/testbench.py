@@ -32,13 +32,15 @@ from gateware.cm.manager import CM_CONFIG
 from gateware.config import NetworkConfig
 from gateware.core import TOS_ECT0, NetworkCore
 from gateware.eth.mac_control import PAUSE_CONFIG
+from gateware.examples.event_source import EVENT_CONFIG, EVENT_STATUS
 from gateware.roce.dcqcn import DCQCN_CONFIG, DCQCN_DEFAULTS
 from gateware.roce.planner import TRANSMIT_CONFIG
 from gateware.roce.requests import COMPLETION, QP_STATUS, QP_WRITE, WORK_REQUEST
 from sim.bench.roce_goodput import LINE_BYTES_PER_CYCLE, LINE_OVERHEAD
 from sim.pcap import PcapWriter
 
-__all__ = ["NetworkBench", "CLOCK_PERIOD_PS", "MIN_FRAME", "CORE_PARAMS"]
+__all__ = ["NetworkBench", "EventCoreBench", "CLOCK_PERIOD_PS", "MIN_FRAME", "CORE_PARAMS",
+           "EVENT_CORE_PARAMS"]
 
 #: 322.265625 MHz, the CMAC's user clock, rounded to an even number of picoseconds.
 CLOCK_PERIOD_PS = 3104
@@ -48,6 +50,12 @@ CLOCK_PERIOD_PS = 3104
 #: beats (32 KiB) per QP, so that a quarter of a ring is a few packets.
 CORE_PARAMS = {"arp_retry_interval": 3000, "arp_lifetime": 40_000, "arp_retries": 3,
                "retransmit_beats": 512}
+
+#: The example EventCore as the benches build it (tests/sim/event_source_bench.py and
+#: ``python -m sim.netdev --source example``, one build for both): the core with fewer
+#: QPs and generators (quicker to compile), and a source of 1000-byte fragments.
+EVENT_CORE_PARAMS = {**CORE_PARAMS, "qps": 4, "generator_runs": 1, "fragment_bytes": 1000,
+                     "window": 8}
 
 #: A MAC on the wire never delivers less (without FCS); shorter frames are padded.
 MIN_FRAME = 60
@@ -152,6 +160,7 @@ class NetworkBench:
             getattr(self.dut, f"payload__{signal}").value = 0
         self.dut.qp_status_select.value = 0
         self.dut.completion__ready.value = 1
+        self.dut.connection__ready.value = 0    # no user logic: the events are counted lost
         self.dut.tx__tready.value = 0
         await ClockCycles(self.dut.clk, 4)
         self.dut.rst.value = 0
@@ -453,3 +462,46 @@ class NetworkBench:
 
     def close(self):
         self.pcap.close()
+
+
+class EventCoreBench(NetworkBench):
+    """:class:`NetworkBench` on an :class:`~gateware.examples.event_core.EventCore`: the
+    source holds the user request ports, so the bench drives none and reads the source's
+    status instead of completions."""
+
+    async def reset(self):
+        dut = self.dut
+        dut.rst.value = 1
+        for port in ("config", "qp_write", "roce_config", "cm_config", "pause_config",
+                     "dcqcn_config", "source_config"):
+            getattr(dut, f"{port}__valid").value = 0
+            getattr(dut, f"{port}__payload").value = 0
+        dut.qp_status_select.value = 0
+        dut.tx__tready.value = 0
+        await self.idle(4)
+        dut.rst.value = 0
+        await self.idle(2)
+
+    async def _request_driver(self):
+        pass
+
+    async def _payload_driver(self):
+        pass
+
+    async def _completion_monitor(self):
+        pass
+
+    async def configure_source(self, **config):
+        """Write the source's configuration (fields of EVENT_CONFIG)."""
+        await self._put("source_config", EVENT_CONFIG, config)
+
+    def source_status(self):
+        return _decode(EVENT_STATUS, self.dut.source_status.value.to_unsigned())
+
+    async def wait_source(self, condition, timeout_cycles):
+        for _ in range(timeout_cycles // 10):
+            if condition(self.source_status()):
+                return
+            await self.idle(10)
+        raise AssertionError(f"source status after {timeout_cycles} cycles: "
+                             f"{self.source_status()}")

@@ -8,7 +8,9 @@ WRITEs on QP 0 with their payloads (``work_request``, ``payload``); the core res
 the peer by ARP, sends, a responder model (``sim/models/responder.py``) acknowledges,
 and the completions come out (``completion``, held for two cycles by user logic that
 is not ready); then user logic reads QP 0's and QP 1's status (``qp_status_select`` →
-``qp_status``, a cycle later). A recorder samples every port on each clock edge, as
+``qp_status``, a cycle later); then the peer sends an OPEN_QP and a CLOSE_QP to the
+connection manager, back to back, and the connection events come out (``connection``).
+A recorder samples every port on each clock edge, as
 the core sees it; each diagram shows a window of the cycles around its stream's
 transfers, numbered from the start of the run.
 
@@ -28,11 +30,14 @@ from pathlib import Path
 from amaranth.hdl import Value
 from amaranth.sim import Simulator
 from scapy.contrib.roce import BTH
+from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
+from scapy.packet import Raw
 
 from gateware.config import parse_ipv4
 from gateware.core import NetworkCore
-from gateware.roce.requests import CompletionStatus, PathMtu, Verb
+from gateware.roce.requests import CompletionStatus, ConnectionEvent, PathMtu, Verb
+from host import protocol
 from sim.models.responder import ConnectX, Responder
 
 __all__ = ["CORE", "Field", "Diagram", "DIAGRAMS", "record", "wavedrom", "generate", "main"]
@@ -48,6 +53,9 @@ WIDTH = 64
 CORE_MAC, CORE_IP = "02:00:00:00:00:02", "10.77.0.2"
 PEER_MAC, PEER_IP = "52:54:00:12:34:56", "10.77.0.1"
 PEER_QPN, CORE_QPN = 0x11, 256
+#: The host QP and buffer of the peer's OPEN_QP.
+CM_HOST = protocol.QpInfo(qpn=0x22, psn=0x333, rkey=0xABCD, base_addr=0x7F00_0000_1000,
+                          ip=PEER_IP)
 ROUND_TRIP = 8              # cycles from a request packet's last beat to its ACK
 PAYLOADS = (bytes(range(100)), bytes(range(64, 128)))   # two beats, then one
 MAX_CYCLES = 2000
@@ -133,6 +141,14 @@ DIAGRAMS = [
                 Field("counters.packets", "qp_status.counters.packets", str),
                 Field("counters.bytes", "qp_status.counters.bytes", str),
                 Field("counters.acks", "qp_status.counters.acks", str)]),
+    Diagram("connection", "connection: an OPEN_QP takes QP 0, a CLOSE_QP frees it",
+            "connection.valid", "connection.ready", [
+                Field("qp", "connection.payload.qp", str),
+                Field("event", "connection.payload.event",
+                      lambda value: ConnectionEvent(value).name),
+                Field("base", "connection.payload.base", _hex),
+                Field("state.rkey", "connection.payload.state.rkey", _hex),
+                Field("state.remote_qpn", "connection.payload.state.remote_qpn", _hex)]),
 ]
 
 
@@ -158,7 +174,7 @@ def record() -> list[dict[str, int]]:
     signals = [Value.cast(_signal(dut, path)) for path in paths]
     trace: list[dict[str, int]] = []
     inbox: list[bytes] = []
-    state = {"completions": 0, "done": False}
+    state = {"completions": 0, "cm_replies": 0}
     responder = Responder(mac=PEER_MAC, ip=PEER_IP, peer_mac=CORE_MAC, peer_ip=CORE_IP,
                           qpn=PEER_QPN, peer_qpn=CORE_QPN, expected_psn=0x100, rkey=0x77,
                           memory_base=0x1000, memory_size=256, path_mtu=1024,
@@ -203,6 +219,8 @@ def record() -> list[dict[str, int]]:
                         pdst=packet[ARP].psrc)))
                 elif BTH in packet:
                     responder.receive(frame, cycle)
+                elif UDP in packet and packet[UDP].sport == protocol.CM_PORT:
+                    state["cm_replies"] += 1
                 frame = b""
 
     async def completions(ctx):
@@ -249,6 +267,19 @@ def record() -> list[dict[str, int]]:
         for qp in (1, 0):
             ctx.set(dut.qp_status_select, qp)
             await ctx.tick().repeat(3)
+        await ctx.tick().repeat(10)
+        # The peer opens a QP through the CM and closes it at once.
+        ctx.set(dut.connection.ready, 1)
+        for datagram in (protocol.open_qp(CM_HOST), protocol.close_qp(CORE_QPN, PEER_IP)):
+            inbox.append(bytes(Ether(src=PEER_MAC, dst=CORE_MAC) / IP(src=PEER_IP, dst=CORE_IP)
+                               / UDP(sport=40000, dport=protocol.CM_PORT)
+                               / Raw(datagram.encode())))
+        for _ in range(MAX_CYCLES):
+            if state["cm_replies"] == 2:
+                break
+            await ctx.tick()
+        else:
+            raise RuntimeError(f"{state['cm_replies']} CM replies after {MAX_CYCLES} cycles")
         await ctx.tick().repeat(10)
 
     sim = Simulator(dut)

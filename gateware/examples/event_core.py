@@ -5,7 +5,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..core import NetworkCore
-from ..counters import COUNTER_BITS
+from ..roce.requests import QP_INDEX_BITS, ConnectionEvent
 from ..stream import BEAT_BYTES
 from .event_source import EVENT_CONFIG, EVENT_STATUS, EventSource
 
@@ -18,14 +18,18 @@ class EventCore(wiring.Component):
 
     The ports are the core's (``rx``, ``tx``, ``config``, ``counters``, ``qp_write``,
     the ``*_config`` streams, ``qp_status_select`` → ``qp_status``) but for
-    ``work_request``, ``payload`` and ``completion``, which the source holds, plus
-    the source's ``source_config`` (its ``i_config``) and ``source_status``.
+    ``work_request``, ``payload``, ``completion`` and ``connection``, which the
+    source and its enable hold, plus the source's ``source_config`` (its
+    ``i_config``) and ``source_status``.
 
-    The source is enabled while the connection manager holds an open QP (its
-    ``opened`` counter ahead of ``closed`` + ``expired``; a register, one cycle
-    behind the counters): a host's OPEN_QP starts a run from event 0, and its
-    CLOSE_QP (or the lease) ends it. ``source_config.qp`` names the QP the
-    fragments go on, which is QP 0 for the first host that opens one.
+    The source takes its ring from the host: the core's ``connection`` events
+    (always taken) enable it on an OPENED event while it is disabled, with that
+    event's QP and host buffer address (``base``) as the source's QP and ring
+    address, and disable it on a CLOSED or EXPIRED event of that QP (registers:
+    the source sees the event a cycle after the core gives it). So a host's
+    OPEN_QP starts a run from event 0 into its registered buffer, and its
+    CLOSE_QP (or the lease) ends it; QPs other hosts open meanwhile carry none of
+    it. The ring's slots and their size stay the source's configuration.
 
     Parameters
     ----------
@@ -38,7 +42,7 @@ class EventCore(wiring.Component):
         Build parameters of :class:`~gateware.core.NetworkCore`.
     """
 
-    #: The core's ports that the wrapper has too.
+    #: The core's ports that the wrapper has too (the others are the source's).
     FORWARDED = ("rx", "tx", "config", "counters", "qp_write", "cm_config", "roce_config",
                  "pause_config", "dcqcn_config", "qp_status_select", "qp_status")
 
@@ -80,8 +84,17 @@ class EventCore(wiring.Component):
             self.source_status.eq(source.o_status),
         ]
 
-        cm = core.counters.cm
+        # The host's ring: the QP and buffer address of an OPENED event, until that QP
+        # closes or expires.
+        event = core.connection
         enable = Signal()
-        m.d.sync += enable.eq((cm.opened - cm.closed - cm.expired)[:COUNTER_BITS] != 0)
-        m.d.comb += source.i_enable.eq(enable)
+        qp = Signal(QP_INDEX_BITS)
+        base = Signal(64)
+        opened = event.p.event == ConnectionEvent.OPENED
+        m.d.comb += event.ready.eq(1)
+        with m.If(event.valid & opened & ~enable):
+            m.d.sync += [enable.eq(1), qp.eq(event.p.qp), base.eq(event.p.base)]
+        with m.If(event.valid & ~opened & (event.p.qp == qp)):
+            m.d.sync += enable.eq(0)
+        m.d.comb += [source.i_enable.eq(enable), source.i_qp.eq(qp), source.i_base.eq(base)]
         return m

@@ -16,10 +16,9 @@ FRAGMENT_MAGIC = int.from_bytes(b"EVT1", "little")
 #: The header: magic (32 bits), size (32), event number (64), timestamp (64).
 HEADER_BYTES = 24
 
-#: How the source runs; see :class:`EventSource`.
+#: How the source runs; see :class:`EventSource`. (The QP and the ring's address come
+#: with the QP: ``i_qp``, ``i_base``.)
 EVENT_CONFIG = data.StructLayout({
-    "qp": QP_INDEX_BITS,        # the QP (index) the fragments go on
-    "base": 64,                 # remote address of ring slot 0 (the host buffer's address)
     "slot_bytes": 32,           # distance between slots, at least the fragment's size
     "slots": 16,                # slots in the ring, at least 1
     "period": 32,               # cycles between event starts at least (0, 1: back to back)
@@ -41,10 +40,11 @@ class EventSource(wiring.Component):
     """Makes event fragments and sends each as an RDMA WRITE with immediate.
 
     While ``i_enable`` is high the source makes events: event ``k`` (from 0 at
-    each rise of ``i_enable``) is a work request on ``config.qp`` with verb
+    each rise of ``i_enable``) is a work request on QP ``i_qp`` with verb
     RDMA_WRITE_WITH_IMMEDIATE, ``tag`` = ``k`` mod 2^16, ``immediate`` = ``k``
-    mod 2^32, ``length`` = ``fragment_bytes`` and ``remote_address`` = ``base``
-    + (``k`` mod ``slots``) × ``slot_bytes``, then its payload: the fragment of
+    mod 2^32, ``length`` = ``fragment_bytes`` and ``remote_address`` = ``i_base``
+    (the address of ring slot 0 in the host's memory) + (``k`` mod
+    ``config.slots``) × ``config.slot_bytes``, then its payload: the fragment of
     the header (:data:`FRAGMENT_MAGIC`, the size, ``k`` as 64 bits and the
     timestamp), then word ``j`` (from 3) = ``(k << 32) | j``; ``host/fragments.py``
     describes the same format for the host and the tests. The rkey is the QP's, as
@@ -56,7 +56,7 @@ class EventSource(wiring.Component):
 
     Flow control: a fragment is in flight from the cycle its event starts
     until the core's completion for it comes back (on ``i_completion`` for
-    ``config.qp``), that is, until the host's NIC has acknowledged every byte
+    QP ``i_qp``), that is, until the host's NIC has acknowledged every byte
     of it. At most ``min(window, config.slots)`` fragments are in flight, so
     the source never writes a slot whose previous fragment is not complete.
     A completion with an error status is counted in ``o_status.failed``; its
@@ -75,9 +75,10 @@ class EventSource(wiring.Component):
     request at once.
 
     ``i_config`` (always ready) writes the configuration; until written it is
-    ``config``. The source reads it while it runs: change it only while
-    ``i_enable`` is low and nothing is in flight. While ``i_enable`` is low
-    nothing starts, and the next run begins at event 0 in slot 0.
+    ``config``. The source reads it, ``i_qp`` and ``i_base`` while it runs:
+    change them only while ``i_enable`` is low and nothing is in flight. While
+    ``i_enable`` is low nothing starts, and the next run begins at event 0 in
+    slot 0.
 
     Parameters
     ----------
@@ -108,6 +109,8 @@ class EventSource(wiring.Component):
         self._width = width
         super().__init__({
             "i_enable": In(1),
+            "i_qp": In(QP_INDEX_BITS),
+            "i_base": In(64),
             "i_config": In(stream.Signature(EVENT_CONFIG)),
             "o_request": Out(stream.Signature(WORK_REQUEST)),
             "o_payload": Out(packet_signature(NO_META, width=width)),
@@ -145,7 +148,7 @@ class EventSource(wiring.Component):
         completion = self.i_completion
         m.d.comb += completion.ready.eq(1)
         done = Signal()
-        m.d.comb += done.eq(completion.valid & (completion.p.qp == config.qp)
+        m.d.comb += done.eq(completion.valid & (completion.p.qp == self.i_qp)
                             & (status.in_flight != 0))
         with m.If(done):
             with m.If(completion.p.status == CompletionStatus.SUCCESS):
@@ -182,7 +185,7 @@ class EventSource(wiring.Component):
         request = self.o_request
         m.d.comb += [
             request.p.verb.eq(Verb.RDMA_WRITE_WITH_IMMEDIATE),
-            request.p.qp.eq(config.qp),
+            request.p.qp.eq(self.i_qp),
             request.p.tag.eq(current[:16]),
             request.p.remote_address.eq(current_address),
             request.p.length.eq(size),
@@ -217,7 +220,7 @@ class EventSource(wiring.Component):
                     m.d.sync += [
                         current.eq(event),
                         current_slot.eq(Mux(fresh, 0, slot)),
-                        current_address.eq(Mux(fresh, config.base, address)),
+                        current_address.eq(Mux(fresh, self.i_base, address)),
                         fresh.eq(0),
                         started_at.eq(timestamp + 1),
                         gap.eq(config.period),
@@ -234,7 +237,7 @@ class EventSource(wiring.Component):
                         status.events.eq(event + 1),
                     ]
                     with m.If(current_slot + 1 >= config.slots):
-                        m.d.sync += [slot.eq(0), address.eq(config.base)]
+                        m.d.sync += [slot.eq(0), address.eq(self.i_base)]
                     with m.Else():
                         m.d.sync += [slot.eq(current_slot + 1),
                                      address.eq(current_address + config.slot_bytes)]

@@ -9,6 +9,13 @@ immediate, single- and multi-packet messages at path MTU 1024 and 4096, two
 QPs at once, and a close and reopen of the same host QP (``--repeat``) — and
 checks every byte. Then netdev is stopped (SIGTERM) and its counters printed.
 
+With ``--example`` netdev runs the example event source beside the core
+(``python -m sim.netdev --source example``: the design of ``make bitstream
+SOURCE=example``) and the guest runs ``python -m host.read_events``, which opens a
+QP through the receive API, and the source writes its fragments into the ring that
+OPEN_QP announced; every fragment is checked against :mod:`host.fragments`
+(:data:`EXAMPLE_RUNS`).
+
 The demo checks that every run (every pass of a repeated run) is ``ok`` and
 that each endpoint QP's final STATUS agrees with what ``qp-server`` saw
 (messages == count, bytes == count × size). With ``--faults`` (passed to
@@ -47,8 +54,9 @@ from .vm import (
     run_script,
 )
 
-__all__ = ["DEFAULT_RUNS", "DemoRun", "RunCheck", "DemoResult", "build_parser", "check_run",
-           "expected_sha256", "guest_script", "main", "run_demo", "simulation_figures"]
+__all__ = ["DEFAULT_RUNS", "EXAMPLE_RUNS", "DemoRun", "RunCheck", "DemoResult", "build_parser",
+           "check_run", "example_netdev_options", "expected_sha256", "guest_script", "main",
+           "run_demo", "simulation_figures"]
 
 _PROG = "python -m sim.softroce.demo"
 ENDPOINT_IP, ENDPOINT_MAC = "10.77.0.2", "02:00:00:00:00:02"
@@ -65,7 +73,9 @@ _BEGIN, _RESULT, _LOG = "demo-begin", "demo-result", "demo-log"
 @dataclasses.dataclass(frozen=True)
 class DemoRun:
     """One ``qp-server`` run in the guest; ``receive_api``: ``python -m host.dump``
-    instead, a user of the receive API that writes each QP's messages to a file."""
+    instead, a user of the receive API that writes each QP's messages to a file;
+    ``slots``: ``python -m host.read_events`` instead, which reads ``count`` fragments
+    of ``size`` bytes of the example event source from a ring of ``slots`` slots."""
     write: bool
     immediate: bool
     size: int
@@ -74,14 +84,24 @@ class DemoRun:
     qps: int = 1
     repeat: int = 1
     receive_api: bool = False
+    slots: int = 0
 
     def __post_init__(self) -> None:
         if self.size < 0 or self.count < 1 or self.qps < 1 or self.repeat < 1:
             raise ValueError(f"size must be >= 0 and count, qps, repeat >= 1: {self}")
         if self.mtu not in (None, 256, 512, 1024, 2048, 4096):
             raise ValueError(f"mtu must be a path MTU (256..4096) or None, not {self.mtu!r}")
-        if self.receive_api and (self.mtu is not None or self.repeat > 1):
+        if (self.receive_api or self.slots) and (self.mtu is not None or self.repeat > 1):
             raise ValueError("a receive-API run takes the port's MTU and one pass")
+        if self.slots and (not self.write or not self.immediate or self.qps > 1
+                           or self.receive_api):
+            raise ValueError("the event source's fragments are WRITEs with immediate on one "
+                             "QP")
+
+    @property
+    def read_events(self) -> bool:
+        """The guest reads the example event source (``host.read_events``)."""
+        return self.slots > 0
 
     @property
     def operation(self) -> str:
@@ -90,11 +110,16 @@ class DemoRun:
     @property
     def program(self) -> str:
         """The module the guest runs."""
+        if self.read_events:
+            return "host.read_events"
         return "host.dump" if self.receive_api else "host.cli"
 
     def arguments(self) -> list[str]:
         """The program's arguments for this run (endpoint, timeouts and ``--json`` or
         ``--out`` added by :func:`guest_script`)."""
+        if self.read_events:
+            return ["--size", str(self.size), "--slots", str(self.slots), "--count",
+                    str(self.count)]
         argv = ["--write" if self.write else "--send"]
         argv += ["--imm"] * self.immediate
         argv += ["--size", str(self.size), "--count", str(self.count)]
@@ -107,7 +132,9 @@ class DemoRun:
         return argv
 
     def label(self) -> str:
-        return ("receive API: " if self.receive_api else "") + " ".join(self.arguments())
+        kind = ("read_events: " if self.read_events
+                else "receive API: " if self.receive_api else "")
+        return kind + " ".join(self.arguments())
 
 
 #: The demo's runs: every operation, one- and multi-packet messages at path MTU
@@ -126,13 +153,27 @@ DEFAULT_RUNS = (
 )
 
 
+#: ``--example``: ``host.read_events`` reads 24 fragments of 1000 bytes (the size the
+#: cocotb bench's EventCore is built with, so its Verilator build serves) from a ring of
+#: 8 slots.
+EXAMPLE_RUNS = (DemoRun(write=True, immediate=True, size=1000, count=24, slots=8),)
+
+
+def example_netdev_options(run: DemoRun) -> list[str]:
+    """netdev's options for ``run`` of ``host.read_events``: the example event source,
+    with the run's fragment size, slots and count."""
+    return ["--source", "example", "--fragment-bytes", str(run.size), "--slots",
+            str(run.slots), "--events", str(run.count)]
+
+
 def guest_script(runs: Sequence[DemoRun], *, run_limit: int = RUN_LIMIT_S) -> str:
-    """The shell script the guest runs: qp-server (or host.dump) once per run, its
-    JSON summary on one ``demo-result <n> <exit code> <json>`` line and its
-    messages on ``demo-log <n>: ...`` lines."""
+    """The shell script the guest runs: qp-server (or host.dump, host.read_events) once
+    per run, its JSON summary (read_events: its summary line) on one ``demo-result <n>
+    <exit code> <json>`` line and its messages on ``demo-log <n>: ...`` lines."""
     lines = ["cd /mnt/repo 2>/dev/null || true"]
     for number, run in enumerate(runs):
-        output = ["--out", f"/tmp/dump-{number}"] if run.receive_api else ["--json"]
+        output = (["--out", f"/tmp/dump-{number}"] if run.receive_api
+                  else [] if run.read_events else ["--json"])
         command = shlex.join(["timeout", "-s", "TERM", str(run_limit), "python3", "-m",
                               run.program, "--endpoint", ENDPOINT_IP, *QP_SERVER_OPTIONS,
                               *run.arguments(), *output])
@@ -156,6 +197,7 @@ class RunCheck:
     problems: list[str] = dataclasses.field(default_factory=list)
     lines: list[str] = dataclasses.field(default_factory=list)
     retransmitted: int = 0
+    output: str = ""            # host.read_events: its summary line
 
     @property
     def ok(self) -> bool:
@@ -170,6 +212,9 @@ def check_run(check: RunCheck) -> None:
     """Fill ``check.problems`` and ``check.lines`` from its exit code and summary."""
     run = check.run
     name = f"run {check.number} ({run.label()})"
+    if run.read_events:
+        _check_events(check, name)
+        return
     if check.summary is None:
         check.problems.append(f"{name}: qp-server printed no JSON summary (exit "
                               f"{check.exit_code}); its messages: "
@@ -272,6 +317,18 @@ def _check_dump(check: RunCheck, name: str) -> None:
         f"{run.count * run.qps} messages to files, SHA-256 "
         f"{'matches' if all(qp.get('sha256') == want for qp in qps) else 'differs'}, "
         f"retransmitted {retransmitted}")
+
+
+def _check_events(check: RunCheck, name: str) -> None:
+    """A ``host.read_events`` run: exit 0, every fragment intact, no error."""
+    run = check.run
+    intact = f"{run.count} of {run.count} fragments intact"
+    if check.exit_code != 0 or not check.output.startswith(intact) \
+            or not check.output.endswith(", 0 errors"):
+        check.problems.append(f"{name}: exit {check.exit_code}, {check.output!r}; its "
+                              "messages: " + (" | ".join(check.log[-3:]) or "none"))
+    check.lines.append(f"{run.operation:<10} {run.size:>6} B  read_events "
+                       f"{'ok' if check.ok else 'FAILED':<6} {check.output}")
 
 
 def simulation_figures(checks: Sequence[RunCheck]) -> list[str]:
@@ -381,10 +438,12 @@ def run_demo(runs: Sequence[DemoRun], *, faults: Sequence[str] = (),
              local_port: int = DEFAULT_LOCAL_PORT, remote_port: int = DEFAULT_REMOTE_PORT,
              guest_timeout: float = 900.0, netdev_timeout: float = 900.0,
              require_retransmissions: bool = False, out: Callable[[str], None] = print,
-             verbose: bool = False, name: str = "demo") -> DemoResult:
+             verbose: bool = False, name: str = "demo",
+             netdev_options: Sequence[str] = ()) -> DemoResult:
     """Run ``runs`` in the guest against netdev; see the module's description.
 
-    ``faults`` are netdev's fault options (``--faults RATES`` etc.). Raises
+    ``faults`` are netdev's fault options (``--faults RATES`` etc.), ``netdev_options``
+    its others (:func:`example_netdev_options`). Raises
     :class:`HostToolsError`, :class:`ImageError` or :class:`GuestError` when the
     guest cannot run at all, RuntimeError when netdev cannot.
     """
@@ -401,7 +460,8 @@ def run_demo(runs: Sequence[DemoRun], *, faults: Sequence[str] = (),
     pcap_path = CACHE / f"{name}-netdev.pcap"
     netdev = Netdev(["--local", f"127.0.0.1:{remote_port}", "--remote",
                      f"127.0.0.1:{local_port}", "--ip", ENDPOINT_IP, "--mac", ENDPOINT_MAC,
-                     "--summary", str(summary_path), "--pcap", str(pcap_path), *faults],
+                     "--summary", str(summary_path), "--pcap", str(pcap_path), *faults,
+                     *netdev_options],
                     CACHE / f"{name}-netdev.log", show=out)
     checks = [RunCheck(run, number) for number, run in enumerate(runs)]
     guest_failure: str | None = None
@@ -417,7 +477,8 @@ def run_demo(runs: Sequence[DemoRun], *, faults: Sequence[str] = (),
             tag, _, rest = line.partition(" ")
             if tag == _BEGIN:
                 check = checks[int(rest)]
-                out(f"run {check.number}: qp-server {check.run.label()}")
+                program = "qp-server" if check.run.program == "host.cli" else "python -m"
+                out(f"run {check.number}: {program} {check.run.label()}")
             elif tag == _LOG:
                 number, _, text = rest.partition(": ")
                 checks[int(number)].log.append(text)
@@ -427,6 +488,9 @@ def run_demo(runs: Sequence[DemoRun], *, faults: Sequence[str] = (),
                 number, code, text = (rest.split(" ", 2) + [""])[:3]
                 check = checks[int(number)]
                 check.exit_code = int(code)
+                if check.run.read_events:
+                    check.output = text.strip()
+                    return
                 try:
                     check.summary = json.loads(text) if text.strip() else None
                 except json.JSONDecodeError:
@@ -485,6 +549,8 @@ def report(result: DemoResult, out: Callable[[str], None] = print) -> None:
         out("netdev: counters that moved: " + ", ".join(
             f"{name} {value}" for name, value in sorted(summary.get("counters", {}).items())))
         out(f"netdev: pcap {summary.get('pcap')}")
+        if summary.get("source"):
+            out(f"netdev: the event source: {summary['source']}")
     table = simulation_figures(result.checks)
     if table:
         out("simulation figures, perftest-style (host landing times, first message to last; "
@@ -496,8 +562,12 @@ def report(result: DemoResult, out: Callable[[str], None] = print) -> None:
     out(f"retransmitted packets (STATUS, all runs): {retransmitted}; demo "
         f"{result.seconds:.0f} s")
     if result.ok:
-        out(f"OK: {len(result.checks)} runs, every message byte-exact and every STATUS "
-            "agrees with qp-server")
+        if all(check.run.read_events for check in result.checks):
+            out(f"OK: {len(result.checks)} run{'s' * (len(result.checks) != 1)}, every "
+                "fragment intact")
+        else:
+            out(f"OK: {len(result.checks)} runs, every message byte-exact and every STATUS "
+                "agrees with qp-server")
     else:
         out(f"FAILED ({len(result.problems)} problem{'s' * (len(result.problems) != 1)}):")
         for problem in result.problems:
@@ -522,6 +592,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"netdev's UDP port (default {DEFAULT_REMOTE_PORT})")
     parser.add_argument("--quick", action="store_true",
                         help="three runs instead of the full list")
+    parser.add_argument("--example", action="store_true",
+                        help="the example event source instead of the generator: "
+                             "host.read_events reads its fragments through the receive API")
     parser.add_argument("--verbose", action="store_true",
                         help="show qp-server's messages and the guest's other output")
     return parser
@@ -549,9 +622,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line, flush=True)
 
     try:
-        result = run_demo(QUICK_RUNS if args.quick else DEFAULT_RUNS, faults=faults,
-                          local_port=args.local_port, remote_port=args.remote_port,
-                          require_retransmissions=bool(faults), out=out, verbose=args.verbose)
+        runs = EXAMPLE_RUNS if args.example else QUICK_RUNS if args.quick else DEFAULT_RUNS
+        result = run_demo(runs, faults=faults, local_port=args.local_port,
+                          remote_port=args.remote_port, require_retransmissions=bool(faults),
+                          out=out, verbose=args.verbose,
+                          netdev_options=example_netdev_options(EXAMPLE_RUNS[0])
+                          if args.example else ())
     except (HostToolsError, ImageError) as error:
         print(f"{_PROG}: cannot run here: {error}", file=sys.stderr)
         return 1

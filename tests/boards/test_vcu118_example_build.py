@@ -15,8 +15,7 @@ from .test_vcu118_build import SMALL_ARGS, path_without_vivado, run_build
 pytestmark = pytest.mark.xdist_group("vcu118-tree")
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE_ARGS = ["--source", "example", "--fragment-bytes", "1024", "--ring-base",
-                "0x7f0000000000", "--ring-slots", "8"]
+EXAMPLE_ARGS = ["--source", "example", "--fragment-bytes", "1024", "--ring-slots", "8"]
 
 
 def make_dry_run(*arguments):
@@ -30,10 +29,8 @@ def make_dry_run(*arguments):
 
 
 def test_make_bitstream_passes_the_example_options():
-    command = make_dry_run("bitstream", "SOURCE=example", "RING_BASE=0x7f0000", "RING_SLOTS=8",
-                           "FRAGMENT_BYTES=1024")
+    command = make_dry_run("bitstream", "SOURCE=example", "RING_SLOTS=8", "FRAGMENT_BYTES=1024")
     assert command[command.index("--source") + 1] == "example"
-    assert command[command.index("--ring-base") + 1] == "0x7f0000"
     assert command[command.index("--ring-slots") + 1] == "8"
     assert command[command.index("--fragment-bytes") + 1] == "1024"
     assert "--source" not in make_dry_run("bitstream")
@@ -52,7 +49,7 @@ def test_the_example_tree_without_vivado(tmp_path):
     assert {"top.port.core", "top.port.core.core", "top.port.core.source",
             "top.port.cmac"} <= modules, modules
     # The source's build-time ring: the init of its config register.
-    ring = EVENT_CONFIG.const({"base": 0x7F00_0000_0000, "slots": 8, "slot_bytes": 1024})
+    ring = EVENT_CONFIG.const({"slots": 8, "slot_bytes": 1024})
     init = f"{EVENT_CONFIG.size}'h{ring.as_value().value:0{-(-EVENT_CONFIG.size // 4)}x}"
     assert re.search(rf"reg \[{EVENT_CONFIG.size - 1}:0\] \\config\s+= {init};", verilog), \
         "the source's ring is not the one asked for"

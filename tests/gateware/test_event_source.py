@@ -25,8 +25,8 @@ class Bench:
 
     def __init__(self, *, fragment_bytes, window, slots, count, width=64, period=0,
                  slot_bytes=None, fail=(), seed=0, gaps=True):
-        self.config = {"qp": QP, "base": BASE, "slot_bytes": slot_bytes or fragment_bytes + 64,
-                       "slots": slots, "period": period, "count": count}
+        self.config = {"slot_bytes": slot_bytes or fragment_bytes + 64, "slots": slots,
+                       "period": period, "count": count}
         self.dut = EventSource(fragment_bytes=fragment_bytes, window=window, width=width,
                                config=self.config)
         self.size, self.width, self.limit = fragment_bytes, width, min(window, slots)
@@ -39,6 +39,13 @@ class Bench:
         self.max_in_flight = 0
         self.completed = 0
         self.monitor = StreamMonitor(request=self.dut.o_request, payload=self.dut.o_payload)
+
+    @staticmethod
+    def enable(ctx, dut, base=BASE):
+        """Enable the source on QP ``QP`` with its ring at ``base``."""
+        ctx.set(dut.i_qp, QP)
+        ctx.set(dut.i_base, base)
+        ctx.set(dut.i_enable, 1)
 
     def request_fields(self, k):
         slot = k % self.config["slots"]
@@ -113,7 +120,7 @@ def test_fragments_match_the_model(fragment_bytes, width):
     async def main(ctx):
         await ctx.tick().repeat(3)
         assert not ctx.get(dut.o_request.valid), "a request before the source was enabled"
-        ctx.set(dut.i_enable, 1)
+        bench.enable(ctx, dut)
         await wait_for(ctx, lambda: bench.completed == 20 and len(bench.payloads) == 20, 20_000)
         for _ in range(50):
             await ctx.tick()
@@ -133,7 +140,7 @@ def test_window_bounds_the_flight_and_period_spaces_events():
     dut = bench.dut
 
     async def main(ctx):
-        ctx.set(dut.i_enable, 1)
+        bench.enable(ctx, dut)
         await wait_for(ctx, lambda: bench.completed == 12 and len(bench.payloads) == 12, 20_000)
         bench.check_run()
         assert bench.max_in_flight == 2
@@ -149,7 +156,7 @@ def test_back_to_back_fragments_take_their_beats_and_two_cycles(fragment_bytes):
     dut = bench.dut
 
     async def main(ctx):
-        ctx.set(dut.i_enable, 1)
+        bench.enable(ctx, dut)
         await wait_for(ctx, lambda: bench.completed == 8 and len(bench.payloads) == 8, 5000)
         bench.check_run()
         firsts = bench.monitor.firsts["payload"]
@@ -161,13 +168,13 @@ def test_back_to_back_fragments_take_their_beats_and_two_cycles(fragment_bytes):
 
 def test_a_new_run_starts_at_event_0_and_failures_are_counted():
     """Events 1 and 2 fail: counted, the first error kept, nothing resent. Disabled and
-    enabled again (with another base written through ``i_config``), the next run starts
-    at event 0 in slot 0."""
+    enabled again (with another ring address, and a count written through ``i_config``),
+    the next run starts at event 0 in slot 0."""
     bench = Bench(fragment_bytes=96, window=4, slots=4, count=6, fail={1, 2}, seed=5)
     dut = bench.dut
 
     async def main(ctx):
-        ctx.set(dut.i_enable, 1)
+        bench.enable(ctx, dut)
         await wait_for(ctx, lambda: bench.completed == 6 and len(bench.payloads) == 6, 5000)
         await ctx.tick().repeat(2)              # the last completion taken, and counted
         status = ctx.get(dut.o_status)
@@ -177,11 +184,11 @@ def test_a_new_run_starts_at_event_0_and_failures_are_counted():
         ctx.set(dut.i_enable, 0)
         await ctx.tick()
         assert ctx.get(dut.o_status.events) == 0
-        ctx.set(dut.i_config.payload, {**bench.config, "base": BASE + 0x100_0000, "count": 3})
+        ctx.set(dut.i_config.payload, {**bench.config, "count": 3})
         ctx.set(dut.i_config.valid, 1)
         await ctx.tick()
         ctx.set(dut.i_config.valid, 0)
-        ctx.set(dut.i_enable, 1)
+        bench.enable(ctx, dut, BASE + 0x100_0000)
         await wait_for(ctx, lambda: bench.completed == 9 and len(bench.payloads) == 9, 5000)
         await ctx.tick().repeat(2)
         requests, payloads = bench.requests[6:], bench.payloads[6:]

@@ -21,56 +21,14 @@ from scapy.contrib.roce import AETH, BTH
 from scapy.layers.l2 import Ether
 
 from gateware.core import TOS_ECT0
-from gateware.examples.event_source import EVENT_CONFIG, EVENT_STATUS
 from host import fragments, protocol
 from sim.models.responder import Faults
 from sim.models.rocev2 import Message
-from sim.testbench import CLOCK_PERIOD_PS, NetworkBench, _decode
+from sim.testbench import CLOCK_PERIOD_PS, EventCoreBench
 
 PARAMS = json.loads(os.environ["BENCH_PARAMS"])
 FRAGMENT = PARAMS["fragment_bytes"]
 PSN_MASK = (1 << 24) - 1
-
-
-class SourceBench(NetworkBench):
-    """:class:`NetworkBench` on an EventCore: the source holds the user request ports, so
-    the bench drives none and reads the source's status instead of completions."""
-
-    async def reset(self):
-        dut = self.dut
-        dut.rst.value = 1
-        for port in ("config", "qp_write", "roce_config", "cm_config", "pause_config",
-                     "dcqcn_config", "source_config"):
-            getattr(dut, f"{port}__valid").value = 0
-            getattr(dut, f"{port}__payload").value = 0
-        dut.qp_status_select.value = 0
-        dut.tx__tready.value = 0
-        await self.idle(4)
-        dut.rst.value = 0
-        await self.idle(2)
-
-    async def _request_driver(self):
-        pass
-
-    async def _payload_driver(self):
-        pass
-
-    async def _completion_monitor(self):
-        pass
-
-    async def configure_source(self, **config):
-        await self._put("source_config", EVENT_CONFIG, config)
-
-    def source_status(self):
-        return _decode(EVENT_STATUS, self.dut.source_status.value.to_unsigned())
-
-    async def wait_source(self, condition, timeout_cycles):
-        for _ in range(timeout_cycles // 10):
-            if condition(self.source_status()):
-                return
-            await self.idle(10)
-        raise AssertionError(f"source status after {timeout_cycles} cycles: "
-                             f"{self.source_status()}")
 
 
 def distance(psn, reference):
@@ -81,15 +39,15 @@ def distance(psn, reference):
 @cocotb.test()
 async def fragments_land_in_the_host_ring(dut):
     count, slots = 12, 3
-    bench = SourceBench(dut, pcap=PARAMS["pcap"], peers={PEER_IP: PEER_MAC}, tx_ready=0.8,
+    bench = EventCoreBench(dut, pcap=PARAMS["pcap"], peers={PEER_IP: PEER_MAC}, tx_ready=0.8,
                         seed=9)
     await bench.reset()
     await bench.configure_roce(tos=TOS_ECT0, tick=TICK)
     run = RoceRun(bench)
     host = Host(0x42, psn=0x77, rkey=0xBEEF, base=0x7F00_0000_0000, path_mtu=256,
                 ring=slots * FRAGMENT)
-    await bench.configure_source(qp=0, base=host.base, slot_bytes=FRAGMENT, slots=slots,
-                                 period=0, count=count)
+    # The ring's address is not configured: the source takes the host's from its OPEN_QP.
+    await bench.configure_source(slot_bytes=FRAGMENT, slots=slots, period=0, count=count)
     assert bench.source_status()["running"] == 0, "running before a QP was open"
     # The host's ACKs come 300 cycles (about a microsecond) late, so the ring's slots
     # bound the flight.

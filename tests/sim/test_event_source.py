@@ -5,13 +5,9 @@ import pytest
 
 from gateware.examples.event_core import EventCore
 from sim.runner import BUILD, build, run
-from sim.testbench import CORE_PARAMS
+from sim.testbench import EVENT_CORE_PARAMS as PARAMS
 
 from .test_core import HERE
-
-#: The core as the benches build it, with fewer QPs and generators (quicker to compile),
-#: and a source of 1000-byte fragments: four packets each at path MTU 256.
-PARAMS = {**CORE_PARAMS, "qps": 4, "generator_runs": 1, "fragment_bytes": 1000, "window": 8}
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,13 @@
 """``python -m sim.softroce.demo`` reduced: qp-server in the Soft-RoCE guest against netdev.
 
-Two demos, each with its own netdev and guest boot (about 1 and 1.5 minutes
+Three demos, each with its own netdev and guest boot (about 1 and 1.5 minutes
 here, with the Verilator build cached): a clean link, and a link that drops 2 %
 and corrupts 0.5 % of the frames both ways, where the endpoint must retransmit
 and every byte must still arrive. Both include the close and reopen of one host
-QP (``--repeat 2``). The checks of :func:`sim.softroce.demo.check_run` are tested
+QP (``--repeat 2``). The third runs the example event source (``--example``, the
+EventCore of tests/sim/test_event_source.py, one build for both): host.read_events
+in the guest reads its fragments through the receive API from the ring its OPEN_QP
+announced. The checks of :func:`sim.softroce.demo.check_run` are tested
 on their own first, without the guest, so a broken check cannot pass silently.
 """
 
@@ -19,10 +22,12 @@ import pytest
 from host.protocol import generator_payload
 from sim.softroce.demo import (
     DEFAULT_RUNS,
+    EXAMPLE_RUNS,
     DemoResult,
     DemoRun,
     RunCheck,
     check_run,
+    example_netdev_options,
     expected_sha256,
     guest_script,
     run_demo,
@@ -143,13 +148,42 @@ def test_simulation_figures_are_labelled_per_run_and_qp() -> None:
     assert lines[-1].split()[-9:-6] == ["16", "65536", "2.000000"]
 
 
+def test_read_events_runs_in_the_guest_against_the_example_source() -> None:
+    run, = EXAMPLE_RUNS
+    script = guest_script(EXAMPLE_RUNS)
+    assert ("python3 -m host.read_events --endpoint 10.77.0.2 --timeout 5 --stall 120 "
+            "--size 1000 --slots 8 --count 24 > /tmp/run-0.json") in script
+    assert example_netdev_options(run) == ["--source", "example", "--fragment-bytes", "1000",
+                                           "--slots", "8", "--events", "24"]
+    with pytest.raises(ValueError):
+        DemoRun(write=False, immediate=True, size=1000, count=4, slots=8)
+
+
+def test_check_run_of_read_events_wants_every_fragment_intact() -> None:
+    run, = EXAMPLE_RUNS
+    good = RunCheck(run, 0, exit_code=0, output="24 of 24 fragments intact, events 0-23, "
+                    "timestamps 100-900, 0 errors")
+    check_run(good)
+    assert good.ok, good.problems
+    assert "read_events ok" in good.lines[0]
+    for code, output in ((0, "23 of 24 fragments intact, events 0-22, timestamps 1-2, "
+                             "0 errors"), (1, "24 of 24 fragments intact, events 0-23, "
+                                              "timestamps 1-2, 0 errors"),
+                         (0, "24 of 24 fragments intact, events 0-23, timestamps 1-2, "
+                             "1 errors"), (0, "")):
+        bad = RunCheck(run, 0, exit_code=code, output=output)
+        check_run(bad)
+        assert len(bad.problems) == 1, output
+
+
 def _free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
 
 
-def _demo(runs: tuple[DemoRun, ...], name: str, faults: tuple[str, ...] = ()) -> DemoResult:
+def _demo(runs: tuple[DemoRun, ...], name: str, faults: tuple[str, ...] = (),
+          netdev_options: tuple[str, ...] = ()) -> DemoResult:
     try:
         ensure_host_tools(needed=(QEMU,))
     except HostToolsError as error:
@@ -160,7 +194,8 @@ def _demo(runs: tuple[DemoRun, ...], name: str, faults: tuple[str, ...] = ()) ->
     started = time.monotonic()
     result = run_demo(runs, faults=faults, local_port=_free_udp_port(),
                       remote_port=_free_udp_port(), require_retransmissions=bool(faults),
-                      out=print, name=name, guest_timeout=600)
+                      out=print, name=name, guest_timeout=600,
+                      netdev_options=netdev_options)
     print(f"\nSoft-RoCE demo {name}: {time.monotonic() - started:.1f} s")
     return result
 
@@ -173,6 +208,12 @@ def clean() -> DemoResult:
 @pytest.fixture(scope="module")
 def faulty() -> DemoResult:
     return _demo(FAULT_RUNS, "test-demo-faults", ("--faults", FAULTS))
+
+
+@pytest.fixture(scope="module")
+def example() -> DemoResult:
+    return _demo(EXAMPLE_RUNS, "test-demo-example",
+                 netdev_options=tuple(example_netdev_options(EXAMPLE_RUNS[0])))
 
 
 def _assert_every_message_and_status(result: DemoResult) -> None:
@@ -235,3 +276,19 @@ def test_faulty_link_retransmits_and_stays_byte_exact(faulty: DemoResult) -> Non
 @pytest.mark.softroce
 def test_faulty_link_reopen_takes_a_new_psn(faulty: DemoResult) -> None:
     _assert_reopened(faulty)
+
+
+@pytest.mark.softroce
+def test_read_events_gets_every_fragment_of_the_example_source(example: DemoResult) -> None:
+    """The source took the ring's address from the host's OPEN_QP: every fragment landed
+    where the receive API registered its buffer, each checked by host.fragments."""
+    assert example.ok, "\n".join(example.problems)
+    check, = example.checks
+    run = check.run
+    assert check.exit_code == 0
+    assert check.output.startswith(f"{run.count} of {run.count} fragments intact"), check.log
+    assert example.netdev is not None
+    source = example.netdev["source"]
+    assert (source["completed"], source["failed"]) == (run.count, 0), source
+    assert example.netdev["counters"]["cm.opened"] == 1
+    assert example.netdev["counters"]["cm.closed"] == 1
