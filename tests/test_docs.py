@@ -27,7 +27,7 @@ GENERATED = {
         "dcqcn", "checker")),
     "generated/resources/resources.md",
     *(f"generated/waves/{port}.json" for port in (
-        "work_request", "payload", "completion", "qp_write", "qp_status")),
+        "work_request", "payload", "completion", "qp_write", "qp_status", "connection")),
 }
 
 #: A diagram that renders: a clock and nothing else.
