@@ -477,8 +477,11 @@ def run_demo(runs: Sequence[DemoRun], *, faults: Sequence[str] = (),
             tag, _, rest = line.partition(" ")
             if tag == _BEGIN:
                 check = checks[int(rest)]
-                program = "qp-server" if check.run.program == "host.cli" else "python -m"
-                out(f"run {check.number}: {program} {check.run.label()}")
+                run = check.run
+                out(f"run {check.number}: " + (f"qp-server {run.label()}"
+                                               if run.program == "host.cli" else
+                                               f"python -m {run.program} "
+                                               + " ".join(run.arguments())))
             elif tag == _LOG:
                 number, _, text = rest.partition(": ")
                 checks[int(number)].log.append(text)
