@@ -52,7 +52,7 @@ from sim.models.link_faults import parse_faults
 from sim.runner import BUILD, Build, build, run, simulator
 from sim.testbench import CORE_PARAMS, EVENT_CORE_PARAMS
 
-__all__ = ["main", "build_parser", "port_arguments"]
+__all__ = ["main", "build_parser", "port_arguments", "event_core_design"]
 
 #: Cycles of the IB timers' 4.096 us tick in the simulation. A simulated cycle
 #: takes about 0.2 ms of wall time, so with ACK timeout 12 (4096 ticks) a lost
@@ -140,13 +140,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def event_core_design(fragment_bytes: int = EVENT_CORE_PARAMS["fragment_bytes"]) -> Build:
+    """The EventCore of ``--source example``, built (cached after the first time); with
+    the default fragment size it is the build of tests/sim/event_source_bench.py."""
+    params = {**EVENT_CORE_PARAMS, "fragment_bytes": fragment_bytes}
+    return build("event_core", lambda: EventCore(**params), key=repr(params))
+
+
 def _design(args: argparse.Namespace) -> Build:
     """The design ``args`` ask for, built (cached after the first time)."""
     print(f"netdev: building the endpoint with {simulator()} (cached after the first run)",
           flush=True)
     if args.source == "example":
-        params = {**EVENT_CORE_PARAMS, "fragment_bytes": args.fragment_bytes}
-        return build("event_core", lambda: EventCore(**params), key=repr(params))
+        return event_core_design(args.fragment_bytes)
     return build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
 
 

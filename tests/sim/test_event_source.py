@@ -3,8 +3,8 @@ cocotb, through the Python runner (SIM=verilator or SIM=icarus): event_source_be
 
 import pytest
 
-from gateware.examples.event_core import EventCore
-from sim.runner import BUILD, build, run
+from sim.netdev import event_core_design as build_event_core
+from sim.runner import BUILD, run
 from sim.testbench import EVENT_CORE_PARAMS as PARAMS
 
 from .test_core import HERE
@@ -12,7 +12,7 @@ from .test_core import HERE
 
 @pytest.fixture(scope="module")
 def event_core_design():
-    return build("event_core", lambda: EventCore(**PARAMS), key=repr(PARAMS))
+    return build_event_core()
 
 
 @pytest.mark.parametrize("testcase", ["fragments_land_in_the_host_ring"])

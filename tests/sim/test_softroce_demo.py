@@ -16,10 +16,12 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 
 import pytest
 
 from host.protocol import generator_payload
+from sim.netdev import event_core_design
 from sim.softroce.demo import (
     DEFAULT_RUNS,
     EXAMPLE_RUNS,
@@ -183,7 +185,10 @@ def _free_udp_port() -> int:
 
 
 def _demo(runs: tuple[DemoRun, ...], name: str, faults: tuple[str, ...] = (),
-          netdev_options: tuple[str, ...] = ()) -> DemoResult:
+          netdev_options: tuple[str, ...] = (), build: Callable[[], object] | None = None
+          ) -> DemoResult:
+    """Run the demo; ``build`` first builds netdev's design, without netdev's start-up
+    limit."""
     try:
         ensure_host_tools(needed=(QEMU,))
     except HostToolsError as error:
@@ -191,6 +196,8 @@ def _demo(runs: tuple[DemoRun, ...], name: str, faults: tuple[str, ...] = (),
     if cached_image() is None and os.geteuid() != 0:
         pytest.skip("Soft-RoCE demo: no cached image and building one needs root: run "
                     "`python -m sim.softroce.guest build` as root once")
+    if build is not None:
+        build()
     started = time.monotonic()
     result = run_demo(runs, faults=faults, local_port=_free_udp_port(),
                       remote_port=_free_udp_port(), require_retransmissions=bool(faults),
@@ -212,8 +219,10 @@ def faulty() -> DemoResult:
 
 @pytest.fixture(scope="module")
 def example() -> DemoResult:
+    run, = EXAMPLE_RUNS
     return _demo(EXAMPLE_RUNS, "test-demo-example",
-                 netdev_options=tuple(example_netdev_options(EXAMPLE_RUNS[0])))
+                 netdev_options=tuple(example_netdev_options(run)),
+                 build=lambda: event_core_design(run.size))    # test_event_source.py's
 
 
 def _assert_every_message_and_status(result: DemoResult) -> None:
