@@ -126,7 +126,8 @@ class VCU118Port(wiring.Component):
         ]
         if self._source == "generator":
             # No user logic: the generator's completions come out of the user completion
-            # port (the example source takes them itself).
+            # port (the example source takes them itself). The connection events are left
+            # untaken (ready 0): the core counts them in cm.events_lost.
             m.d.comb += core.completion.ready.eq(1)
 
         # The module's low-speed pins: selected; reset and low power as CmacPort says.
