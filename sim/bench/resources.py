@@ -66,7 +66,7 @@ from amaranth import Signal, Value
 from amaranth.back import rtlil
 from amaranth.lib import wiring
 
-from boards.cmac_ip import CMAC_IP_NAME
+from boards.cmac_ip import cmac_ip_name
 from gateware.headers import IPV4
 from gateware.ip.tx import IP_TX_META, NEXT_HOP_META
 from gateware.stream import meta_with
@@ -135,6 +135,8 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
         qps=16, width=WIDTH),
     "VCU118Top": lambda: _load("boards.vcu118_top.VCU118Top")(),
     "VCU118Top (2 QPs)": lambda: _load("boards.vcu118_top.VCU118Top")(**SMALL_CORE),
+    "VCU118DualTop": lambda: _load("boards.vcu118_top.VCU118DualTop")(),
+    "VCU118DualTop (2 QPs)": lambda: _load("boards.vcu118_top.VCU118DualTop")(**SMALL_CORE),
 }
 
 #: The reduced core of ``VCU118Top (2 QPs)``, which the logic-depth budget test synthesizes:
@@ -142,16 +144,30 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
 SMALL_CORE = {"qps": 2, "retransmit_beats": 64, "messages": 8, "generator_runs": 1,
               "rx_depth": 64, "echo_depth": 64}
 
-#: Clock domains of the board top: the names of the clock's net (the first one present)
-#: and the most LUT levels a path into one of its registers may have. 6 on the CMAC's
-#: 322 MHz (comfortable on UltraScale+), 8 in the core's 250 MHz.
+#: Per kind of clock domain of a board top, the most LUT levels a path into one of its
+#: registers may have: 6 on a CMAC's 322 MHz (comfortable on UltraScale+), 8 in the
+#: cores' 250 MHz.
 LUT_LEVEL_BUDGET = {"cmac": 6, "sync": 8, "init": 8}
-CLOCK_NETS = {"cmac": ("cmac_clk",), "sync": ("clk",), "init": ("init_clk", "power_on_clk")}
+#: Clock domains of the board tops and the names of their clock's nets (those present
+#: make the domain): ``cmac``, ``sync`` and ``init`` of the single-port top; ``cmac1``,
+#: ``cmac2``, ``sync`` and ``init`` of the two-cage top, whose ports' core domains
+#: ``sync1`` and ``sync2`` run on the one core clock and so are measured as one domain.
+#: A domain's kind (:func:`domain_kind`) gives its budget and frequency.
+CLOCK_NETS = {"cmac": ("cmac_clk",), "cmac1": ("cmac1_clk",), "cmac2": ("cmac2_clk",),
+              "sync": ("clk", "sync1_clk", "sync2_clk"), "init": ("init_clk", "power_on_clk")}
+#: The CMAC IPs of the board tops (one per port).
+CMAC_IPS = [cmac_ip_name(index) for index in range(2)]
 #: Hard IP in the board top, taken as registers clocked by one of its ports.
-HARD_IP_CLOCK = {CMAC_IP_NAME: "gt_txusrclk2"}
+HARD_IP_CLOCK = dict.fromkeys(CMAC_IPS, "gt_txusrclk2")
 #: How Yosys is told the CMAC's port directions (it has no model of it).
-HARD_IP_PORTS = {CMAC_IP_NAME: "o:gt_tx* o:usr_* o:tx_axis_tready o:tx_unfout o:tx_ovfout "
-                               "o:rx_axis_* o:stat_* i:*"}
+HARD_IP_PORTS = dict.fromkeys(CMAC_IPS, "o:gt_tx* o:usr_* o:tx_axis_tready o:tx_unfout "
+                                        "o:tx_ovfout o:rx_axis_* o:stat_* i:*")
+
+
+def domain_kind(name: str) -> str:
+    """The kind of a clock domain (a key of :data:`LUT_LEVEL_BUDGET`): its name without
+    a port's number (``cmac2``: ``cmac``)."""
+    return name.rstrip("0123456789")
 
 def _with_ports(component):
     """The component and its port signals; constant members (the ``ready`` of an
@@ -198,7 +214,7 @@ class DomainDepth:
 
     @property
     def budget(self) -> int:
-        return LUT_LEVEL_BUDGET[self.name]
+        return LUT_LEVEL_BUDGET[domain_kind(self.name)]
 
 
 @dataclass
@@ -289,7 +305,7 @@ def board_verilog(top) -> str:
 
 
 def domain_hz() -> dict[str, float]:
-    """The board top's clock frequencies by domain."""
+    """The board tops' clock frequencies by kind of domain (:func:`domain_kind`)."""
     from boards.cmac_ip import INIT_CLOCK_MHZ
     from boards.vcu118_top import CORE_CLOCK_HZ
     from gateware.core import CMAC_CLOCK_HZ
@@ -383,7 +399,7 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
             stat = json.loads((workdir / "stat.json").read_text())
             result.cells = {kind: count for kind, count in
                             stat["modules"]["\\top"]["num_cells_by_type"].items()
-                            if not kind.startswith("$scopeinfo") and kind != CMAC_IP_NAME}
+                            if not kind.startswith("$scopeinfo") and kind not in CMAC_IPS}
             match = re.search(r"Longest topological path in \S+ \(length=(\d+)\)",
                               (workdir / "ltp.txt").read_text())
             result.ltp_cells = int(match[1]) if match else 0
@@ -606,33 +622,45 @@ def worst_paths(module: dict, names: dict[int, str], driver: dict[int, int],
 
 def domain_depths(module: dict, paths: list[tuple[int, str, str, int | None]],
                   hz: dict[str, float], only: str | None = None) -> list[DomainDepth]:
-    """Per clock domain of a board top (:data:`CLOCK_NETS`, or the one named ``only``):
-    flip-flops and the path with the most LUT levels into its registers (``paths`` as
-    :func:`worst_paths` gives them)."""
-    domain_of = clock_domains(module, [only] if only else list(CLOCK_NETS))
+    """Per clock domain of a board top (those of :data:`CLOCK_NETS` it has, or the one
+    named ``only``): flip-flops and the path with the most LUT levels into its registers
+    (``paths`` as :func:`worst_paths` gives them); ``hz`` by kind of domain."""
+    domain_of = clock_domains(module, [only] if only else None)
     flip_flops: dict[str, int] = defaultdict(int)
     for cell in module["cells"].values():
         if cell["type"].startswith("FD"):
             flip_flops[domain_of.get(clock_of(cell, "D"), "other")] += 1
     domains = []
-    for domain in [only] if only else CLOCK_NETS:
+    for domain in [only] if only else present_domains(domain_of):
         luts, start, end = max(((luts, start, end) for luts, start, end, clock in paths
                                 if domain_of.get(clock) == domain), default=(0, "", ""))
-        domains.append(DomainDepth(domain, hz[domain], flip_flops[domain], luts, start, end))
+        domains.append(DomainDepth(domain, hz[domain_kind(domain)], flip_flops[domain], luts,
+                                   start, end))
     return domains
 
 
 def clock_domains(module: dict, domains: list[str] | None = None) -> dict[int, str]:
-    """The clock domain (:data:`CLOCK_NETS`; of ``domains``, by default all) of each
-    clock bit of a flat netlist."""
+    """The clock domain of each clock bit of a flat netlist: of ``domains``, each of which
+    must have a clock net there, or by default of every domain of :data:`CLOCK_NETS` that
+    has one (at least one must)."""
     domain_of: dict[int, str] = {}
     for domain in domains or CLOCK_NETS:
-        nets = CLOCK_NETS[domain]
-        net = next((module["netnames"][net] for net in nets if net in module["netnames"]), None)
-        if net is None:
-            raise SynthesisError(f"no clock net {' or '.join(nets)} of domain {domain!r}")
-        domain_of.setdefault(net["bits"][0], domain)
+        nets = [module["netnames"][net] for net in CLOCK_NETS[domain]
+                if net in module["netnames"]]
+        if not nets and domains:
+            raise SynthesisError(f"no clock net {' or '.join(CLOCK_NETS[domain])} of "
+                                 f"domain {domain!r}")
+        for net in nets:
+            domain_of.setdefault(net["bits"][0], domain)
+    if not domain_of:
+        raise SynthesisError("no clock net of any domain: "
+                             + ", ".join(net for nets in CLOCK_NETS.values() for net in nets))
     return domain_of
+
+
+def present_domains(domain_of: dict[int, str]) -> list[str]:
+    """The domains of :func:`clock_domains`' answer, in the order of :data:`CLOCK_NETS`."""
+    return [domain for domain in CLOCK_NETS if domain in domain_of.values()]
 
 
 def map_each_domain(yosys: list[str], workdir: Path, timeout: float, hz: dict[str, float],
@@ -668,7 +696,8 @@ def map_each_domain(yosys: list[str], workdir: Path, timeout: float, hz: dict[st
     commands = ["read_verilog -lib -specify +/xilinx/cells_sim.v",
                 "read_verilog -lib +/xilinx/cells_xtra.v", "read_rtlil premap.il", *hard_ip,
                 "hierarchy -top top", "design -save premap"]
-    for domain in CLOCK_NETS:
+    measured = present_domains(domain_of)
+    for domain in measured:
         for kind, cells in (("keep", [name for name, domains in domains_of_cell.items()
                                       if domain in domains]),
                             ("drop", [name for name, domains in domains_of_cell.items()
@@ -682,7 +711,7 @@ def map_each_domain(yosys: list[str], workdir: Path, timeout: float, hz: dict[st
                      f"json -o {domain}.json top"]
     run_yosys(yosys, commands, workdir, timeout, log="yosys-domains.log")
     depths = []
-    for domain in CLOCK_NETS:
+    for domain in measured:
         module = json.loads((workdir / f"{domain}.json").read_text())["modules"]["top"]
         paths: list = []
         depth(module, paths)
@@ -798,6 +827,9 @@ def main() -> int:
                         help="seconds Yosys may take per target (default: %(default)s)")
     parser.add_argument("--build-dir", type=Path, default=BUILD_DIR,
                         help="where each target's files go (default: %(default)s)")
+    parser.add_argument("--output", default="resources", metavar="NAME",
+                        help="the report's name: docs/generated/resources/NAME.md and "
+                             ".json (default: %(default)s)")
     args = parser.parse_args()
     if args.list:
         print("\n".join(TARGETS))
@@ -825,7 +857,7 @@ def main() -> int:
             tables = report_tables(results, args.paths)
             tables[0].note += (f"\n\nA run in progress: {len(results)} of {len(chosen)} "
                                "targets so far.")
-            report.write("resources", tables, directory=report.GENERATED / "resources",
+            report.write(args.output, tables, directory=report.GENERATED / "resources",
                          origin=origin)
 
     tables = report_tables(results, args.paths)
@@ -836,7 +868,8 @@ def main() -> int:
         print(f"\n{domains.markdown()}\n")
         for row in worst.rows:
             print(row["summary"].split(": ", 1)[1])
-    report.write("resources", tables, directory=report.GENERATED / "resources", origin=origin)
+    report.write(args.output, tables, directory=report.GENERATED / "resources",
+                 origin=origin)
     return 1 if any(result.error for result in results) else 0
 
 
