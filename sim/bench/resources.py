@@ -20,7 +20,7 @@ per target:
   ``ltp`` counts more cells (it also passes through LUTRAM writes), its count
   follows in parentheses.
 
-Board tops (``VCU118Top``) are synthesized whole, as ``make bitstream``
+Board tops (``VCU118Top``, ``VCU118DualTop``) are synthesized whole, as ``make bitstream``
 writes them (core, FIFOs, link and status logic, I/O buffers, MMCM; less
 the ``initial`` blocks that set large memories to zero, which Yosys reads
 slowly: :func:`without_zero_memory_init`),
