@@ -173,6 +173,45 @@ def test_each_domain_is_mapped_alone(three_domains):
         assert depths[domain].end in (f"{domain}_xor", f"o_{domain}")
 
 
+class TwoPortDomains(wiring.Component):
+    """A register behind an XOR tree in each domain of the two-cage top: each port's CMAC
+    clock (``cmac1``: 36 inputs, ``cmac2``: 216), each port's core domain (``sync1``,
+    ``sync2``: 6 inputs each) and ``init`` (6)."""
+
+    WIDTHS = {"cmac1": 36, "cmac2": 216, "sync1": 6, "sync2": 6, "init": 6}
+
+    def __init__(self):
+        super().__init__({"i": In(216), **{f"o_{domain}": Out(1) for domain in self.WIDTHS}})
+
+    def elaborate(self, platform):
+        m = Module()
+        for domain, inputs in self.WIDTHS.items():
+            register = Signal(name=f"{domain}_xor", reset_less=True)
+            m.d[domain] += register.eq(self.i[:inputs].xor())
+            m.d.comb += getattr(self, f"o_{domain}").eq(register)
+        return m
+
+
+def test_the_two_cage_tops_domains_are_each_cmac_and_the_cores_clock(tmp_path):
+    """Each port's CMAC clock is a domain with the budget of ``cmac``; the ports' core
+    domains are one (on the board one clock drives both)."""
+    try:
+        yosys = yosys_command()
+    except SynthesisError as error:
+        pytest.skip(str(error))
+    result = synthesize("two ports", TwoPortDomains, yosys, tmp_path, timeout=300,
+                        each_domain=True, whole=False)
+    assert result.error is None, result.error
+    depths = {d.name: d for d in result.domains}
+    assert list(depths) == ["cmac1", "cmac2", "sync", "init"]
+    assert {name: (d.flip_flops, d.budget) for name, d in depths.items()} == {
+        "cmac1": (1, LUT_LEVEL_BUDGET["cmac"]), "cmac2": (1, LUT_LEVEL_BUDGET["cmac"]),
+        "sync": (2, LUT_LEVEL_BUDGET["sync"]), "init": (1, LUT_LEVEL_BUDGET["init"])}
+    assert depths["cmac1"].hz == depths["cmac2"].hz > depths["sync"].hz
+    assert depths["cmac2"].lut_levels > depths["cmac1"].lut_levels >= 2
+    assert worst_domain(result.domains).name == "cmac2"
+
+
 class LogicBesideAdder(wiring.Component):
     """In sync: 32 registers behind a random network of 300 two-input gates over 48 inputs
     (``fast``), and, with ``adder``, a register behind a 96-bit sum compared with a 96-bit
