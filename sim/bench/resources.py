@@ -353,12 +353,15 @@ def _convert_reproducibly(name: str) -> tuple[bool, str]:
 
 def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[str],
                workdir: Path, timeout: float, *, each_domain: bool | None = None,
-               whole: bool = True) -> Result:
+               whole: bool = True, reuse: bool = False) -> Result:
     """Convert, synthesize and measure one target (a component, or a board top). With
     ``each_domain`` (by default for a board top), ``result.domains`` gives the deepest
     path of each clock domain mapped alone (:func:`map_each_domain`); without ``whole``
     (with ``each_domain`` only) the whole netlist is not mapped, so the resources and the
-    whole netlist's depth stay empty (the logic-depth test saves a minute of CPU)."""
+    whole netlist's depth stay empty (the logic-depth test saves a minute of CPU). With
+    ``reuse``, the netlists a finished run left in ``workdir`` are measured again
+    instead of running Yosys, when they were made from the same text
+    (:func:`made_from`)."""
     result = Result(name)
     start = time.monotonic()
     try:
@@ -377,7 +380,6 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
         else:
             read, source = ["read_rtlil design.il"], "design.il"
         workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / source).write_text(text)
         # A board top's netlist before LUT mapping is kept to map each clock domain alone.
         premap = [f"{SYNTH} -run :map_luts", "select top", "write_rtlil -selected premap.il",
                   "select -clear", "json -o premap.json top"]
@@ -394,7 +396,11 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
             script = [*read, *premap, f"{SYNTH} -run map_luts:", *measure]
         else:
             script = [*read, *premap]
-        run_yosys(yosys, script, workdir, timeout)
+        outputs = (["stat.json", "netlist.json", "ltp.txt"] if whole else []) + \
+            (["premap.json"] if each_domain else [])
+        if not (reuse and made_from(workdir, source, outputs, text)):
+            (workdir / source).write_text(text)
+            run_yosys(yosys, script, workdir, timeout)
         if whole:
             stat = json.loads((workdir / "stat.json").read_text())
             result.cells = {kind: count for kind, count in
@@ -407,11 +413,22 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
             result.depth_cells, result.lut_levels, result.lut_path = depth(
                 netlist["modules"]["top"], result.paths)
         if each_domain:
-            result.domains = map_each_domain(yosys, workdir, timeout, domain_hz(), hard_ip)
+            result.domains = map_each_domain(yosys, workdir, timeout, domain_hz(), hard_ip,
+                                             reuse=reuse)
     except SynthesisError as error:
         result.error = str(error)
     result.seconds = time.monotonic() - start
     return result
+
+
+def made_from(workdir: Path, source: str, outputs: list[str], text: str | None = None) -> bool:
+    """Whether each of ``outputs`` in ``workdir`` is a file written after ``source`` there
+    (and ``source`` holds ``text``, if given): what a run of Yosys on it left."""
+    files = [workdir / name for name in (source, *outputs)]
+    if not all(path.is_file() for path in files) or \
+            (text is not None and files[0].read_text() != text):
+        return False
+    return all(path.stat().st_mtime >= files[0].stat().st_mtime for path in files[1:])
 
 
 def run_yosys(yosys: list[str], commands: list[str], workdir: Path, timeout: float,
@@ -664,7 +681,7 @@ def present_domains(domain_of: dict[int, str]) -> list[str]:
 
 
 def map_each_domain(yosys: list[str], workdir: Path, timeout: float, hz: dict[str, float],
-                    hard_ip: list[str]) -> list[DomainDepth]:
+                    hard_ip: list[str], reuse: bool = False) -> list[DomainDepth]:
     """Per clock domain, its deepest path with the domain's logic mapped to LUTs alone.
 
     abc9 maps a netlist against one delay target, that of its slowest path, and
@@ -682,7 +699,8 @@ def map_each_domain(yosys: list[str], workdir: Path, timeout: float, hz: dict[st
     one, a path of carries (a LUT level costs 0.43 ns or more and a 24-bit carry
     chain 0.7 ns in its model), so a path's LUT levels would follow whichever
     adder or comparator is slowest, not its own logic; Vivado maps against the
-    clock's period. ``hard_ip``: the commands that declare the hard IP's ports.
+    clock's period. ``hard_ip``: the commands that declare the hard IP's ports. With
+    ``reuse``, the maps a finished run left are measured again (:func:`made_from`).
     """
     premap = json.loads((workdir / "premap.json").read_text())["modules"]["top"]
     domain_of = clock_domains(premap)
@@ -709,7 +727,9 @@ def map_each_domain(yosys: list[str], workdir: Path, timeout: float, hz: dict[st
                      "select -clear", f'scratchpad -set abc9.script "{DELAY_ORIENTED_ABC9}"',
                      f"{SYNTH} -run map_luts:",
                      f"json -o {domain}.json top"]
-    run_yosys(yosys, commands, workdir, timeout, log="yosys-domains.log")
+    if not (reuse and made_from(workdir, "premap.json",
+                                [f"{domain}.json" for domain in measured])):
+        run_yosys(yosys, commands, workdir, timeout, log="yosys-domains.log")
     depths = []
     for domain in measured:
         module = json.loads((workdir / f"{domain}.json").read_text())["modules"]["top"]
@@ -827,6 +847,9 @@ def main() -> int:
                         help="seconds Yosys may take per target (default: %(default)s)")
     parser.add_argument("--build-dir", type=Path, default=BUILD_DIR,
                         help="where each target's files go (default: %(default)s)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="measure the netlists a finished run of the same design left "
+                             "in the build directory instead of synthesizing again")
     parser.add_argument("--output", default="resources", metavar="NAME",
                         help="the report's name: docs/generated/resources/NAME.md and "
                              ".json (default: %(default)s)")
@@ -848,7 +871,8 @@ def main() -> int:
     results = []
     for name in chosen:
         print(f"{name}: synthesizing…", file=sys.stderr, flush=True)
-        result = synthesize(name, TARGETS[name], yosys, args.build_dir / slug(name), args.timeout)
+        result = synthesize(name, TARGETS[name], yosys, args.build_dir / slug(name), args.timeout,
+                            reuse=args.reuse)
         results.append(result)
         outcome = f"failed: {result.error}" if result.error else "done"
         print(f"{name}: {outcome} ({result.seconds:.1f} s)", file=sys.stderr, flush=True)
@@ -864,10 +888,11 @@ def main() -> int:
     resources, *boards = tables
     print(resources.markdown())
     if boards:
-        domains, worst = boards
+        domains, worst, fit = boards
         print(f"\n{domains.markdown()}\n")
         for row in worst.rows:
             print(row["summary"].split(": ", 1)[1])
+        print(f"\n{fit.markdown()}")
     report.write(args.output, tables, directory=report.GENERATED / "resources",
                  origin=origin)
     return 1 if any(result.error for result in results) else 0
@@ -875,8 +900,8 @@ def main() -> int:
 
 def report_tables(results: list[Result], paths: int = 0) -> list[Table]:
     """The tables of a run: resources per target (with the deepest path of each, and
-    its ``paths`` worst paths, below it), and for board tops their clock domains and
-    the worst path of each top."""
+    its ``paths`` worst paths, below it), and for board tops their clock domains, the
+    worst path of each top and how each fits the FPGA (:func:`fit_table`)."""
     heading = f"UltraScale+ (`{SYNTH}`), width {WIDTH} bytes, Yosys {yosys_version()}:"
     resources = table(results)
     notes = []
@@ -901,7 +926,36 @@ def report_tables(results: list[Result], paths: int = 0) -> list[Table]:
                    "lut_levels": domain.lut_levels, "budget": domain.budget,
                    "start": domain.start, "end": domain.end,
                    "summary": f"{result.name}: {worst_path_line(domain)}"})
-    return [resources, domains, worst]
+    return [resources, domains, worst, fit_table(resources, {r.name: r for r in boards})]
+
+
+#: The VCU118's FPGA, the XCVU9P (Xilinx DS923, the UltraScale+ product tables): CLB
+#: LUTs, CLB flip-flops, 36 Kb block RAMs and UltraRAMs.
+XCVU9P = {"lut": 1_182_240, "ff": 2_364_480, "bram36": 2160, "uram": 960}
+
+
+def fit_table(resources: Table, boards: dict[str, Result]) -> Table:
+    """Of each board top (``boards`` by name) that synthesized whole: the share of the
+    XCVU9P's LUTs, flip-flops, block RAM and UltraRAM it takes (``resources``' row),
+    whether it fits, and whether every clock domain is within its LUT-level budget."""
+    def share(key):
+        return Column(key, key.upper() if key != "bram36" else "BRAM36", ".2%")
+
+    shown = Table("fit", [
+        Column("target", "target", align="left"), *(share(key) for key in XCVU9P),
+        Column("fits", "fits the XCVU9P", lambda row: "yes" if row["fits"] else "**no**"),
+        Column("within_budget", "every domain within budget",
+               lambda row: "yes" if row["within_budget"] else "**no**")],
+        caption="Of the XCVU9P (the VCU118's FPGA):")
+    for row in resources.rows:
+        result = boards.get(row["target"])
+        if result is None or row["error"]:
+            continue
+        shares = {key: row[key] / capacity for key, capacity in XCVU9P.items()}
+        shown.add({"target": row["target"], **shares,
+                   "fits": all(value <= 1 for value in shares.values()),
+                   "within_budget": all(d.lut_levels <= d.budget for d in result.domains)})
+    return shown
 
 
 if __name__ == "__main__":

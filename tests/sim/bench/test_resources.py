@@ -212,6 +212,43 @@ def test_the_two_cage_tops_domains_are_each_cmac_and_the_cores_clock(tmp_path):
     assert worst_domain(result.domains).name == "cmac2"
 
 
+def test_a_finished_run_is_measured_again_without_yosys(three_domains, monkeypatch):
+    result, workdir = three_domains
+    text = (workdir / "design.il").read_text()
+    monkeypatch.setattr(resources, "convert", lambda factory: (False, text))
+
+    def no_yosys(*args, **kwargs):
+        raise AssertionError("Yosys ran")
+    monkeypatch.setattr(resources, "run_yosys", no_yosys)
+    again = synthesize("three domains", ThreeDomains, ["yosys"], workdir, timeout=1,
+                       each_domain=True, reuse=True)
+    assert again.error is None, again.error
+    assert (again.cells, again.lut_levels, again.domains) == \
+        (result.cells, result.lut_levels, result.domains)
+    # Another design's text is synthesized.
+    monkeypatch.setattr(resources, "convert", lambda factory: (False, text + "\n"))
+    with pytest.raises(AssertionError, match="Yosys ran"):
+        synthesize("three domains", ThreeDomains, ["yosys"], workdir, timeout=1,
+                   each_domain=True, reuse=True)
+
+
+def test_a_board_top_fits_the_xcvu9p_when_each_resource_does():
+    def board(name, luts, levels):
+        result = resources.Result(name, cells={"LUT6": luts, "FDRE": 10, "RAMB36E2": 4,
+                                               "URAM288": 2})
+        result.domains = [resources.DomainDepth("cmac1", 322e6, 5, levels, "a", "b"),
+                          resources.DomainDepth("sync", 250e6, 5, 8, "a", "b")]
+        return result
+    boards = [board("small", 1000, 6), board("large", resources.XCVU9P["lut"] + 1, 7)]
+    fit = resources.fit_table(resources.table(boards), {b.name: b for b in boards})
+    small, large = fit.rows
+    assert small["lut"] == pytest.approx(1000 / 1_182_240)
+    assert small["bram36"] == pytest.approx(4 / 2160) and small["uram"] == 2 / 960
+    assert (small["fits"], small["within_budget"]) == (True, True)
+    assert (large["fits"], large["within_budget"]) == (False, False)
+    assert "| large | 100.00% |" in fit.markdown() and "**no** | **no** |" in fit.markdown()
+
+
 class LogicBesideAdder(wiring.Component):
     """In sync: 32 registers behind a random network of 300 two-input gates over 48 inputs
     (``fast``), and, with ``adder``, a register behind a 96-bit sum compared with a 96-bit
