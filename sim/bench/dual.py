@@ -4,7 +4,8 @@ a table and writes it to ``docs/generated/bench/dual.{md,json}``; ``make bench``
 
 The design (:class:`DualCores`) is the core-domain part of each port of
 :class:`~boards.vcu118_top.VCU118DualTop`, taken from an instance of it: each port's
-core as the top builds it (its default build, 16 QPs) and its address writer
+core as the top builds it (its default build, 16 QPs, or with the build parameters
+given) and its address writer
 (:class:`~boards.board_address.BoardAddress`, switches off), so port 1 has the
 core's default addresses and port 2 :data:`~boards.vcu118_top.PORT2_ADDRESS`. Both
 cores run on one clock, the 322.265625 MHz of the CMAC's user clock, in which every
