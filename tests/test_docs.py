@@ -26,7 +26,6 @@ GENERATED = {
         "tx_efficiency", "roce_goodput", "connectx_rate", "connectx_goodput", "dual",
         "pause", "dcqcn", "checker")),
     "generated/resources/resources.md",
-    "generated/resources/resources_dual.md",
     *(f"generated/waves/{port}.json" for port in (
         "work_request", "payload", "completion", "qp_write", "qp_status")),
 }
