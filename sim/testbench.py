@@ -11,6 +11,8 @@ attached: they receive the core's packets for their QPN and their answers
 are sent back into the core, in a time counted in clock cycles (``cycle``). A
 congested switch (:class:`sim.models.switch.CongestedSwitch`) can sit in front of them.
 With ``line=True`` the MAC side takes beats at a 100GbE line's rate, as the CMAC does.
+A top that holds several cores on one clock gives each core's ports a prefix of its own
+(``port``) and has a bench for each; one of them drives the clock.
 """
 
 import enum
@@ -81,6 +83,19 @@ def _encode(layout, value):
     return layout.const(value).as_value().value
 
 
+class _PortSignals:
+    """The signals of one core in a top that holds several: each of its ports' names with
+    ``prefix`` in front; the clock (``clk``) and reset (``rst``) are the top's."""
+
+    def __init__(self, dut, prefix):
+        self._dut, self._prefix = dut, prefix
+
+    def __getattr__(self, name):
+        if name in ("clk", "rst"):
+            return getattr(self._dut, name)
+        return getattr(self._dut, self._prefix + name)
+
+
 class NetworkBench:
     """Drives one :class:`NetworkCore` from cocotb.
 
@@ -96,10 +111,19 @@ class NetworkBench:
     line : the MAC side takes beats at the rate of a 100GbE line (each frame costs
         its bytes, FCS, preamble and gap), instead of ``tx_ready``; ``line_cycles``
         then tells how long the line was busy.
+    port : the prefix of the core's port names in a top that holds several cores
+        (``p1_``); the top's ``clk`` and ``rst`` serve them all.
+    clock : whether this bench drives the clock (one bench of a top with several cores).
+    address : ``(mac, ip)`` of the core when the top writes its ``config`` port itself
+        (as a board's :class:`~boards.board_address.BoardAddress` does): the bench then
+        leaves that port alone.
     """
 
     def __init__(self, dut, *, pcap, tx_ready=1.0, peers=None, seed=0, payload_gaps=0.0,
-                 forward=None, line=False):
+                 forward=None, line=False, port="", clock=True, address=None):
+        top = dut
+        if port:
+            dut = _PortSignals(dut, port)
         self.dut = dut
         self.forward = forward            # takes every frame from the core, instead of the peers
         self.rng = random.Random(seed)
@@ -110,7 +134,8 @@ class NetworkBench:
         self.received = deque()           # frames from the core, but ARP requests and CM replies
         self.cm_replies = deque()         # frames from the core's connection manager
         self._cm_arrival = Event()
-        self.core_mac, self.core_ip = "02:00:00:00:00:02", "10.77.0.2"
+        self.core_mac, self.core_ip = address or ("02:00:00:00:00:02", "10.77.0.2")
+        self._config_port = address is None
         self._arrival = Event()
         self.cycle = 0                    # clock cycles since the bench started
         self._responders = {}             # attached responder models by their QPN
@@ -130,7 +155,8 @@ class NetworkBench:
         self.completion_cycles = []       # the cycle of each completion
         self.pcap = PcapWriter(pcap)
         self.width = len(dut.tx__tkeep)
-        self.source = AxiStreamSource(AxiStreamBus.from_prefix(dut, "rx_"), dut.clk, dut.rst)
+        self.source = AxiStreamSource(AxiStreamBus.from_prefix(top, f"{port}rx_"), dut.clk,
+                                      dut.rst)
         self.payload_gaps = payload_gaps
         self._payload_rng = random.Random(seed + 1)
         self.completions = deque()        # completions, decoded, in order
@@ -140,7 +166,8 @@ class NetworkBench:
         self._payloads = deque()
         self._payload_ready = Event()
         self._payload_busy = False
-        cocotb.start_soon(Clock(dut.clk, CLOCK_PERIOD_PS, unit="ps").start())
+        if clock:
+            cocotb.start_soon(Clock(dut.clk, CLOCK_PERIOD_PS, unit="ps").start())
         cocotb.start_soon(self._transmit_monitor())
         cocotb.start_soon(self._completion_monitor())
         cocotb.start_soon(self._request_driver())
@@ -153,7 +180,7 @@ class NetworkBench:
         # payloads while their valid is low (the pacing gate looks a request's QP up a
         # cycle ahead), so an X there once stopped every work request on Icarus.
         for port in ("config", "work_request", "qp_write", "roce_config", "cm_config",
-                     "pause_config", "dcqcn_config"):
+                     "pause_config", "dcqcn_config")[0 if self._config_port else 1:]:
             getattr(self.dut, f"{port}__valid").value = 0
             getattr(self.dut, f"{port}__payload").value = 0
         for signal in ("tvalid", "tdata", "tkeep", "tlast", "tuser"):

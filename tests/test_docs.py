@@ -23,8 +23,8 @@ DOCS = ROOT / "docs"
 #: What the pages include from docs/generated/, relative to docs/.
 GENERATED = {
     *(f"generated/bench/{name}.md" for name in (
-        "tx_efficiency", "roce_goodput", "connectx_rate", "connectx_goodput", "pause",
-        "dcqcn", "checker")),
+        "tx_efficiency", "roce_goodput", "connectx_rate", "connectx_goodput", "dual",
+        "pause", "dcqcn", "checker")),
     "generated/resources/resources.md",
     *(f"generated/waves/{port}.json" for port in (
         "work_request", "payload", "completion", "qp_write", "qp_status", "connection")),

@@ -19,7 +19,6 @@ from sim.models.rocev2 import generator_payload
 from sim.testbench import NetworkBench
 
 PARAMS = json.loads(os.environ["BENCH_PARAMS"])
-OUR_MAC, OUR_IP = "02:00:00:00:00:02", "10.77.0.2"
 PEER_MAC, PEER_IP = "52:54:00:12:34:56", "10.77.0.1"
 TICK = 16                       # cycles of a 4.096 us timer tick: timers run ~80x faster
 TIMEOUT = 8                     # ACK timeout 2^8 ticks, 4096 cycles (12.7 us): > 6 round trips
@@ -28,11 +27,13 @@ SUCCESS = CompletionStatus.SUCCESS.value
 
 
 class Run:
-    """One measurement on the bench: the QPs it sets and the work requests it posts."""
+    """One measurement on the bench: the QPs it sets and the work requests it posts, to
+    models at ``peer_ip`` (one of the bench's peers)."""
 
-    def __init__(self, bench, number):
+    def __init__(self, bench, number, peer_ip=PEER_IP):
         self.bench = bench
         self.number = number            # the row: each row's QPs have their own peer QPNs
+        self.peer_ip = peer_ip
         self.peers = {}                 # QP index → its responder model
         self.first = len(bench.completions)
         self.posted = 0
@@ -43,9 +44,10 @@ class Run:
         remote_qpn = 0x1000 * (self.number + 1) + index
         await self.bench.set_qp(index, {
             "remote_qpn": remote_qpn, "next_psn": psn, "rkey": 0x77,
-            "remote_ip": parse_ipv4(PEER_IP), "path_mtu": PathMtu.from_bytes(path_mtu),
+            "remote_ip": parse_ipv4(self.peer_ip), "path_mtu": PathMtu.from_bytes(path_mtu),
             "src_port": 0xC300 + index, "timeout": TIMEOUT, "retry_count": 7, "rnr_retry": 7})
-        peer = Responder(mac=PEER_MAC, ip=PEER_IP, peer_mac=OUR_MAC, peer_ip=OUR_IP,
+        peer = Responder(mac=self.bench.peers[self.peer_ip], ip=self.peer_ip,
+                         peer_mac=self.bench.core_mac, peer_ip=self.bench.core_ip,
                          qpn=remote_qpn, peer_qpn=FIRST_QPN + index, expected_psn=psn,
                          rkey=0x77, memory_base=0, memory_size=MEMORY, path_mtu=path_mtu,
                          faults=faults, connectx=ConnectX(round_trip=round_trip))

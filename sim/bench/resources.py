@@ -20,7 +20,7 @@ per target:
   ``ltp`` counts more cells (it also passes through LUTRAM writes), its count
   follows in parentheses.
 
-Board tops (``VCU118Top``) are synthesized whole, as ``make bitstream``
+Board tops (``VCU118Top``, ``VCU118DualTop``) are synthesized whole, as ``make bitstream``
 writes them (core, FIFOs, link and status logic, I/O buffers, MMCM; less
 the ``initial`` blocks that set large memories to zero, which Yosys reads
 slowly: :func:`without_zero_memory_init`),
@@ -66,7 +66,7 @@ from amaranth import Signal, Value
 from amaranth.back import rtlil
 from amaranth.lib import wiring
 
-from boards.cmac_ip import CMAC_IP_NAME
+from boards.cmac_ip import cmac_ip_name
 from gateware.headers import IPV4
 from gateware.ip.tx import IP_TX_META, NEXT_HOP_META
 from gateware.stream import meta_with
@@ -135,6 +135,8 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
         qps=16, width=WIDTH),
     "VCU118Top": lambda: _load("boards.vcu118_top.VCU118Top")(),
     "VCU118Top (2 QPs)": lambda: _load("boards.vcu118_top.VCU118Top")(**SMALL_CORE),
+    "VCU118DualTop": lambda: _load("boards.vcu118_top.VCU118DualTop")(),
+    "VCU118DualTop (2 QPs)": lambda: _load("boards.vcu118_top.VCU118DualTop")(**SMALL_CORE),
 }
 
 #: The reduced core of ``VCU118Top (2 QPs)``, which the logic-depth budget test synthesizes:
@@ -142,16 +144,30 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
 SMALL_CORE = {"qps": 2, "retransmit_beats": 64, "messages": 8, "generator_runs": 1,
               "rx_depth": 64, "echo_depth": 64}
 
-#: Clock domains of the board top: the names of the clock's net (the first one present)
-#: and the most LUT levels a path into one of its registers may have. 6 on the CMAC's
-#: 322 MHz (comfortable on UltraScale+), 8 in the core's 250 MHz.
+#: Per kind of clock domain of a board top, the most LUT levels a path into one of its
+#: registers may have: 6 on a CMAC's 322 MHz (comfortable on UltraScale+), 8 in the
+#: cores' 250 MHz.
 LUT_LEVEL_BUDGET = {"cmac": 6, "sync": 8, "init": 8}
-CLOCK_NETS = {"cmac": ("cmac_clk",), "sync": ("clk",), "init": ("init_clk", "power_on_clk")}
+#: Clock domains of the board tops and the names of their clock's nets (those present
+#: make the domain): ``cmac``, ``sync`` and ``init`` of the single-port top; ``cmac1``,
+#: ``cmac2``, ``sync`` and ``init`` of the two-cage top, whose ports' core domains
+#: ``sync1`` and ``sync2`` run on the one core clock and so are measured as one domain.
+#: A domain's kind (:func:`domain_kind`) gives its budget and frequency.
+CLOCK_NETS = {"cmac": ("cmac_clk",), "cmac1": ("cmac1_clk",), "cmac2": ("cmac2_clk",),
+              "sync": ("clk", "sync1_clk", "sync2_clk"), "init": ("init_clk", "power_on_clk")}
+#: The CMAC IPs of the board tops (one per port).
+CMAC_IPS = [cmac_ip_name(index) for index in range(2)]
 #: Hard IP in the board top, taken as registers clocked by one of its ports.
-HARD_IP_CLOCK = {CMAC_IP_NAME: "gt_txusrclk2"}
+HARD_IP_CLOCK = dict.fromkeys(CMAC_IPS, "gt_txusrclk2")
 #: How Yosys is told the CMAC's port directions (it has no model of it).
-HARD_IP_PORTS = {CMAC_IP_NAME: "o:gt_tx* o:usr_* o:tx_axis_tready o:tx_unfout o:tx_ovfout "
-                               "o:rx_axis_* o:stat_* i:*"}
+HARD_IP_PORTS = dict.fromkeys(CMAC_IPS, "o:gt_tx* o:usr_* o:tx_axis_tready o:tx_unfout "
+                                        "o:tx_ovfout o:rx_axis_* o:stat_* i:*")
+
+
+def domain_kind(name: str) -> str:
+    """The kind of a clock domain (a key of :data:`LUT_LEVEL_BUDGET`): its name without
+    a port's number (``cmac2``: ``cmac``)."""
+    return name.rstrip("0123456789")
 
 def _with_ports(component):
     """The component and its port signals; constant members (the ``ready`` of an
@@ -198,7 +214,7 @@ class DomainDepth:
 
     @property
     def budget(self) -> int:
-        return LUT_LEVEL_BUDGET[self.name]
+        return LUT_LEVEL_BUDGET[domain_kind(self.name)]
 
 
 @dataclass
@@ -289,7 +305,7 @@ def board_verilog(top) -> str:
 
 
 def domain_hz() -> dict[str, float]:
-    """The board top's clock frequencies by domain."""
+    """The board tops' clock frequencies by kind of domain (:func:`domain_kind`)."""
     from boards.cmac_ip import INIT_CLOCK_MHZ
     from boards.vcu118_top import CORE_CLOCK_HZ
     from gateware.core import CMAC_CLOCK_HZ
@@ -337,12 +353,15 @@ def _convert_reproducibly(name: str) -> tuple[bool, str]:
 
 def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[str],
                workdir: Path, timeout: float, *, each_domain: bool | None = None,
-               whole: bool = True) -> Result:
+               whole: bool = True, reuse: bool = False) -> Result:
     """Convert, synthesize and measure one target (a component, or a board top). With
     ``each_domain`` (by default for a board top), ``result.domains`` gives the deepest
     path of each clock domain mapped alone (:func:`map_each_domain`); without ``whole``
     (with ``each_domain`` only) the whole netlist is not mapped, so the resources and the
-    whole netlist's depth stay empty (the logic-depth test saves a minute of CPU)."""
+    whole netlist's depth stay empty (the logic-depth test saves a minute of CPU). With
+    ``reuse``, the netlists a finished run left in ``workdir`` are measured again
+    instead of running Yosys, when they were made from the same text
+    (:func:`made_from`)."""
     result = Result(name)
     start = time.monotonic()
     try:
@@ -361,7 +380,6 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
         else:
             read, source = ["read_rtlil design.il"], "design.il"
         workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / source).write_text(text)
         # A board top's netlist before LUT mapping is kept to map each clock domain alone.
         premap = [f"{SYNTH} -run :map_luts", "select top", "write_rtlil -selected premap.il",
                   "select -clear", "json -o premap.json top"]
@@ -378,12 +396,16 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
             script = [*read, *premap, f"{SYNTH} -run map_luts:", *measure]
         else:
             script = [*read, *premap]
-        run_yosys(yosys, script, workdir, timeout)
+        outputs = (["stat.json", "netlist.json", "ltp.txt"] if whole else []) + \
+            (["premap.json"] if each_domain else [])
+        if not (reuse and made_from(workdir, source, outputs, text)):
+            (workdir / source).write_text(text)
+            run_yosys(yosys, script, workdir, timeout)
         if whole:
             stat = json.loads((workdir / "stat.json").read_text())
             result.cells = {kind: count for kind, count in
                             stat["modules"]["\\top"]["num_cells_by_type"].items()
-                            if not kind.startswith("$scopeinfo") and kind != CMAC_IP_NAME}
+                            if not kind.startswith("$scopeinfo") and kind not in CMAC_IPS}
             match = re.search(r"Longest topological path in \S+ \(length=(\d+)\)",
                               (workdir / "ltp.txt").read_text())
             result.ltp_cells = int(match[1]) if match else 0
@@ -391,11 +413,22 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
             result.depth_cells, result.lut_levels, result.lut_path = depth(
                 netlist["modules"]["top"], result.paths)
         if each_domain:
-            result.domains = map_each_domain(yosys, workdir, timeout, domain_hz(), hard_ip)
+            result.domains = map_each_domain(yosys, workdir, timeout, domain_hz(), hard_ip,
+                                             reuse=reuse)
     except SynthesisError as error:
         result.error = str(error)
     result.seconds = time.monotonic() - start
     return result
+
+
+def made_from(workdir: Path, source: str, outputs: list[str], text: str | None = None) -> bool:
+    """Whether each of ``outputs`` in ``workdir`` is a file written after ``source`` there
+    (and ``source`` holds ``text``, if given): what a run of Yosys on it left."""
+    files = [workdir / name for name in (source, *outputs)]
+    if not all(path.is_file() for path in files) or \
+            (text is not None and files[0].read_text() != text):
+        return False
+    return all(path.stat().st_mtime >= files[0].stat().st_mtime for path in files[1:])
 
 
 def run_yosys(yosys: list[str], commands: list[str], workdir: Path, timeout: float,
@@ -606,37 +639,49 @@ def worst_paths(module: dict, names: dict[int, str], driver: dict[int, int],
 
 def domain_depths(module: dict, paths: list[tuple[int, str, str, int | None]],
                   hz: dict[str, float], only: str | None = None) -> list[DomainDepth]:
-    """Per clock domain of a board top (:data:`CLOCK_NETS`, or the one named ``only``):
-    flip-flops and the path with the most LUT levels into its registers (``paths`` as
-    :func:`worst_paths` gives them)."""
-    domain_of = clock_domains(module, [only] if only else list(CLOCK_NETS))
+    """Per clock domain of a board top (those of :data:`CLOCK_NETS` it has, or the one
+    named ``only``): flip-flops and the path with the most LUT levels into its registers
+    (``paths`` as :func:`worst_paths` gives them); ``hz`` by kind of domain."""
+    domain_of = clock_domains(module, [only] if only else None)
     flip_flops: dict[str, int] = defaultdict(int)
     for cell in module["cells"].values():
         if cell["type"].startswith("FD"):
             flip_flops[domain_of.get(clock_of(cell, "D"), "other")] += 1
     domains = []
-    for domain in [only] if only else CLOCK_NETS:
+    for domain in [only] if only else present_domains(domain_of):
         luts, start, end = max(((luts, start, end) for luts, start, end, clock in paths
                                 if domain_of.get(clock) == domain), default=(0, "", ""))
-        domains.append(DomainDepth(domain, hz[domain], flip_flops[domain], luts, start, end))
+        domains.append(DomainDepth(domain, hz[domain_kind(domain)], flip_flops[domain], luts,
+                                   start, end))
     return domains
 
 
 def clock_domains(module: dict, domains: list[str] | None = None) -> dict[int, str]:
-    """The clock domain (:data:`CLOCK_NETS`; of ``domains``, by default all) of each
-    clock bit of a flat netlist."""
+    """The clock domain of each clock bit of a flat netlist: of ``domains``, each of which
+    must have a clock net there, or by default of every domain of :data:`CLOCK_NETS` that
+    has one (at least one must)."""
     domain_of: dict[int, str] = {}
     for domain in domains or CLOCK_NETS:
-        nets = CLOCK_NETS[domain]
-        net = next((module["netnames"][net] for net in nets if net in module["netnames"]), None)
-        if net is None:
-            raise SynthesisError(f"no clock net {' or '.join(nets)} of domain {domain!r}")
-        domain_of.setdefault(net["bits"][0], domain)
+        nets = [module["netnames"][net] for net in CLOCK_NETS[domain]
+                if net in module["netnames"]]
+        if not nets and domains:
+            raise SynthesisError(f"no clock net {' or '.join(CLOCK_NETS[domain])} of "
+                                 f"domain {domain!r}")
+        for net in nets:
+            domain_of.setdefault(net["bits"][0], domain)
+    if not domain_of:
+        raise SynthesisError("no clock net of any domain: "
+                             + ", ".join(net for nets in CLOCK_NETS.values() for net in nets))
     return domain_of
 
 
+def present_domains(domain_of: dict[int, str]) -> list[str]:
+    """The domains of :func:`clock_domains`' answer, in the order of :data:`CLOCK_NETS`."""
+    return [domain for domain in CLOCK_NETS if domain in domain_of.values()]
+
+
 def map_each_domain(yosys: list[str], workdir: Path, timeout: float, hz: dict[str, float],
-                    hard_ip: list[str]) -> list[DomainDepth]:
+                    hard_ip: list[str], reuse: bool = False) -> list[DomainDepth]:
     """Per clock domain, its deepest path with the domain's logic mapped to LUTs alone.
 
     abc9 maps a netlist against one delay target, that of its slowest path, and
@@ -654,7 +699,8 @@ def map_each_domain(yosys: list[str], workdir: Path, timeout: float, hz: dict[st
     one, a path of carries (a LUT level costs 0.43 ns or more and a 24-bit carry
     chain 0.7 ns in its model), so a path's LUT levels would follow whichever
     adder or comparator is slowest, not its own logic; Vivado maps against the
-    clock's period. ``hard_ip``: the commands that declare the hard IP's ports.
+    clock's period. ``hard_ip``: the commands that declare the hard IP's ports. With
+    ``reuse``, the maps a finished run left are measured again (:func:`made_from`).
     """
     premap = json.loads((workdir / "premap.json").read_text())["modules"]["top"]
     domain_of = clock_domains(premap)
@@ -668,7 +714,8 @@ def map_each_domain(yosys: list[str], workdir: Path, timeout: float, hz: dict[st
     commands = ["read_verilog -lib -specify +/xilinx/cells_sim.v",
                 "read_verilog -lib +/xilinx/cells_xtra.v", "read_rtlil premap.il", *hard_ip,
                 "hierarchy -top top", "design -save premap"]
-    for domain in CLOCK_NETS:
+    measured = present_domains(domain_of)
+    for domain in measured:
         for kind, cells in (("keep", [name for name, domains in domains_of_cell.items()
                                       if domain in domains]),
                             ("drop", [name for name, domains in domains_of_cell.items()
@@ -680,9 +727,11 @@ def map_each_domain(yosys: list[str], workdir: Path, timeout: float, hz: dict[st
                      "select -clear", f'scratchpad -set abc9.script "{DELAY_ORIENTED_ABC9}"',
                      f"{SYNTH} -run map_luts:",
                      f"json -o {domain}.json top"]
-    run_yosys(yosys, commands, workdir, timeout, log="yosys-domains.log")
+    if not (reuse and made_from(workdir, "premap.json",
+                                [f"{domain}.json" for domain in measured])):
+        run_yosys(yosys, commands, workdir, timeout, log="yosys-domains.log")
     depths = []
-    for domain in CLOCK_NETS:
+    for domain in measured:
         module = json.loads((workdir / f"{domain}.json").read_text())["modules"]["top"]
         paths: list = []
         depth(module, paths)
@@ -798,6 +847,12 @@ def main() -> int:
                         help="seconds Yosys may take per target (default: %(default)s)")
     parser.add_argument("--build-dir", type=Path, default=BUILD_DIR,
                         help="where each target's files go (default: %(default)s)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="measure the netlists a finished run of the same design left "
+                             "in the build directory instead of synthesizing again")
+    parser.add_argument("--output", default="resources", metavar="NAME",
+                        help="the report's name: docs/generated/resources/NAME.md and "
+                             ".json (default: %(default)s)")
     args = parser.parse_args()
     if args.list:
         print("\n".join(TARGETS))
@@ -816,7 +871,8 @@ def main() -> int:
     results = []
     for name in chosen:
         print(f"{name}: synthesizing…", file=sys.stderr, flush=True)
-        result = synthesize(name, TARGETS[name], yosys, args.build_dir / slug(name), args.timeout)
+        result = synthesize(name, TARGETS[name], yosys, args.build_dir / slug(name), args.timeout,
+                            reuse=args.reuse)
         results.append(result)
         outcome = f"failed: {result.error}" if result.error else "done"
         print(f"{name}: {outcome} ({result.seconds:.1f} s)", file=sys.stderr, flush=True)
@@ -825,25 +881,27 @@ def main() -> int:
             tables = report_tables(results, args.paths)
             tables[0].note += (f"\n\nA run in progress: {len(results)} of {len(chosen)} "
                                "targets so far.")
-            report.write("resources", tables, directory=report.GENERATED / "resources",
+            report.write(args.output, tables, directory=report.GENERATED / "resources",
                          origin=origin)
 
     tables = report_tables(results, args.paths)
     resources, *boards = tables
     print(resources.markdown())
     if boards:
-        domains, worst = boards
+        domains, worst, fit = boards
         print(f"\n{domains.markdown()}\n")
         for row in worst.rows:
             print(row["summary"].split(": ", 1)[1])
-    report.write("resources", tables, directory=report.GENERATED / "resources", origin=origin)
+        print(f"\n{fit.markdown()}")
+    report.write(args.output, tables, directory=report.GENERATED / "resources",
+                 origin=origin)
     return 1 if any(result.error for result in results) else 0
 
 
 def report_tables(results: list[Result], paths: int = 0) -> list[Table]:
     """The tables of a run: resources per target (with the deepest path of each, and
-    its ``paths`` worst paths, below it), and for board tops their clock domains and
-    the worst path of each top."""
+    its ``paths`` worst paths, below it), and for board tops their clock domains, the
+    worst path of each top and how each fits the FPGA (:func:`fit_table`)."""
     heading = f"UltraScale+ (`{SYNTH}`), width {WIDTH} bytes, Yosys {yosys_version()}:"
     resources = table(results)
     notes = []
@@ -868,7 +926,36 @@ def report_tables(results: list[Result], paths: int = 0) -> list[Table]:
                    "lut_levels": domain.lut_levels, "budget": domain.budget,
                    "start": domain.start, "end": domain.end,
                    "summary": f"{result.name}: {worst_path_line(domain)}"})
-    return [resources, domains, worst]
+    return [resources, domains, worst, fit_table(resources, {r.name: r for r in boards})]
+
+
+#: The VCU118's FPGA, the XCVU9P (Xilinx DS923, the UltraScale+ product tables): CLB
+#: LUTs, CLB flip-flops, 36 Kb block RAMs and UltraRAMs.
+XCVU9P = {"lut": 1_182_240, "ff": 2_364_480, "bram36": 2160, "uram": 960}
+
+
+def fit_table(resources: Table, boards: dict[str, Result]) -> Table:
+    """Of each board top (``boards`` by name) that synthesized whole: the share of the
+    XCVU9P's LUTs, flip-flops, block RAM and UltraRAM it takes (``resources``' row),
+    whether it fits, and whether every clock domain is within its LUT-level budget."""
+    def share(key):
+        return Column(key, key.upper() if key != "bram36" else "BRAM36", ".2%")
+
+    shown = Table("fit", [
+        Column("target", "target", align="left"), *(share(key) for key in XCVU9P),
+        Column("fits", "fits the XCVU9P", lambda row: "yes" if row["fits"] else "**no**"),
+        Column("within_budget", "every domain within budget",
+               lambda row: "yes" if row["within_budget"] else "**no**")],
+        caption="Of the XCVU9P (the VCU118's FPGA):")
+    for row in resources.rows:
+        result = boards.get(row["target"])
+        if result is None or row["error"]:
+            continue
+        shares = {key: row[key] / capacity for key, capacity in XCVU9P.items()}
+        shown.add({"target": row["target"], **shares,
+                   "fits": all(value <= 1 for value in shares.values()),
+                   "within_budget": all(d.lut_levels <= d.budget for d in result.domains)})
+    return shown
 
 
 if __name__ == "__main__":

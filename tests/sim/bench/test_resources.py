@@ -173,6 +173,82 @@ def test_each_domain_is_mapped_alone(three_domains):
         assert depths[domain].end in (f"{domain}_xor", f"o_{domain}")
 
 
+class TwoPortDomains(wiring.Component):
+    """A register behind an XOR tree in each domain of the two-cage top: each port's CMAC
+    clock (``cmac1``: 36 inputs, ``cmac2``: 216), each port's core domain (``sync1``,
+    ``sync2``: 6 inputs each) and ``init`` (6)."""
+
+    WIDTHS = {"cmac1": 36, "cmac2": 216, "sync1": 6, "sync2": 6, "init": 6}
+
+    def __init__(self):
+        super().__init__({"i": In(216), **{f"o_{domain}": Out(1) for domain in self.WIDTHS}})
+
+    def elaborate(self, platform):
+        m = Module()
+        for domain, inputs in self.WIDTHS.items():
+            register = Signal(name=f"{domain}_xor", reset_less=True)
+            m.d[domain] += register.eq(self.i[:inputs].xor())
+            m.d.comb += getattr(self, f"o_{domain}").eq(register)
+        return m
+
+
+def test_the_two_cage_tops_domains_are_each_cmac_and_the_cores_clock(tmp_path):
+    """Each port's CMAC clock is a domain with the budget of ``cmac``; the ports' core
+    domains are one (on the board one clock drives both)."""
+    try:
+        yosys = yosys_command()
+    except SynthesisError as error:
+        pytest.skip(str(error))
+    result = synthesize("two ports", TwoPortDomains, yosys, tmp_path, timeout=300,
+                        each_domain=True, whole=False)
+    assert result.error is None, result.error
+    depths = {d.name: d for d in result.domains}
+    assert list(depths) == ["cmac1", "cmac2", "sync", "init"]
+    assert {name: (d.flip_flops, d.budget) for name, d in depths.items()} == {
+        "cmac1": (1, LUT_LEVEL_BUDGET["cmac"]), "cmac2": (1, LUT_LEVEL_BUDGET["cmac"]),
+        "sync": (2, LUT_LEVEL_BUDGET["sync"]), "init": (1, LUT_LEVEL_BUDGET["init"])}
+    assert depths["cmac1"].hz == depths["cmac2"].hz > depths["sync"].hz
+    assert depths["cmac2"].lut_levels > depths["cmac1"].lut_levels >= 2
+    assert worst_domain(result.domains).name == "cmac2"
+
+
+def test_a_finished_run_is_measured_again_without_yosys(three_domains, monkeypatch):
+    result, workdir = three_domains
+    text = (workdir / "design.il").read_text()
+    monkeypatch.setattr(resources, "convert", lambda factory: (False, text))
+
+    def no_yosys(*args, **kwargs):
+        raise AssertionError("Yosys ran")
+    monkeypatch.setattr(resources, "run_yosys", no_yosys)
+    again = synthesize("three domains", ThreeDomains, ["yosys"], workdir, timeout=1,
+                       each_domain=True, reuse=True)
+    assert again.error is None, again.error
+    assert (again.cells, again.lut_levels, again.domains) == \
+        (result.cells, result.lut_levels, result.domains)
+    # Another design's text is synthesized.
+    monkeypatch.setattr(resources, "convert", lambda factory: (False, text + "\n"))
+    with pytest.raises(AssertionError, match="Yosys ran"):
+        synthesize("three domains", ThreeDomains, ["yosys"], workdir, timeout=1,
+                   each_domain=True, reuse=True)
+
+
+def test_a_board_top_fits_the_xcvu9p_when_each_resource_does():
+    def board(name, luts, levels):
+        result = resources.Result(name, cells={"LUT6": luts, "FDRE": 10, "RAMB36E2": 4,
+                                               "URAM288": 2})
+        result.domains = [resources.DomainDepth("cmac1", 322e6, 5, levels, "a", "b"),
+                          resources.DomainDepth("sync", 250e6, 5, 8, "a", "b")]
+        return result
+    boards = [board("small", 1000, 6), board("large", resources.XCVU9P["lut"] + 1, 7)]
+    fit = resources.fit_table(resources.table(boards), {b.name: b for b in boards})
+    small, large = fit.rows
+    assert small["lut"] == pytest.approx(1000 / 1_182_240)
+    assert small["bram36"] == pytest.approx(4 / 2160) and small["uram"] == 2 / 960
+    assert (small["fits"], small["within_budget"]) == (True, True)
+    assert (large["fits"], large["within_budget"]) == (False, False)
+    assert "| large | 100.00% |" in fit.markdown() and "**no** | **no** |" in fit.markdown()
+
+
 class LogicBesideAdder(wiring.Component):
     """In sync: 32 registers behind a random network of 300 two-input gates over 48 inputs
     (``fast``), and, with ``adder``, a register behind a 96-bit sum compared with a 96-bit
