@@ -18,7 +18,8 @@ from pathlib import Path
 import amaranth
 from amaranth.back import verilog
 
-__all__ = ["ROOT", "BUILD", "Build", "simulator", "build", "build_verilog", "run"]
+__all__ = ["ROOT", "BUILD", "Build", "simulator", "build", "build_verilog", "run",
+           "sources_digest"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "sim"
@@ -77,10 +78,16 @@ def simulation_verilog(component, toplevel: str) -> str:
 def _gateware_digest() -> str:
     """A digest of every source file of the gateware package, this file (the Verilog's
     post-processing) and the Amaranth version."""
-    digest = hashlib.sha256(amaranth.__version__.encode() + Path(__file__).read_bytes())
-    gateware = ROOT / "gateware"
-    for path in sorted(gateware.rglob("*.py")):
-        digest.update(str(path.relative_to(gateware)).encode() + b"\0" + path.read_bytes())
+    return sources_digest(ROOT / "gateware",
+                          amaranth.__version__.encode() + Path(__file__).read_bytes())
+
+
+def sources_digest(package: Path, seed: bytes = b"") -> str:
+    """A digest of ``seed`` and every Python source file under ``package`` (names and
+    contents): a build's cache key for the designs built of that package."""
+    digest = hashlib.sha256(seed)
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 

@@ -22,7 +22,6 @@ either. Theory: the payload over the line's bytes of the frames at 100 Gb/s
 """
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -39,7 +38,7 @@ from sim.bench import report
 from sim.bench.report import Column, Table
 from sim.bench.roce_goodput import message_frames, theoretical_gbps
 from sim.models.responder import CLOCK_HZ, round_trip_cycles
-from sim.runner import BUILD, ROOT, build, run, simulator
+from sim.runner import BUILD, ROOT, build, run, simulator, sources_digest
 
 __all__ = ["DualCores", "port_row", "total_row", "dual_table", "main"]
 
@@ -150,15 +149,6 @@ def meets_target(table: Table) -> bool:
     return all(row["of_theory"] >= TARGET for row in table.rows if row["port"] != "both")
 
 
-def _boards_digest() -> str:
-    """A digest of the board package's sources, of which the design is built (the
-    runner's Verilog cache follows the gateware's)."""
-    digest = hashlib.sha256()
-    for path in sorted((ROOT / "boards").glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
-
-
 def measure(design, ports: list[dict], messages: int, round_trip: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as directory:
         results = Path(directory) / "dual.json"
@@ -203,7 +193,7 @@ def main() -> int:
     print(f"Building both cores with {simulator()} (cached after the first run)...",
           flush=True)
     design = build("dual", lambda: DualCores(VCU118DualTop(**core)),
-                   key=f"{_boards_digest()} {core!r}")
+                   key=f"{sources_digest(ROOT / 'boards')} {core!r}")
     os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     table = dual_table(measure(design, ports, args.messages, round_trip_cycles(ROUND_TRIP_US)))
