@@ -113,6 +113,11 @@ class Recipe:
             f"--include={','.join(self.packages)}",
             '--aptopt=APT::Install-Recommends "false"',
             '--aptopt=Acquire::Retries "3"',
+            # apt drops to its _apt user to download and to call gpgv; where /dev/null
+            # is not writable by other users (seen in CI sandboxes: mode 0755), that
+            # user's `command -v gpgv >/dev/null` fails and every Release file reads as
+            # unsigned. The build is root already, so apt stays root.
+            '--aptopt=APT::Sandbox::User "root"',
             *(f"--dpkgopt=path-exclude={pattern}" for pattern in excluded),
             f"--setup-hook={setup}",
             *(f"--customize-hook={hook}" for hook in customize),
