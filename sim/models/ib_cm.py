@@ -28,6 +28,7 @@ __all__ = [
     "MAD_HEADER_FORMAT", "DETH_FORMAT", "GSI_QKEY", "UD_SEND_ONLY", "ROCEV2_PORT", "RDMA_PS_TCP",
     "cm_message", "parse_cm_message", "mad", "parse_mad", "MadHeader", "deth",
     "gsi_frame", "GsiPacket", "parse_gsi_frame", "service_id", "cma_header",
+    "connect_private", "parse_accept_private",
 ]
 
 MAD_BYTES = 256
@@ -290,3 +291,20 @@ def cma_header(*, src_ip, dst_ip, port):
     destination addresses, each in the last 4 of 16 bytes."""
     return struct.pack(">BBH12x4s12x4s", 0x00, 0x40, port,
                        ipaddress.IPv4Address(src_ip).packed, ipaddress.IPv4Address(dst_ip).packed)
+
+
+#: The endpoint's user part of a REQ's private data, after the cma_hdr (CM_PROTOCOL.md,
+#: "Standard RDMA CM"): version, 3 reserved bytes, rkey, base address, length.
+CONNECT_PRIVATE_FORMAT = struct.Struct(">B3xIQQ")
+#: The endpoint's REP private data: version, 3 reserved bytes, its QPN (u32).
+ACCEPT_PRIVATE_FORMAT = struct.Struct(">B3xI")
+
+
+def connect_private(*, rkey, base, length, version=1):
+    """The 24 bytes a host gives ``rdma_connect`` to open a connection to the endpoint."""
+    return CONNECT_PRIVATE_FORMAT.pack(version, rkey, base, length)
+
+
+def parse_accept_private(private):
+    """``(version, qpn)`` of the endpoint's REP private data (196 bytes, zero-padded)."""
+    return ACCEPT_PRIVATE_FORMAT.unpack_from(private)

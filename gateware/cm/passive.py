@@ -1,0 +1,557 @@
+"""The passive side of the InfiniBand CM: a host opens a connection to the endpoint
+with ``rdma_connect`` (REQ), the endpoint answers REP, the host completes it with RTU
+(IBTA vol. 1, chapter 12; /work/shared/IB_CM.md; CM_PROTOCOL.md, "Standard RDMA CM").
+
+:class:`PassiveCm` sits between QP1's receiver and transmitter (``gateware.cm.qp1``)
+and asks the QP table's owner for a QP through its allocation port:
+
+``o_open`` (:data:`CM_OPEN`)
+    One request per new connection, everything the QP table needs from the REQ: the
+    host's IPv4 address (the REQ's IPv4 source), its QPN (REQ Local QPN), the PSN the
+    endpoint starts sending with (the REQ's Starting PSN: each side's Starting PSN is
+    the PSN it expects to receive), the path MTU, retry and RNR retry counts and the
+    ACK timeout (REQ Primary Local ACK Timeout), and the host buffer (rkey, base,
+    length) of the private data. The table owner takes a free QP, sets it as it would
+    for OPEN_QP (its own UDP source port, the fields above) and answers.
+``i_opened`` (:data:`CM_OPENED`)
+    The answer to the one ``o_open`` request outstanding: ``accepted`` and the QP
+    index, or ``accepted`` = 0 and why (:class:`OpenRefusal`). Exactly one answer
+    per request, any number of cycles after it was taken; :class:`PassiveCm` takes
+    no other MAD meanwhile and keeps ``i_opened.ready`` high only while it waits.
+``o_close`` (QP index)
+    The QP of a connection the host never completed (no RTU after the REP's retries):
+    the table owner frees it as for CLOSE_QP. No answer.
+
+Each MAD is served whole before the next is taken (``i.ready`` is high only while
+idle); the receiver before it holds one more.
+
+- REQ (attribute 0x0010): checked in this order, the first failure answered with REJ
+  (Message Rejected = REQ, Remote Comm ID = the REQ's Local Comm ID, Local Comm ID 0,
+  the REQ's TID) with the reason: service ID other than RDMA_PS_TCP and ``port`` → 8
+  (invalid service ID); transport not RC → 9 (invalid transport type); a ``cma_hdr``
+  other than version 0, IPv4 and the endpoint's own address as destination → 28 (as
+  Linux's rdma_cm, which destroys such an ID with "consumer defined"); user private
+  data version other than 1 → 28; path MTU not 256..4096 or above ``i_config.max_mtu``
+  → 26 (invalid MTU). A REQ whose Remote Comm ID (the host's Local Comm ID) and source
+  address match a connection in the table is a duplicate: it gets that connection's
+  REP again, byte for byte, and no QP. Otherwise one ``o_open`` request; refused →
+  REJ 3 (no resources, :attr:`OpenRefusal.NO_QP`) or 28
+  (:attr:`OpenRefusal.DENIED`); accepted → the connection enters the table, pending,
+  and the REP goes out.
+- REP: the TID of the REQ; Local Comm ID from a counter that starts at ``i_seed``
+  (sampled on the first cycle after reset; 0 skipped); Remote Comm ID the REQ's
+  Local Comm ID; Local QPN :data:`FIRST_QPN` + QP index; Starting PSN from a
+  free-running 24-bit LFSR (the PSN the endpoint would receive); responder
+  resources and initiator depth 0 (no RDMA READ); Target ACK Delay
+  :data:`TARGET_ACK_DELAY`; RNR retry 7; Local CA GUID the EUI-64 of ``i_config.mac``;
+  private data :data:`REP_PRIVATE` (version 1, the QPN). It goes to the REQ's IPv4
+  source and QP; the UDP flow is the low 14 bits of the host's comm ID.
+- The REP of a pending connection is sent again when ``2^max(T - 8, 0)`` ms ticks
+  (``i_config.ms_cycles`` cycles each, T the REQ's Local CM Response Timeout) have
+  passed without RTU, at most Max CM Retries times; after the last such wait the QP
+  goes to ``o_close`` and the connection leaves the table.
+- RTU (0x0014) and REJ (0x0012) are looked up by both comm IDs and the source address.
+  RTU establishes a pending connection (repeated: no change); REJ of a pending
+  connection (the host gave up) closes its QP at once. Unknown: dropped and counted.
+- Any other attribute is dropped and counted.
+
+The table has one entry per QP (``qps``), indexed by QP index: an entry lives until
+its QP is handed out again. Lookups and the timer sweep read one entry every three
+cycles from a memory with a registered read port; each ms tick starts a sweep of the
+whole table when the block is idle next. Nothing runs a compare across the table.
+
+``o_counters`` (:meth:`PassiveCm.counters_layout`) counts REPs sent first, repeated
+for a duplicate REQ and retransmitted; connections established and expired; REJs
+sent by reason; MADs dropped by reason (``attribute``, ``unknown``).
+"""
+
+
+
+from amaranth import *
+from amaranth.lib import data, enum, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..counters import counters_layout, event_counter
+from ..headers import (
+    CM_CLASS_VERSION,
+    CM_REJ,
+    CM_REP,
+    CM_REQ,
+    CM_RTU,
+    CMA_HEADER,
+    MAD_BASE_VERSION,
+    METHOD_SEND,
+    MGMT_CLASS_CM,
+    CmAttribute,
+    NetworkLayout,
+)
+from ..roce.requests import FIRST_QPN, QP_INDEX_BITS, QP_STATE, PathMtu, check_qp_count
+from .datagram import CM_PORT
+from .qp1 import QP1_RECEIVED, QP1_SEND
+
+__all__ = ["PassiveCm", "CM_OPEN", "CM_OPENED", "OpenRefusal", "PASSIVE_CM_CONFIG",
+           "REQ_PRIVATE", "REP_PRIVATE", "RejectReason", "RDMA_PS_TCP", "TARGET_ACK_DELAY"]
+
+#: rdma_cm's TCP port space: service ID = RDMA_PS_TCP << 16 | port.
+RDMA_PS_TCP = 0x0106
+#: The REP's Target ACK Delay: the host's QP timeout and TimeWait grow with it.
+TARGET_ACK_DELAY = 15
+#: The version of the private data after the cma_hdr (REQ) and of the REP's.
+PRIVATE_VERSION = 1
+
+
+class OpenRefusal(enum.Enum, shape=1):
+    """Why the QP table owner refused an ``o_open`` request."""
+    NO_QP = 0                   # no QP free: REJ 3
+    DENIED = 1                  # the host may not open a QP (access list): REJ 28
+
+
+class RejectReason(enum.IntEnum):
+    """The REJ reasons the passive side sends (IBTA table 109, Linux ib_cm.h)."""
+    NO_RESOURCES = 3
+    INVALID_SERVICE_ID = 8
+    INVALID_TRANSPORT = 9
+    INVALID_MTU = 26
+    CONSUMER_DEFINED = 28
+
+
+#: A REQ's 92 bytes of private data: rdma_cm's cma_hdr, then the endpoint's user part.
+REQ_PRIVATE = NetworkLayout({
+    "cma": CMA_HEADER,
+    "version": 8,
+    "reserved_1": 24,
+    "rkey": 32,
+    "base": 64,
+    "length": 64,
+    "rest": 8 * (92 - CMA_HEADER.length - 24),
+})
+
+#: A REP's 196 bytes of private data.
+REP_PRIVATE = NetworkLayout({
+    "version": 8,
+    "reserved_1": 24,
+    "qpn": 32,
+    "rest": 8 * (196 - 8),
+})
+
+#: An allocation request: what the QP table needs of a REQ.
+CM_OPEN = data.StructLayout({
+    "remote_ip": 32,
+    "remote_qpn": 24,
+    "next_psn": 24,             # the REQ's Starting PSN: the endpoint's first PSN
+    "path_mtu": PathMtu,
+    "timeout": QP_STATE.members["timeout"],
+    "retry_count": QP_STATE.members["retry_count"],
+    "rnr_retry": QP_STATE.members["rnr_retry"],
+    "rkey": 32,
+    "base": 64,
+    "length": 64,               # 0: unbounded, as OPEN_QP
+})
+
+#: The answer to an allocation request.
+CM_OPENED = data.StructLayout({
+    "accepted": 1,
+    "qp": QP_INDEX_BITS,        # accepted: the QP taken
+    "refusal": OpenRefusal,     # not accepted: why
+})
+
+#: What the passive CM is told at run time.
+PASSIVE_CM_CONFIG = data.StructLayout({
+    "mac": 48,                  # the endpoint's MAC: its CA GUID is the EUI-64 of it
+    "ip": 32,                   # the endpoint's IPv4 address: the cma_hdr's destination
+    "max_mtu": PathMtu,         # the largest path MTU a REQ may ask for
+    "ms_cycles": 24,            # cycles per millisecond tick of the REP timer (0: no ticks)
+})
+
+
+class _State(enum.Enum, shape=2):
+    FREE = 0
+    PENDING = 1                 # REP sent, waiting for RTU
+    ESTABLISHED = 2
+
+
+#: One connection in the table (entry i holds QP index i's).
+_ENTRY = data.StructLayout({
+    "state": _State,
+    "tid": 64,
+    "local_comm_id": 32,
+    "remote_comm_id": 32,
+    "peer_ip": 32,
+    "peer_qp": 24,
+    "psn": 24,                  # the REP's Starting PSN
+    "response_timeout": 5,      # the REQ's Local CM Response Timeout
+    "retries": 4,               # retransmissions left
+    "ticks": 24,                # ms ticks left before the next retransmission
+})
+
+#: A 24-bit maximal-length LFSR (taps 24, 23, 22, 17) for the REP's Starting PSN.
+_PSN_TAPS = (23, 22, 21, 16)
+
+def _interval(response_timeout):
+    """Ticks of 1 ms in 2^max(T - 8, 0) ms, as Linux's ``cm_convert_to_ms``."""
+    return Mux(response_timeout > 8, Const(1, 24) << (response_timeout - 8)[:5], 1)[:24]
+
+
+class PassiveCm(wiring.Component):
+    """The endpoint's side of connections hosts open with ``rdma_connect`` (see the
+    module's description for the protocol and the allocation port).
+
+    Latency: a REQ's REP or REJ is offered on ``o`` a fixed number of cycles after the
+    REQ is taken when nothing else is going on: checks 3 cycles, the duplicate
+    lookup 3 cycles per table entry, then the ``o_open`` handshake and its answer.
+    A retransmitted REP is offered within 3 × ``qps`` + 4 cycles after the ms tick that
+    ends its wait, when the block is idle.
+
+    Parameters
+    ----------
+    qps : int
+        QPs in the table owner's table (1..256): one connection entry each.
+    port : int
+        The rdma_cm port (RDMA_PS_TCP) the endpoint listens on.
+    """
+
+    @staticmethod
+    def counters_layout():
+        return counters_layout(
+            "rep_sent", "rep_repeated", "rep_retransmitted", "established", "expired",
+            "rejected_by_host", "rej_service", "rej_transport", "rej_address", "rej_version",
+            "rej_mtu", "rej_no_qp", "rej_denied", "attribute", "unknown")
+
+    def __init__(self, *, qps, port=CM_PORT):
+        self._qps = check_qp_count(qps)
+        if not isinstance(port, int) or not 0 <= port < 1 << 16:
+            raise ValueError(f"Port must be an integer 0..65535, not {port!r}")
+        self._port = port
+        super().__init__({
+            "i": In(stream.Signature(QP1_RECEIVED)),
+            "o": Out(stream.Signature(QP1_SEND)),
+            "o_open": Out(stream.Signature(CM_OPEN)),
+            "i_opened": In(stream.Signature(CM_OPENED)),
+            "o_close": Out(stream.Signature(QP_INDEX_BITS)),
+            "i_config": In(PASSIVE_CM_CONFIG),
+            "i_seed": In(32),
+            "o_counters": Out(self.counters_layout()),
+        })
+
+    @property
+    def qps(self):
+        return self._qps
+
+    @property
+    def port(self):
+        return self._port
+
+    @property
+    def service_id(self):
+        return RDMA_PS_TCP << 16 | self._port
+
+    def elaborate(self, platform):
+        m = Module()
+        config = self.i_config
+        last_qp = self._qps - 1
+
+        m.submodules.table = table = memory.Memory(shape=_ENTRY, depth=self._qps, init=[])
+        read = table.read_port()
+        write = table.write_port()
+
+        # Free-running: the ms tick, the PSN LFSR, the comm ID counter.
+        tick_count = Signal(24)
+        tick = Signal()
+        m.d.comb += tick.eq((tick_count == 0) & (config.ms_cycles != 0))
+        m.d.sync += tick_count.eq(Mux(tick_count == 0, config.ms_cycles - 1, tick_count - 1))
+        sweep_due = Signal()
+        with m.If(tick):
+            m.d.sync += sweep_due.eq(1)
+
+        psn = Signal(24, init=1)
+        m.d.sync += psn.eq(Cat(Cat(*(psn[tap] for tap in _PSN_TAPS)).xor(), psn[:-1]))
+
+        comm_id = Signal(32)
+        seeded = Signal()
+        next_comm_id = Signal(32)
+        m.d.comb += next_comm_id.eq(comm_id + 1)
+        with m.If(~seeded):
+            m.d.sync += [comm_id.eq(Mux(self.i_seed == 0, 1, self.i_seed)), seeded.eq(1)]
+
+        # The MAD being served.
+        rx = Signal(QP1_RECEIVED)
+        attribute = rx.mad.header.attribute_id
+        req = data.View(CM_REQ, rx.mad.data)
+        rtu = data.View(CM_RTU, rx.mad.data)       # RTU and REJ: comm IDs at the same place
+        private = data.View(REQ_PRIVATE, req.private_data)
+
+        # Checks of a REQ, registered.
+        bad_service = Signal()
+        bad_transport = Signal()
+        bad_address = Signal()
+        bad_version = Signal()
+        bad_mtu = Signal()
+        mtu = req.path_mtu
+        m.d.sync += [
+            bad_service.eq(req.service_id != self.service_id),
+            bad_transport.eq((req.transport_service_type != 0)
+                             | (req.extended_transport_type != 0)),
+            bad_address.eq((private.cma.cma_version != 0) | (private.cma.ip_version != 4)
+                           | (private.cma.dst_addr[:32] != config.ip)),
+            bad_version.eq(private.version != PRIVATE_VERSION),
+            bad_mtu.eq((mtu == 0) | (mtu > PathMtu.MTU_4096.value)
+                       | (mtu > config.max_mtu.as_value())),
+        ]
+
+        reason = Signal(16)
+        entry = Signal(_ENTRY)                      # the connection whose REP goes out
+        index = Signal(QP_INDEX_BITS)               # table entry read / written
+        hit = Signal()
+        is_req = Signal()                           # the lookup's key: REQ (host's comm ID)
+        sweeping = Signal()
+        send_rej = Signal()
+
+        # The REP of ``entry``, the REJ of the REQ in ``rx``.
+        rep = Signal(CM_REP)
+        rep_private = data.View(REP_PRIVATE, rep.private_data)
+        qpn = Signal(24)
+        m.d.comb += [
+            qpn.eq(FIRST_QPN + index),
+            rep.local_comm_id.eq(entry.local_comm_id),
+            rep.remote_comm_id.eq(entry.remote_comm_id),
+            rep.local_qpn.eq(qpn),
+            rep.starting_psn.eq(entry.psn),
+            rep.target_ack_delay.eq(TARGET_ACK_DELAY),
+            rep.rnr_retry_count.eq(7),
+            rep.local_ca_guid.eq(Cat(config.mac[:24], Const(0xFFFE, 16),
+                                     config.mac[24:] ^ 0x020000)),
+            rep_private.version.eq(PRIVATE_VERSION),
+            rep_private.qpn.eq(qpn),
+        ]
+        rej = Signal(CM_REJ)
+        m.d.comb += [
+            rej.remote_comm_id.eq(req.local_comm_id),
+            rej.message_rejected.eq(0),
+            rej.reason.eq(reason),
+        ]
+        header = self.o.payload.mad.header
+        m.d.comb += [
+            header.base_version.eq(MAD_BASE_VERSION),
+            header.mgmt_class.eq(MGMT_CLASS_CM),
+            header.class_version.eq(CM_CLASS_VERSION),
+            header.method.eq(METHOD_SEND),
+        ]
+        with m.If(send_rej):
+            m.d.comb += [
+                header.transaction_id.eq(rx.mad.header.transaction_id),
+                header.attribute_id.eq(CmAttribute.REJ),
+                self.o.payload.mad.data.eq(rej),
+                self.o.payload.dst_ip.eq(rx.src_ip),
+                self.o.payload.dest_qp.eq(rx.src_qp),
+                self.o.payload.flow.eq(req.local_comm_id[:14]),
+            ]
+        with m.Else():
+            m.d.comb += [
+                header.transaction_id.eq(entry.tid),
+                header.attribute_id.eq(CmAttribute.REP),
+                self.o.payload.mad.data.eq(rep),
+                self.o.payload.dst_ip.eq(entry.peer_ip),
+                self.o.payload.dest_qp.eq(entry.peer_qp),
+                self.o.payload.flow.eq(entry.remote_comm_id[:14]),
+            ]
+
+        m.d.comb += [
+            self.o_open.payload.remote_ip.eq(rx.src_ip),
+            self.o_open.payload.remote_qpn.eq(req.local_qpn),
+            self.o_open.payload.next_psn.eq(req.starting_psn),
+            self.o_open.payload.path_mtu.eq(mtu[:3]),
+            self.o_open.payload.timeout.eq(req.primary_local_ack_timeout),
+            self.o_open.payload.retry_count.eq(req.retry_count),
+            self.o_open.payload.rnr_retry.eq(req.rnr_retry_count),
+            self.o_open.payload.rkey.eq(private.rkey),
+            self.o_open.payload.base.eq(private.base),
+            self.o_open.payload.length.eq(private.length),
+            self.o_close.payload.eq(index),
+            read.addr.eq(index),
+            write.addr.eq(index),
+        ]
+
+        # Lookup compare, registered: the entry read against the MAD's comm IDs.
+        stored = read.data
+        match = Signal()
+        m.d.comb += match.eq((stored.state != _State.FREE)
+                             & (stored.remote_comm_id == rtu.local_comm_id)
+                             & (stored.peer_ip == rx.src_ip)
+                             & (is_req | (stored.local_comm_id == rtu.remote_comm_id)))
+        expired = Signal()
+        out_of_retries = Signal()
+
+        events = {name: Signal(name=f"event_{name}") for name in self.counters_layout().members}
+
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.i.ready.eq(seeded & ~sweep_due)
+                with m.If(sweep_due & seeded):
+                    m.d.sync += [sweep_due.eq(0), sweeping.eq(1), index.eq(0)]
+                    m.next = "SWEEP_READ"
+                with m.Elif(self.i.valid & seeded):
+                    m.d.sync += [rx.eq(self.i.payload), sweeping.eq(0), send_rej.eq(0)]
+                    m.next = "DISPATCH"
+
+            with m.State("DISPATCH"):               # the REQ checks register meanwhile
+                m.d.sync += [index.eq(0), is_req.eq(attribute == CmAttribute.REQ)]
+                with m.If(attribute == CmAttribute.REQ):
+                    m.next = "CHECK"
+                with m.Elif((attribute == CmAttribute.RTU) | (attribute == CmAttribute.REJ)):
+                    m.next = "LOOKUP_READ"
+                with m.Else():
+                    m.d.comb += events["attribute"].eq(1)
+                    m.next = "IDLE"
+
+            with m.State("CHECK"):
+                m.d.sync += send_rej.eq(bad_service | bad_transport | bad_address
+                                        | bad_version | bad_mtu)
+                with m.If(bad_service):
+                    m.d.sync += reason.eq(RejectReason.INVALID_SERVICE_ID)
+                    m.d.comb += events["rej_service"].eq(1)
+                with m.Elif(bad_transport):
+                    m.d.sync += reason.eq(RejectReason.INVALID_TRANSPORT)
+                    m.d.comb += events["rej_transport"].eq(1)
+                with m.Elif(bad_address):
+                    m.d.sync += reason.eq(RejectReason.CONSUMER_DEFINED)
+                    m.d.comb += events["rej_address"].eq(1)
+                with m.Elif(bad_version):
+                    m.d.sync += reason.eq(RejectReason.CONSUMER_DEFINED)
+                    m.d.comb += events["rej_version"].eq(1)
+                with m.Elif(bad_mtu):
+                    m.d.sync += reason.eq(RejectReason.INVALID_MTU)
+                    m.d.comb += events["rej_mtu"].eq(1)
+                with m.If(bad_service | bad_transport | bad_address | bad_version | bad_mtu):
+                    m.next = "SEND"
+                with m.Else():
+                    m.next = "LOOKUP_READ"
+
+            # One entry every three cycles: address, compare, act.
+            with m.State("LOOKUP_READ"):
+                m.next = "LOOKUP_COMPARE"
+            with m.State("LOOKUP_COMPARE"):
+                m.d.sync += [hit.eq(match), entry.eq(stored)]
+                m.next = "LOOKUP_ACT"
+            with m.State("LOOKUP_ACT"):
+                with m.If(hit):
+                    with m.If(is_req):
+                        m.d.comb += events["rep_repeated"].eq(1)
+                        m.next = "SEND"
+                    with m.Elif(attribute == CmAttribute.RTU):
+                        with m.If(entry.state == _State.PENDING):
+                            m.d.comb += [write.en.eq(1), events["established"].eq(1)]
+                            m.d.comb += write.data.eq(entry)
+                            m.d.comb += write.data.state.eq(_State.ESTABLISHED)
+                        m.next = "IDLE"
+                    with m.Else():                  # REJ
+                        with m.If(entry.state == _State.PENDING):
+                            m.d.comb += [write.en.eq(1), events["rejected_by_host"].eq(1)]
+                            m.d.comb += write.data.state.eq(_State.FREE)
+                            m.next = "CLOSE"
+                        with m.Else():
+                            m.d.comb += events["unknown"].eq(1)
+                            m.next = "IDLE"
+                with m.Elif(index == last_qp):
+                    with m.If(is_req):
+                        m.next = "OPEN"
+                    with m.Else():
+                        m.d.comb += events["unknown"].eq(1)
+                        m.next = "IDLE"
+                with m.Else():
+                    m.d.sync += index.eq(index + 1)
+                    m.next = "LOOKUP_READ"
+
+            with m.State("OPEN"):
+                m.d.comb += self.o_open.valid.eq(1)
+                with m.If(self.o_open.ready):
+                    m.next = "OPENED"
+
+            with m.State("OPENED"):
+                m.d.comb += self.i_opened.ready.eq(1)
+                with m.If(self.i_opened.valid):
+                    result = self.i_opened.payload
+                    with m.If(result.accepted):
+                        m.d.comb += events["rep_sent"].eq(1)
+                        m.d.sync += [
+                            index.eq(result.qp),
+                            entry.state.eq(_State.PENDING),
+                            entry.tid.eq(rx.mad.header.transaction_id),
+                            entry.local_comm_id.eq(comm_id),
+                            entry.remote_comm_id.eq(req.local_comm_id),
+                            entry.peer_ip.eq(rx.src_ip),
+                            entry.peer_qp.eq(rx.src_qp),
+                            entry.psn.eq(psn),
+                            entry.response_timeout.eq(req.local_cm_response_timeout),
+                            entry.retries.eq(req.max_cm_retries),
+                            entry.ticks.eq(_interval(req.local_cm_response_timeout)),
+                            comm_id.eq(Mux(next_comm_id == 0, 1, next_comm_id)),
+                        ]
+                        m.next = "STORE"
+                    with m.Else():
+                        m.d.sync += send_rej.eq(1)
+                        with m.If(result.refusal == OpenRefusal.NO_QP):
+                            m.d.sync += reason.eq(RejectReason.NO_RESOURCES)
+                            m.d.comb += events["rej_no_qp"].eq(1)
+                        with m.Else():
+                            m.d.sync += reason.eq(RejectReason.CONSUMER_DEFINED)
+                            m.d.comb += events["rej_denied"].eq(1)
+                        m.next = "SEND"
+
+            with m.State("STORE"):
+                m.d.comb += [write.en.eq(1), write.data.eq(entry)]
+                m.next = "SEND"
+
+            with m.State("SEND"):
+                m.d.comb += self.o.valid.eq(1)
+                with m.If(self.o.ready):
+                    m.next = "AFTER_SEND"
+
+            with m.State("AFTER_SEND"):
+                with m.If(sweeping):
+                    m.next = "SWEEP_NEXT"
+                with m.Else():
+                    m.next = "IDLE"
+
+            with m.State("CLOSE"):
+                m.d.comb += self.o_close.valid.eq(1)
+                with m.If(self.o_close.ready):
+                    m.next = "AFTER_SEND"
+
+            # The timer sweep: every pending entry counts one tick down.
+            with m.State("SWEEP_READ"):
+                m.next = "SWEEP_COMPARE"
+            with m.State("SWEEP_COMPARE"):
+                m.d.sync += [
+                    entry.eq(stored),
+                    hit.eq(stored.state == _State.PENDING),
+                    expired.eq(stored.ticks <= 1),
+                    out_of_retries.eq(stored.retries == 0),
+                ]
+                m.next = "SWEEP_ACT"
+            with m.State("SWEEP_ACT"):
+                m.d.comb += write.data.eq(entry)
+                with m.If(~hit):
+                    m.next = "SWEEP_NEXT"
+                with m.Elif(~expired):
+                    m.d.comb += [write.en.eq(1), write.data.ticks.eq(entry.ticks - 1)]
+                    m.next = "SWEEP_NEXT"
+                with m.Elif(out_of_retries):
+                    m.d.comb += [write.en.eq(1), write.data.state.eq(_State.FREE),
+                                 events["expired"].eq(1)]
+                    m.next = "CLOSE"
+                with m.Else():
+                    m.d.comb += [write.en.eq(1), write.data.retries.eq(entry.retries - 1),
+                                 write.data.ticks.eq(_interval(entry.response_timeout)),
+                                 events["rep_retransmitted"].eq(1)]
+                    m.next = "SEND"
+            with m.State("SWEEP_NEXT"):
+                with m.If(index == last_qp):
+                    m.d.sync += sweeping.eq(0)
+                    m.next = "IDLE"
+                with m.Else():
+                    m.d.sync += index.eq(index + 1)
+                    m.next = "SWEEP_READ"
+
+        for name, strobe in events.items():
+            m.d.comb += getattr(self.o_counters, name).eq(event_counter(m, strobe, name))
+        return m

@@ -1,0 +1,391 @@
+# amaranth: UnusedElaboratable=no
+"""The passive IB CM (gateware.cm.passive) against REQs, RTUs and REJs built with the
+IB CM model (sim.models.ib_cm, struct from the IBTA tables): REP field by field, RTU,
+REP retransmission timing and its exact bytes, duplicate REQs, every REJ reason,
+retries exhausted, bad input dropped and counted with the next good REQ served."""
+
+import ipaddress
+import random
+
+import pytest
+from amaranth.lib import data
+
+from gateware.cm.passive import OpenRefusal, PassiveCm
+from gateware.headers import MAD
+from gateware.roce.requests import FIRST_QPN, PathMtu
+from sim.models import ib_cm
+
+from .streams import put_item, run_testbenches, wait_for
+
+HOST, OTHER_HOST, ENDPOINT = "10.77.0.1", "10.77.0.9", "10.77.0.2"
+MAC = 0x02_12_34_56_78_9A
+GUID = 0x00_12_34_FF_FE_56_78_9A        # EUI-64 of MAC: U/L bit flipped, FFFE inserted
+PORT = 17185
+MS = 40                                 # cycles per ms tick
+QPS = 4
+SEED = 0x5EED_0001
+TID = 0x0123_4567_89AB_CDEF
+HOST_COMM_ID = 0x8765_4321
+
+
+def req_mad(*, tid=TID, comm_id=HOST_COMM_ID, kind="REQ", host=HOST, endpoint=ENDPOINT,
+            version=1, response_timeout=20, max_cm_retries=2, **fields):
+    """A REQ as rdma_connect sends it to the endpoint (a 4 s REP timer by default)."""
+    values = {
+        "local_comm_id": comm_id, "service_id": ib_cm.service_id(PORT),
+        "local_ca_guid": 0xA0B0_C0FF_FED0_E0F0, "local_qpn": 0x00_0123,
+        "responder_resources": 0, "initiator_depth": 0, "remote_cm_response_timeout": 20,
+        "starting_psn": 0xABCDE, "local_cm_response_timeout": response_timeout,
+        "retry_count": 6, "partition_key": 0xFFFF, "path_mtu": 3, "rnr_retry_count": 5,
+        "max_cm_retries": max_cm_retries, "primary_local_lid": 0xFFFF,
+        "primary_remote_lid": 0xFFFF,
+        "primary_local_gid": 0xFFFF_0000_0000 | int(ipaddress.IPv4Address(host)),
+        "primary_remote_gid": 0xFFFF_0000_0000 | int(ipaddress.IPv4Address(endpoint)),
+        "primary_hop_limit": 64, "primary_local_ack_timeout": 17,
+        "private_data": ib_cm.cma_header(src_ip=host, dst_ip=endpoint, port=0xD431)
+        + ib_cm.connect_private(rkey=0x1122_3344, base=0x7F00_1234_5000, length=1 << 20,
+                                version=version),
+    }
+    values.update(fields)
+    return ib_cm.mad(kind, ib_cm.cm_message(kind, **values), transaction_id=tid)
+
+
+def message_mad(kind, *, tid=TID, **fields):
+    return ib_cm.mad(kind, ib_cm.cm_message(kind, **fields), transaction_id=tid)
+
+
+def record(mad, host=HOST):
+    return {"src_ip": int(ipaddress.IPv4Address(host)), "src_port": 0xC123, "src_qp": 1,
+            "mad": data.Const(MAD, int.from_bytes(mad, "big"))}
+
+
+class Bench:
+    """The block with a QP table owner model that hands out ``free`` QPs in order
+    (refusing with ``refusal`` when none is left), and records of everything it sends,
+    by cycle."""
+
+    def __init__(self, *, free=(2, 0, 1, 3), refusal=OpenRefusal.NO_QP,
+                 max_mtu=PathMtu.MTU_4096):
+        self.dut = PassiveCm(qps=QPS, port=PORT)
+        self.free = list(free)
+        self.refusal = refusal
+        self.max_mtu = max_mtu
+        self.cycle = 0
+        self.sent = []          # (cycle, dst_ip, dest_qp, flow, MAD bytes)
+        self.opens = []
+        self.closes = []        # (cycle, qp)
+
+    async def clock(self, ctx):
+        async for _ in ctx.tick():
+            self.cycle += 1
+
+    async def sink(self, ctx):
+        """Takes MADs with ready low at random (30 % of cycles); records each by the
+        cycle it was first offered, and checks it is held until taken."""
+        rng, stream = random.Random(3), self.dut.o
+        offered = held = None
+        async for _, _, valid, ready, item in ctx.tick().sample(stream.valid, stream.ready,
+                                                                stream.payload):
+            if held is not None:
+                assert valid and item == held, "a MAD changed or went before it was taken"
+            if valid and offered is None:
+                offered = self.cycle
+            held = item if valid and not ready else None
+            if valid and ready:
+                self.sent.append((offered, str(ipaddress.IPv4Address(item.dst_ip)),
+                                  int(item.dest_qp), int(item.flow),
+                                  item.mad.as_bits().to_bytes(ib_cm.MAD_BYTES, "big")))
+                offered = None
+            ctx.set(stream.ready, rng.random() >= 0.3)
+
+    async def owner(self, ctx):
+        """Takes each allocation request and answers it 3 cycles later."""
+        request, answer = self.dut.o_open, self.dut.i_opened
+        ctx.set(request.ready, 1)
+        wait = None
+        async for _, _, valid, item, answered in ctx.tick().sample(
+                request.valid, request.payload, answer.ready):
+            if answered and ctx.get(answer.valid):
+                ctx.set(answer.valid, 0)
+            if valid:
+                self.opens.append(item)
+                wait = 3
+            elif wait is not None:
+                wait -= 1
+                if wait == 0:
+                    wait = None
+                    ctx.set(answer.valid, 1)
+                    if self.free:
+                        ctx.set(answer.payload, {"accepted": 1, "qp": self.free.pop(0)})
+                    else:
+                        ctx.set(answer.payload, {"accepted": 0, "refusal": self.refusal})
+
+    async def closer(self, ctx):
+        stream = self.dut.o_close
+        ctx.set(stream.ready, 1)
+        async for _, _, valid, qp in ctx.tick().sample(stream.valid, stream.payload):
+            if valid:
+                self.closes.append((self.cycle, int(qp)))
+
+    def run(self, main):
+        async def testbench(ctx):
+            ctx.set(self.dut.i_seed, SEED)
+            ctx.set(self.dut.i_config, {"mac": MAC, "ip": int(ipaddress.IPv4Address(ENDPOINT)),
+                                        "max_mtu": self.max_mtu, "ms_cycles": MS})
+            await main(ctx)
+            for _ in range(20):
+                await ctx.tick()
+            assert not ctx.get(self.dut.o.valid), "a MAD left unread"
+        run_testbenches(self.dut, testbench, self.clock, self.sink, self.owner, self.closer)
+
+    async def put(self, ctx, mad, host=HOST):
+        await put_item(ctx, self.dut.i, record(mad, host))
+
+    async def reply(self, ctx, count=1, cycles=200):
+        """Wait for ``count`` more MADs sent; return the last one, parsed."""
+        target = len(self.sent) + count
+        await wait_for(ctx, lambda: len(self.sent) >= target, cycles)
+        return self.sent[-1]
+
+    def counters(self, ctx):
+        counters = ctx.get(self.dut.o_counters)
+        return {name: int(getattr(counters, name))
+                for name in PassiveCm.counters_layout().members}
+
+
+def parse(sent, kind):
+    _, dst_ip, dest_qp, flow, mad = sent
+    header, message = ib_cm.parse_mad(mad)
+    assert (header.base_version, header.mgmt_class, header.class_version, header.method,
+            header.status, header.class_specific, header.reserved,
+            header.attribute_modifier) == (1, 0x07, 2, 0x03, 0, 0, 0, 0)
+    assert header.attribute_id == ib_cm.ATTRIBUTE_IDS[kind]
+    return header, ib_cm.parse_cm_message(kind, message)
+
+
+def check_rep(sent, *, qp, tid=TID, comm_id=HOST_COMM_ID, host=HOST):
+    header, rep = parse(sent, "REP")
+    assert header.transaction_id == tid
+    assert sent[1] == host and sent[2] == 1
+    assert rep["remote_comm_id"] == comm_id
+    assert rep["local_comm_id"] != 0
+    assert rep["local_qpn"] == FIRST_QPN + qp
+    assert 0 < rep["starting_psn"] < 1 << 24
+    assert rep["target_ack_delay"] <= 15
+    assert rep["rnr_retry_count"] == 7
+    assert rep["local_ca_guid"] == GUID
+    assert (rep["local_qkey"], rep["local_eecn"], rep["responder_resources"],
+            rep["initiator_depth"], rep["failover_accepted"], rep["end_to_end_flow_control"],
+            rep["srq"], rep["vendor_id_high"], rep["vendor_id_mid"],
+            rep["vendor_id_low"]) == (0,) * 10
+    assert ib_cm.parse_accept_private(rep["private_data"]) == (1, FIRST_QPN + qp)
+    assert rep["private_data"][8:] == bytes(196 - 8)
+    return rep
+
+
+def check_rej(sent, reason, *, tid=TID, comm_id=HOST_COMM_ID):
+    header, rej = parse(sent, "REJ")
+    assert header.transaction_id == tid
+    assert sent[1] == HOST and sent[2] == 1
+    assert (rej["local_comm_id"], rej["remote_comm_id"], rej["message_rejected"],
+            rej["reject_info_length"], rej["reason"]) == (0, comm_id, 0, 0, reason)
+    return rej
+
+
+def rtu(rep, comm_id=HOST_COMM_ID):
+    return message_mad("RTU", local_comm_id=comm_id, remote_comm_id=rep["local_comm_id"])
+
+
+def test_req_rep_rtu():
+    bench = Bench()
+
+    async def main(ctx):
+        await bench.put(ctx, req_mad())
+        rep = check_rep(await bench.reply(ctx), qp=2)
+        assert len(bench.opens) == 1
+        opened = bench.opens[0]
+        assert ipaddress.IPv4Address(int(opened.remote_ip)) == ipaddress.IPv4Address(HOST)
+        assert (opened.remote_qpn, opened.next_psn, opened.path_mtu, opened.timeout,
+                opened.retry_count, opened.rnr_retry, opened.rkey, opened.base,
+                opened.length) == (0x123, 0xABCDE, PathMtu.MTU_1024, 17, 6, 5, 0x1122_3344,
+                                   0x7F00_1234_5000, 1 << 20)
+        await bench.put(ctx, rtu(rep))
+        for _ in range(5 * MS * 3):         # longer than every retransmission would take
+            await ctx.tick()
+        assert len(bench.sent) == 1 and bench.closes == []
+        counters = bench.counters(ctx)
+        assert counters["rep_sent"] == 1 and counters["established"] == 1
+        assert counters["rep_retransmitted"] == 0 and counters["expired"] == 0
+        # a second host: its own QP and comm ID
+        await bench.put(ctx, req_mad(comm_id=0x1111, tid=7), host=OTHER_HOST)
+        other = check_rep(await bench.reply(ctx), qp=0, comm_id=0x1111, tid=7, host=OTHER_HOST)
+        assert other["local_comm_id"] != rep["local_comm_id"]
+    bench.run(main)
+
+
+def test_lost_rtu_retransmits_then_closes():
+    bench = Bench()
+    interval = 2 * MS                       # Local CM Response Timeout 9: 2 ms
+
+    async def main(ctx):
+        await bench.put(ctx, req_mad(response_timeout=9, max_cm_retries=2))
+        await bench.reply(ctx)
+        await bench.reply(ctx, 2, cycles=3 * interval)
+        await wait_for(ctx, lambda: bench.closes, 2 * interval)
+        for _ in range(3 * interval):
+            await ctx.tick()
+    bench.run(main)
+
+    assert len(bench.sent) == 3
+    (first, *_), (second, *_), (third, *_) = bench.sent
+    # the 2nd ms tick after the REP ends the wait; the sweep reaches entry 2 in 3*2+3 cycles
+    assert interval - MS < second - first <= interval + 3 * QPS + 4
+    assert third - second == interval
+    assert bench.closes == [(third + interval, 2)]
+    assert len({sent[1:] for sent in bench.sent}) == 1, "a retransmitted REP differs"
+    check_rep(bench.sent[0], qp=2)
+
+
+def test_retry_counters_and_rtu_after_expiry():
+    bench = Bench()
+
+    async def main(ctx):
+        await bench.put(ctx, req_mad(max_cm_retries=0, response_timeout=8))
+        rep = check_rep(await bench.reply(ctx), qp=2)
+        await wait_for(ctx, lambda: bench.closes, 3 * MS)
+        await bench.put(ctx, rtu(rep))
+        for _ in range(20):
+            await ctx.tick()
+        counters = bench.counters(ctx)
+        assert (counters["expired"], counters["rep_retransmitted"], counters["unknown"],
+                counters["established"]) == (1, 0, 1, 0)
+    bench.run(main)
+    assert len(bench.sent) == 1 and [qp for _, qp in bench.closes] == [2]
+
+
+def test_duplicate_req_same_rep_one_qp():
+    bench = Bench()
+
+    async def main(ctx):
+        await bench.put(ctx, req_mad())
+        await bench.reply(ctx)
+        await bench.put(ctx, req_mad())
+        await bench.reply(ctx)
+        rep = check_rep(bench.sent[0], qp=2)
+        await bench.put(ctx, rtu(rep))
+        await bench.put(ctx, req_mad())
+        await bench.reply(ctx)
+        await bench.put(ctx, rtu(rep))      # repeated RTU: no change
+        for _ in range(20):
+            await ctx.tick()
+        counters = bench.counters(ctx)
+        assert (counters["rep_sent"], counters["rep_repeated"], counters["established"],
+                counters["unknown"]) == (1, 2, 1, 0)
+    bench.run(main)
+    assert len(bench.opens) == 1
+    assert len({sent[1:] for sent in bench.sent}) == 1 and len(bench.sent) == 3
+
+
+@pytest.mark.parametrize("case, reason, counter", [
+    ({"service_id": ib_cm.service_id(PORT + 1)}, 8, "rej_service"),
+    ({"service_id": ib_cm.service_id(PORT, ps=0x0111)}, 8, "rej_service"),
+    ({"transport_service_type": 1}, 9, "rej_transport"),
+    ({"version": 2}, 28, "rej_version"),
+    ({"endpoint": "10.77.0.3"}, 28, "rej_address"),
+    ({"path_mtu": 4}, 26, "rej_mtu"),
+    ({"path_mtu": 0}, 26, "rej_mtu"),
+    ({"path_mtu": 6}, 26, "rej_mtu"),
+])
+def test_rejects_then_serves(case, reason, counter):
+    bench = Bench(max_mtu=PathMtu.MTU_1024)
+
+    async def main(ctx):
+        await bench.put(ctx, req_mad(tid=0x42, comm_id=0x77, **case))
+        check_rej(await bench.reply(ctx), reason, tid=0x42, comm_id=0x77)
+        assert bench.opens == []
+        assert bench.counters(ctx)[counter] == 1
+        await bench.put(ctx, req_mad())
+        check_rep(await bench.reply(ctx), qp=2)
+    bench.run(main)
+
+
+@pytest.mark.parametrize("refusal, reason, counter", [
+    (OpenRefusal.NO_QP, 3, "rej_no_qp"),
+    (OpenRefusal.DENIED, 28, "rej_denied"),
+])
+def test_no_qp_rejects(refusal, reason, counter):
+    bench = Bench(free=(), refusal=refusal)
+
+    async def main(ctx):
+        await bench.put(ctx, req_mad())
+        check_rej(await bench.reply(ctx), reason)
+        for _ in range(4 * MS):
+            await ctx.tick()
+        assert bench.counters(ctx)[counter] == 1
+    bench.run(main)
+    assert len(bench.opens) == 1 and len(bench.sent) == 1 and bench.closes == []
+
+
+def test_bad_input_dropped_then_serves():
+    bench = Bench()
+
+    async def main(ctx):
+        await bench.put(ctx, message_mad("MRA", local_comm_id=HOST_COMM_ID))
+        await bench.put(ctx, message_mad("DREQ", local_comm_id=HOST_COMM_ID))
+        await bench.put(ctx, message_mad("RTU", local_comm_id=HOST_COMM_ID,
+                                         remote_comm_id=SEED))
+        await bench.put(ctx, req_mad())
+        rep = check_rep(await bench.reply(ctx), qp=2)
+        # comm IDs right, wrong source; swapped IDs; the host's REJ answered by nothing
+        await bench.put(ctx, rtu(rep), host=OTHER_HOST)
+        await bench.put(ctx, message_mad("RTU", local_comm_id=rep["local_comm_id"],
+                                         remote_comm_id=HOST_COMM_ID))
+        for _ in range(30):
+            await ctx.tick()
+        counters = bench.counters(ctx)
+        assert (counters["attribute"], counters["unknown"], counters["established"]) == (2, 3, 0)
+        await bench.put(ctx, rtu(rep))
+        for _ in range(30):
+            await ctx.tick()
+        assert bench.counters(ctx)["established"] == 1
+    bench.run(main)
+    assert len(bench.opens) == 1 and len(bench.sent) == 1
+
+
+def test_host_rej_closes_pending():
+    bench = Bench()
+
+    async def main(ctx):
+        await bench.put(ctx, req_mad())
+        rep = check_rep(await bench.reply(ctx), qp=2)
+        await bench.put(ctx, message_mad("REJ", local_comm_id=HOST_COMM_ID,
+                                         remote_comm_id=rep["local_comm_id"],
+                                         message_rejected=1, reason=28))
+        await wait_for(ctx, lambda: bench.closes, 30)
+        assert bench.counters(ctx)["rejected_by_host"] == 1
+        # the same comm ID again is a new connection: a new QP
+        await bench.put(ctx, req_mad(tid=9))
+        again = check_rep(await bench.reply(ctx), qp=0, tid=9)
+        assert again["local_comm_id"] != rep["local_comm_id"]
+    bench.run(main)
+    assert [qp for _, qp in bench.closes] == [2] and len(bench.opens) == 2
+
+
+def test_comm_ids_from_the_seed():
+    bench = Bench()
+
+    async def main(ctx):
+        for number in range(3):
+            await bench.put(ctx, req_mad(comm_id=number + 1, tid=number))
+            await bench.reply(ctx)
+    bench.run(main)
+    ids = [parse(sent, "REP")[1]["local_comm_id"] for sent in bench.sent]
+    assert ids == [SEED, SEED + 1, SEED + 2]
+
+
+def test_parameters():
+    with pytest.raises(ValueError, match="QP count"):
+        PassiveCm(qps=0)
+    with pytest.raises(ValueError, match="Port"):
+        PassiveCm(qps=4, port=1 << 16)
+    assert PassiveCm(qps=4, port=4791).service_id == 0x0106_12B7
