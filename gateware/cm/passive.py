@@ -21,6 +21,11 @@ and asks the QP table's owner for a QP through its allocation port:
 ``o_close`` (QP index)
     The QP of a connection the host never completed (no RTU after the REP's retries):
     the table owner frees it as for CLOSE_QP. No answer.
+``i_closed`` (QP index, always ready)
+    Every QP the table owner frees on its own (CLOSE_QP, close-all, lease; those of
+    ``o_close`` may come back here too): its connection leaves the table, so no REP,
+    duplicate answer or ``o_close`` ever names a QP that may since belong to someone
+    else. The QP's next ``i_opened`` makes its entry live again.
 
 Each MAD is served whole before the next is taken (``i.ready`` is high only while
 idle); the receiver before it holds one more.
@@ -40,7 +45,7 @@ idle); the receiver before it holds one more.
   and the REP goes out.
 - REP: the TID of the REQ; Local Comm ID from a counter that starts at ``i_seed``
   (sampled on the first cycle after reset; 0 skipped); Remote Comm ID the REQ's
-  Local Comm ID; Local QPN :data:`FIRST_QPN` + QP index; Starting PSN from a
+  Local Comm ID; Local QPN :data:`~gateware.roce.requests.FIRST_QPN` + QP index; Starting PSN from a
   free-running 24-bit LFSR (the PSN the endpoint would receive); responder
   resources and initiator depth 0 (no RDMA READ); Target ACK Delay
   :data:`TARGET_ACK_DELAY`; RNR retry 7; Local CA GUID the EUI-64 of ``i_config.mac``;
@@ -228,6 +233,7 @@ class PassiveCm(wiring.Component):
             "o_open": Out(stream.Signature(CM_OPEN)),
             "i_opened": In(stream.Signature(CM_OPENED)),
             "o_close": Out(stream.Signature(QP_INDEX_BITS)),
+            "i_closed": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "i_config": In(PASSIVE_CM_CONFIG),
             "i_seed": In(32),
             "o_counters": Out(self.counters_layout()),
@@ -275,7 +281,6 @@ class PassiveCm(wiring.Component):
 
         # The MAD being served.
         rx = Signal(QP1_RECEIVED)
-        attribute = rx.mad.header.attribute_id
         req = data.View(CM_REQ, rx.mad.data)
         rtu = data.View(CM_RTU, rx.mad.data)       # RTU and REJ: comm IDs at the same place
         private = data.View(REQ_PRIVATE, req.private_data)
@@ -302,7 +307,9 @@ class PassiveCm(wiring.Component):
         entry = Signal(_ENTRY)                      # the connection whose REP goes out
         index = Signal(QP_INDEX_BITS)               # table entry read / written
         hit = Signal()
-        is_req = Signal()                           # the lookup's key: REQ (host's comm ID)
+        is_req = Signal()                           # the attribute, decoded as it is taken
+        is_rtu = Signal()
+        is_rej = Signal()
         sweeping = Signal()
         send_rej = Signal()
 
@@ -378,6 +385,13 @@ class PassiveCm(wiring.Component):
                              & (stored.remote_comm_id == rtu.local_comm_id)
                              & (stored.peer_ip == rx.src_ip)
                              & (is_req | (stored.local_comm_id == rtu.remote_comm_id)))
+        # QPs freed by the table owner: their entries are dead until handed out again.
+        stale = Signal(self._qps)
+        stale_entry = Signal()
+        m.d.comb += stale_entry.eq(stale.bit_select(index, 1))
+        with m.If(self.i_closed.valid):
+            m.d.sync += stale.bit_select(self.i_closed.payload, 1).eq(1)
+
         expired = Signal()
         out_of_retries = Signal()
 
@@ -390,14 +404,18 @@ class PassiveCm(wiring.Component):
                     m.d.sync += [sweep_due.eq(0), sweeping.eq(1), index.eq(0)]
                     m.next = "SWEEP_READ"
                 with m.Elif(self.i.valid & seeded):
-                    m.d.sync += [rx.eq(self.i.payload), sweeping.eq(0), send_rej.eq(0)]
+                    taken = self.i.payload.mad.header.attribute_id
+                    m.d.sync += [rx.eq(self.i.payload), sweeping.eq(0), send_rej.eq(0),
+                                 is_req.eq(taken == CmAttribute.REQ),
+                                 is_rtu.eq(taken == CmAttribute.RTU),
+                                 is_rej.eq(taken == CmAttribute.REJ)]
                     m.next = "DISPATCH"
 
             with m.State("DISPATCH"):               # the REQ checks register meanwhile
-                m.d.sync += [index.eq(0), is_req.eq(attribute == CmAttribute.REQ)]
-                with m.If(attribute == CmAttribute.REQ):
+                m.d.sync += index.eq(0)
+                with m.If(is_req):
                     m.next = "CHECK"
-                with m.Elif((attribute == CmAttribute.RTU) | (attribute == CmAttribute.REJ)):
+                with m.Elif(is_rtu | is_rej):
                     m.next = "LOOKUP_READ"
                 with m.Else():
                     m.d.comb += events["attribute"].eq(1)
@@ -430,14 +448,14 @@ class PassiveCm(wiring.Component):
             with m.State("LOOKUP_READ"):
                 m.next = "LOOKUP_COMPARE"
             with m.State("LOOKUP_COMPARE"):
-                m.d.sync += [hit.eq(match), entry.eq(stored)]
+                m.d.sync += [hit.eq(match & ~stale_entry), entry.eq(stored)]
                 m.next = "LOOKUP_ACT"
             with m.State("LOOKUP_ACT"):
                 with m.If(hit):
                     with m.If(is_req):
                         m.d.comb += events["rep_repeated"].eq(1)
                         m.next = "SEND"
-                    with m.Elif(attribute == CmAttribute.RTU):
+                    with m.Elif(is_rtu):
                         with m.If(entry.state == _State.PENDING):
                             m.d.comb += [write.en.eq(1), events["established"].eq(1)]
                             m.d.comb += write.data.eq(entry)
@@ -499,6 +517,8 @@ class PassiveCm(wiring.Component):
 
             with m.State("STORE"):
                 m.d.comb += [write.en.eq(1), write.data.eq(entry)]
+                with m.If(~self.i_closed.valid | (self.i_closed.payload != index)):
+                    m.d.sync += stale.bit_select(index, 1).eq(0)
                 m.next = "SEND"
 
             with m.State("SEND"):
@@ -523,7 +543,7 @@ class PassiveCm(wiring.Component):
             with m.State("SWEEP_COMPARE"):
                 m.d.sync += [
                     entry.eq(stored),
-                    hit.eq(stored.state == _State.PENDING),
+                    hit.eq((stored.state == _State.PENDING) & ~stale_entry),
                     expired.eq(stored.ticks <= 1),
                     out_of_retries.eq(stored.retries == 0),
                 ]

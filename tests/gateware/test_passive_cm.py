@@ -371,6 +371,43 @@ def test_host_rej_closes_pending():
     assert [qp for _, qp in bench.closes] == [2] and len(bench.opens) == 2
 
 
+def test_qp_freed_by_the_owner_leaves_the_table():
+    bench = Bench(free=(2, 2, 1))
+    interval = 2 * MS
+
+    async def main(ctx):
+        await bench.put(ctx, req_mad(response_timeout=9, max_cm_retries=1))
+        rep = check_rep(await bench.reply(ctx), qp=2)
+        await put_item(ctx, bench.dut.i_closed, 2)      # e.g. the lease ran out
+        for _ in range(4 * interval):
+            await ctx.tick()
+        assert len(bench.sent) == 1 and bench.closes == []
+        await bench.put(ctx, rtu(rep))
+        for _ in range(20):
+            await ctx.tick()
+        assert bench.counters(ctx)["unknown"] == 1
+        # the same REQ again is a new connection; the owner hands out QP 2 again
+        await bench.put(ctx, req_mad(tid=5))
+        again = check_rep(await bench.reply(ctx), qp=2, tid=5)
+        await bench.put(ctx, req_mad(tid=5))
+        assert (await bench.reply(ctx))[1:] == bench.sent[-2][1:]
+        # another connection; the owner frees QP 2: the other one stays
+        await bench.put(ctx, req_mad(comm_id=0x99, tid=6))
+        newer = check_rep(await bench.reply(ctx), qp=1, comm_id=0x99, tid=6)
+        await put_item(ctx, bench.dut.i_closed, 2)
+        await bench.put(ctx, req_mad(comm_id=0x99, tid=6))
+        assert (await bench.reply(ctx))[1:] == bench.sent[-2][1:]
+        await bench.put(ctx, rtu(again))
+        await bench.put(ctx, rtu(newer, comm_id=0x99))
+        for _ in range(20):
+            await ctx.tick()
+        counters = bench.counters(ctx)
+        assert (counters["established"], counters["unknown"], counters["rep_repeated"]) == \
+            (1, 2, 2)
+    bench.run(main)
+    assert len(bench.opens) == 3
+
+
 def test_comm_ids_from_the_seed():
     bench = Bench()
 
