@@ -201,11 +201,12 @@ class PassiveCm(wiring.Component):
     """The endpoint's side of connections hosts open with ``rdma_connect`` (see the
     module's description for the protocol and the allocation port).
 
-    Latency: a REQ's REP or REJ is offered on ``o`` a fixed number of cycles after the
-    REQ is taken when nothing else is going on: checks 3 cycles, the duplicate
-    lookup 3 cycles per table entry, then the ``o_open`` handshake and its answer.
-    A retransmitted REP is offered within 3 × ``qps`` + 4 cycles after the ms tick that
-    ends its wait, when the block is idle.
+    Latency (cycles from the clock edge that takes the MAD or answer to the one after
+    which the result is offered): a REQ's REJ 3; a duplicate REQ's REP 3 + 3 × (i + 1),
+    found in entry i; ``o_open`` for a new REQ after the whole table, 3 + 3 × ``qps``;
+    a new REP 2 after ``i_opened``. A retransmitted REP (or an ``o_close``) of entry i
+    is offered 3 × i + 5 cycles after the ms tick that ends its wait when the block is
+    idle then (ticks every ``ms_cycles`` cycles from reset).
 
     Parameters
     ----------
@@ -378,19 +379,19 @@ class PassiveCm(wiring.Component):
             write.addr.eq(index),
         ]
 
-        # Lookup compare, registered: the entry read against the MAD's comm IDs.
+        # Lookup compare: the entry read against the MAD's comm IDs and source, each
+        # field's equality registered, then their AND.
         stored = read.data
-        match = Signal()
-        m.d.comb += match.eq((stored.state != _State.FREE)
-                             & (stored.remote_comm_id == rtu.local_comm_id)
-                             & (stored.peer_ip == rx.src_ip)
-                             & (is_req | (stored.local_comm_id == rtu.remote_comm_id)))
+        same = Signal(4)
+        m.d.comb += hit.eq(same.all())
         # QPs freed by the table owner: their entries are dead until handed out again.
+        # (i_closed registered first: its decoder does not follow the port's driver.)
         stale = Signal(self._qps)
         stale_entry = Signal()
-        m.d.comb += stale_entry.eq(stale.bit_select(index, 1))
-        with m.If(self.i_closed.valid):
-            m.d.sync += stale.bit_select(self.i_closed.payload, 1).eq(1)
+        closed = Signal(QP_INDEX_BITS)
+        closed_valid = Signal()
+        m.d.sync += stale_entry.eq(stale.bit_select(index, 1))     # with the entry's read
+        m.d.sync += [closed.eq(self.i_closed.payload), closed_valid.eq(self.i_closed.valid)]
 
         expired = Signal()
         out_of_retries = Signal()
@@ -448,7 +449,13 @@ class PassiveCm(wiring.Component):
             with m.State("LOOKUP_READ"):
                 m.next = "LOOKUP_COMPARE"
             with m.State("LOOKUP_COMPARE"):
-                m.d.sync += [hit.eq(match & ~stale_entry), entry.eq(stored)]
+                m.d.sync += [
+                    same.eq(Cat((stored.state != _State.FREE) & ~stale_entry,
+                                stored.remote_comm_id == rtu.local_comm_id,
+                                stored.peer_ip == rx.src_ip,
+                                is_req | (stored.local_comm_id == rtu.remote_comm_id))),
+                    entry.eq(stored),
+                ]
                 m.next = "LOOKUP_ACT"
             with m.State("LOOKUP_ACT"):
                 with m.If(hit):
@@ -517,8 +524,7 @@ class PassiveCm(wiring.Component):
 
             with m.State("STORE"):
                 m.d.comb += [write.en.eq(1), write.data.eq(entry)]
-                with m.If(~self.i_closed.valid | (self.i_closed.payload != index)):
-                    m.d.sync += stale.bit_select(index, 1).eq(0)
+                m.d.sync += stale.bit_select(index, 1).eq(0)
                 m.next = "SEND"
 
             with m.State("SEND"):
@@ -543,18 +549,26 @@ class PassiveCm(wiring.Component):
             with m.State("SWEEP_COMPARE"):
                 m.d.sync += [
                     entry.eq(stored),
-                    hit.eq((stored.state == _State.PENDING) & ~stale_entry),
+                    same.eq(Cat((stored.state == _State.PENDING) & ~stale_entry, 1, 1, 1)),
                     expired.eq(stored.ticks <= 1),
                     out_of_retries.eq(stored.retries == 0),
                 ]
                 m.next = "SWEEP_ACT"
+            def sweep_next():
+                with m.If(index == last_qp):
+                    m.d.sync += sweeping.eq(0)
+                    m.next = "IDLE"
+                with m.Else():
+                    m.d.sync += index.eq(index + 1)
+                    m.next = "SWEEP_READ"
+
             with m.State("SWEEP_ACT"):
                 m.d.comb += write.data.eq(entry)
                 with m.If(~hit):
-                    m.next = "SWEEP_NEXT"
+                    sweep_next()
                 with m.Elif(~expired):
                     m.d.comb += [write.en.eq(1), write.data.ticks.eq(entry.ticks - 1)]
-                    m.next = "SWEEP_NEXT"
+                    sweep_next()
                 with m.Elif(out_of_retries):
                     m.d.comb += [write.en.eq(1), write.data.state.eq(_State.FREE),
                                  events["expired"].eq(1)]
@@ -564,13 +578,11 @@ class PassiveCm(wiring.Component):
                                  write.data.ticks.eq(_interval(entry.response_timeout)),
                                  events["rep_retransmitted"].eq(1)]
                     m.next = "SEND"
-            with m.State("SWEEP_NEXT"):
-                with m.If(index == last_qp):
-                    m.d.sync += sweeping.eq(0)
-                    m.next = "IDLE"
-                with m.Else():
-                    m.d.sync += index.eq(index + 1)
-                    m.next = "SWEEP_READ"
+            with m.State("SWEEP_NEXT"):         # after a REP or a close
+                sweep_next()
+
+        with m.If(closed_valid):                   # after the FSM: a QP freed wins
+            m.d.sync += stale.bit_select(closed, 1).eq(1)
 
         for name, strobe in events.items():
             m.d.comb += getattr(self.o_counters, name).eq(event_counter(m, strobe, name))

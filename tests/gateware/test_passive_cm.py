@@ -74,18 +74,24 @@ class Bench:
         self.sent = []          # (cycle, dst_ip, dest_qp, flow, MAD bytes)
         self.opens = []
         self.closes = []        # (cycle, qp)
+        self.taken = []         # cycles a MAD was taken
+        self.answered = []      # cycles an allocation answer was taken
+        self.open_cycles = []   # cycles an allocation request was taken
 
-    async def clock(self, ctx):
-        async for _ in ctx.tick():
-            self.cycle += 1
-
-    async def sink(self, ctx):
-        """Takes MADs with ready low at random (30 % of cycles); records each by the
-        cycle it was first offered, and checks it is held until taken."""
-        rng, stream = random.Random(3), self.dut.o
+    async def monitor(self, ctx):
+        """Counts cycles; takes MADs with ready low at random (30 % of cycles) and records
+        each by the cycle it was first offered, checking it is held until taken; records
+        when a MAD and an allocation answer are taken and each close."""
+        rng, dut = random.Random(3), self.dut
+        ctx.set(dut.o_close.ready, 1)
         offered = held = None
-        async for _, _, valid, ready, item in ctx.tick().sample(stream.valid, stream.ready,
-                                                                stream.payload):
+        async for _, _, *seen in ctx.tick().sample(
+                dut.o.valid, dut.o.ready, dut.o.payload, dut.i.valid, dut.i.ready,
+                dut.i_opened.valid, dut.i_opened.ready, dut.o_close.valid, dut.o_close.payload,
+                dut.o_open.valid):
+            valid, ready, item, *handshakes, close, qp, opening = seen
+            if opening:                 # the owner is always ready
+                self.open_cycles.append(self.cycle)
             if held is not None:
                 assert valid and item == held, "a MAD changed or went before it was taken"
             if valid and offered is None:
@@ -96,7 +102,14 @@ class Bench:
                                   int(item.dest_qp), int(item.flow),
                                   item.mad.as_bits().to_bytes(ib_cm.MAD_BYTES, "big")))
                 offered = None
-            ctx.set(stream.ready, rng.random() >= 0.3)
+            if handshakes[0] and handshakes[1]:
+                self.taken.append(self.cycle)
+            if handshakes[2] and handshakes[3]:
+                self.answered.append(self.cycle)
+            if close:
+                self.closes.append((self.cycle, int(qp)))
+            ctx.set(dut.o.ready, rng.random() >= 0.3)
+            self.cycle += 1
 
     async def owner(self, ctx):
         """Takes each allocation request and answers it 3 cycles later."""
@@ -120,13 +133,6 @@ class Bench:
                     else:
                         ctx.set(answer.payload, {"accepted": 0, "refusal": self.refusal})
 
-    async def closer(self, ctx):
-        stream = self.dut.o_close
-        ctx.set(stream.ready, 1)
-        async for _, _, valid, qp in ctx.tick().sample(stream.valid, stream.payload):
-            if valid:
-                self.closes.append((self.cycle, int(qp)))
-
     def run(self, main):
         async def testbench(ctx):
             ctx.set(self.dut.i_seed, SEED)
@@ -136,7 +142,7 @@ class Bench:
             for _ in range(20):
                 await ctx.tick()
             assert not ctx.get(self.dut.o.valid), "a MAD left unread"
-        run_testbenches(self.dut, testbench, self.clock, self.sink, self.owner, self.closer)
+        run_testbenches(self.dut, testbench, self.monitor, self.owner)
 
     async def put(self, ctx, mad, host=HOST):
         await put_item(ctx, self.dut.i, record(mad, host))
@@ -238,8 +244,9 @@ def test_lost_rtu_retransmits_then_closes():
 
     assert len(bench.sent) == 3
     (first, *_), (second, *_), (third, *_) = bench.sent
-    # the 2nd ms tick after the REP ends the wait; the sweep reaches entry 2 in 3*2+3 cycles
-    assert interval - MS < second - first <= interval + 3 * QPS + 4
+    # ticks every MS cycles from cycle 0; the 2nd after the REP ends the wait, and the
+    # sweep offers entry 2's REP 3 * 2 + 5 cycles after that tick
+    assert second == (first // MS + 2) * MS + 3 * 2 + 5
     assert third - second == interval
     assert bench.closes == [(third + interval, 2)]
     assert len({sent[1:] for sent in bench.sent}) == 1, "a retransmitted REP differs"
@@ -406,6 +413,24 @@ def test_qp_freed_by_the_owner_leaves_the_table():
             (1, 2, 2)
     bench.run(main)
     assert len(bench.opens) == 3
+
+
+def test_latency():
+    bench = Bench()
+
+    async def main(ctx):
+        await bench.put(ctx, req_mad(version=2))
+        await bench.reply(ctx)
+        await bench.put(ctx, req_mad())
+        await bench.reply(ctx)
+        await bench.put(ctx, req_mad())
+        await bench.reply(ctx)
+    bench.run(main)
+    (rej, *_), (rep, *_), (repeated, *_) = bench.sent
+    assert rej - bench.taken[0] == 3
+    assert bench.open_cycles[0] - bench.taken[1] == 3 + 3 * QPS
+    assert rep - bench.answered[0] == 2
+    assert repeated - bench.taken[2] == 3 + 3 * (2 + 1)       # found in entry 2
 
 
 def test_comm_ids_from_the_seed():
