@@ -1,6 +1,7 @@
 """The passive side of the InfiniBand CM: a host opens a connection to the endpoint
 with ``rdma_connect`` (REQ), the endpoint answers REP, the host completes it with RTU
-(IBTA vol. 1, chapter 12; /work/shared/IB_CM.md; CM_PROTOCOL.md, "Standard RDMA CM").
+(IBTA vol. 1, chapter 12, as Linux's ``ib_cm`` and ``rdma_cm`` apply it; CM_PROTOCOL.md,
+"Standard RDMA CM").
 
 :class:`PassiveCm` sits between QP1's receiver and transmitter (``gateware.cm.qp1``)
 and asks the QP table's owner for a QP through its allocation port:
@@ -45,8 +46,8 @@ idle); the receiver before it holds one more.
   and the REP goes out.
 - REP: the TID of the REQ; Local Comm ID from a counter that starts at ``i_seed``
   (sampled on the first cycle after reset; 0 skipped); Remote Comm ID the REQ's
-  Local Comm ID; Local QPN :data:`~gateware.roce.requests.FIRST_QPN` + QP index; Starting PSN from a
-  free-running 24-bit LFSR (the PSN the endpoint would receive); responder
+  Local Comm ID; Local QPN :data:`~gateware.roce.requests.FIRST_QPN` + QP index;
+  Starting PSN from a free-running 24-bit LFSR (the PSN the endpoint would receive); responder
   resources and initiator depth 0 (no RDMA READ); Target ACK Delay
   :data:`TARGET_ACK_DELAY`; RNR retry 7; Local CA GUID the EUI-64 of ``i_config.mac``;
   private data :data:`REP_PRIVATE` (version 1, the QPN). It goes to the REQ's IPv4
@@ -60,8 +61,10 @@ idle); the receiver before it holds one more.
   connection (the host gave up) closes its QP at once. Unknown: dropped and counted.
 - Any other attribute is dropped and counted.
 
-The table has one entry per QP (``qps``), indexed by QP index: an entry lives until
-its QP is handed out again. Lookups and the timer sweep read one entry every three
+The table has one entry per QP (``qps``), indexed by QP index: a connection's entry
+lives from its ``i_opened`` until its QP is closed (``o_close`` or ``i_closed``) or
+handed out again; an established connection's stays while its QP is open, to answer a
+repeated REQ. Lookups and the timer sweep read one entry every three
 cycles from a memory with a registered read port; each ms tick starts a sweep of the
 whole table when the block is idle next. Nothing runs a compare across the table.
 
@@ -69,8 +72,6 @@ whole table when the block is idle next. Nothing runs a compare across the table
 for a duplicate REQ and retransmitted; connections established and expired; REJs
 sent by reason; MADs dropped by reason (``attribute``, ``unknown``).
 """
-
-
 
 from amaranth import *
 from amaranth.lib import data, enum, memory, stream, wiring
@@ -192,6 +193,7 @@ _ENTRY = data.StructLayout({
 #: A 24-bit maximal-length LFSR (taps 24, 23, 22, 17) for the REP's Starting PSN.
 _PSN_TAPS = (23, 22, 21, 16)
 
+
 def _interval(response_timeout):
     """Ticks of 1 ms in 2^max(T - 8, 0) ms, as Linux's ``cm_convert_to_ms``."""
     return Mux(response_timeout > 8, Const(1, 24) << (response_timeout - 8)[:5], 1)[:24]
@@ -218,6 +220,14 @@ class PassiveCm(wiring.Component):
 
     @staticmethod
     def counters_layout():
+        """``o_counters``: REPs sent for a new connection (``rep_sent``), again for a
+        duplicate REQ (``rep_repeated``) and on timeout (``rep_retransmitted``);
+        connections established by RTU, ``expired`` after the retries, closed by the
+        host's REJ (``rejected_by_host``); REJs sent by cause (``rej_service`` 8,
+        ``rej_transport`` 9, ``rej_address`` and ``rej_version`` 28, ``rej_mtu`` 26,
+        ``rej_no_qp`` 3, ``rej_denied`` 28); MADs dropped: another attribute than REQ,
+        RTU, REJ (``attribute``), an RTU or REJ of no pending or established
+        connection (``unknown``)."""
         return counters_layout(
             "rep_sent", "rep_repeated", "rep_retransmitted", "established", "expired",
             "rejected_by_host", "rej_service", "rej_transport", "rej_address", "rej_version",
@@ -287,22 +297,23 @@ class PassiveCm(wiring.Component):
         private = data.View(REQ_PRIVATE, req.private_data)
 
         # Checks of a REQ, registered.
-        bad_service = Signal()
-        bad_transport = Signal()
-        bad_address = Signal()
-        bad_version = Signal()
-        bad_mtu = Signal()
         mtu = req.path_mtu
-        m.d.sync += [
-            bad_service.eq(req.service_id != self.service_id),
-            bad_transport.eq((req.transport_service_type != 0)
-                             | (req.extended_transport_type != 0)),
-            bad_address.eq((private.cma.cma_version != 0) | (private.cma.ip_version != 4)
-                           | (private.cma.dst_addr[:32] != config.ip)),
-            bad_version.eq(private.version != PRIVATE_VERSION),
-            bad_mtu.eq((mtu == 0) | (mtu > PathMtu.MTU_4096.value)
-                       | (mtu > config.max_mtu.as_value())),
-        ]
+        checks = {          # the counter: (the REJ reason, the failure), first one first
+            "rej_service": (RejectReason.INVALID_SERVICE_ID, req.service_id != self.service_id),
+            "rej_transport": (RejectReason.INVALID_TRANSPORT,
+                              (req.transport_service_type != 0)
+                              | (req.extended_transport_type != 0)),
+            "rej_address": (RejectReason.CONSUMER_DEFINED,
+                            (private.cma.cma_version != 0) | (private.cma.ip_version != 4)
+                            | (private.cma.dst_addr[:32] != config.ip)),
+            "rej_version": (RejectReason.CONSUMER_DEFINED, private.version != PRIVATE_VERSION),
+            "rej_mtu": (RejectReason.INVALID_MTU,
+                        (mtu == 0) | (mtu > PathMtu.MTU_4096.value)
+                        | (mtu > config.max_mtu.as_value())),
+        }
+        failed = {name: Signal(name=f"failed_{name}") for name in checks}
+        m.d.sync += [failed[name].eq(failure) for name, (_, failure) in checks.items()]
+        any_failed = Cat(*failed.values()).any()
 
         reason = Signal(16)
         entry = Signal(_ENTRY)                      # the connection whose REP goes out
@@ -398,6 +409,17 @@ class PassiveCm(wiring.Component):
 
         events = {name: Signal(name=f"event_{name}") for name in self.counters_layout().members}
 
+        def reject(reason_code, counter):
+            m.d.sync += [send_rej.eq(1), reason.eq(reason_code)]
+            m.d.comb += events[counter].eq(1)
+
+        def offer(state, port, then):
+            """A state that offers ``port``'s payload until taken, then goes to ``then``."""
+            with m.State(state):
+                m.d.comb += port.valid.eq(1)
+                with m.If(port.ready):
+                    m.next = then
+
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.i.ready.eq(seeded & ~sweep_due)
@@ -423,24 +445,10 @@ class PassiveCm(wiring.Component):
                     m.next = "IDLE"
 
             with m.State("CHECK"):
-                m.d.sync += send_rej.eq(bad_service | bad_transport | bad_address
-                                        | bad_version | bad_mtu)
-                with m.If(bad_service):
-                    m.d.sync += reason.eq(RejectReason.INVALID_SERVICE_ID)
-                    m.d.comb += events["rej_service"].eq(1)
-                with m.Elif(bad_transport):
-                    m.d.sync += reason.eq(RejectReason.INVALID_TRANSPORT)
-                    m.d.comb += events["rej_transport"].eq(1)
-                with m.Elif(bad_address):
-                    m.d.sync += reason.eq(RejectReason.CONSUMER_DEFINED)
-                    m.d.comb += events["rej_address"].eq(1)
-                with m.Elif(bad_version):
-                    m.d.sync += reason.eq(RejectReason.CONSUMER_DEFINED)
-                    m.d.comb += events["rej_version"].eq(1)
-                with m.Elif(bad_mtu):
-                    m.d.sync += reason.eq(RejectReason.INVALID_MTU)
-                    m.d.comb += events["rej_mtu"].eq(1)
-                with m.If(bad_service | bad_transport | bad_address | bad_version | bad_mtu):
+                for position, (name, (reason_code, _)) in enumerate(checks.items()):
+                    with (m.Elif if position else m.If)(failed[name]):
+                        reject(reason_code, name)
+                with m.If(any_failed):
                     m.next = "SEND"
                 with m.Else():
                     m.next = "LOOKUP_READ"
@@ -486,10 +494,7 @@ class PassiveCm(wiring.Component):
                     m.d.sync += index.eq(index + 1)
                     m.next = "LOOKUP_READ"
 
-            with m.State("OPEN"):
-                m.d.comb += self.o_open.valid.eq(1)
-                with m.If(self.o_open.ready):
-                    m.next = "OPENED"
+            offer("OPEN", self.o_open, "OPENED")
 
             with m.State("OPENED"):
                 m.d.comb += self.i_opened.ready.eq(1)
@@ -512,14 +517,11 @@ class PassiveCm(wiring.Component):
                             comm_id.eq(Mux(next_comm_id == 0, 1, next_comm_id)),
                         ]
                         m.next = "STORE"
+                    with m.Elif(result.refusal == OpenRefusal.NO_QP):
+                        reject(RejectReason.NO_RESOURCES, "rej_no_qp")
+                        m.next = "SEND"
                     with m.Else():
-                        m.d.sync += send_rej.eq(1)
-                        with m.If(result.refusal == OpenRefusal.NO_QP):
-                            m.d.sync += reason.eq(RejectReason.NO_RESOURCES)
-                            m.d.comb += events["rej_no_qp"].eq(1)
-                        with m.Else():
-                            m.d.sync += reason.eq(RejectReason.CONSUMER_DEFINED)
-                            m.d.comb += events["rej_denied"].eq(1)
+                        reject(RejectReason.CONSUMER_DEFINED, "rej_denied")
                         m.next = "SEND"
 
             with m.State("STORE"):
@@ -527,10 +529,7 @@ class PassiveCm(wiring.Component):
                 m.d.sync += stale.bit_select(index, 1).eq(0)
                 m.next = "SEND"
 
-            with m.State("SEND"):
-                m.d.comb += self.o.valid.eq(1)
-                with m.If(self.o.ready):
-                    m.next = "AFTER_SEND"
+            offer("SEND", self.o, "AFTER_SEND")
 
             with m.State("AFTER_SEND"):
                 with m.If(sweeping):
@@ -538,10 +537,7 @@ class PassiveCm(wiring.Component):
                 with m.Else():
                     m.next = "IDLE"
 
-            with m.State("CLOSE"):
-                m.d.comb += self.o_close.valid.eq(1)
-                with m.If(self.o_close.ready):
-                    m.next = "AFTER_SEND"
+            offer("CLOSE", self.o_close, "AFTER_SEND")
 
             # The timer sweep: every pending entry counts one tick down.
             with m.State("SWEEP_READ"):
