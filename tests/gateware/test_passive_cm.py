@@ -2,7 +2,9 @@
 """The passive IB CM (gateware.cm.passive) against REQs, RTUs and REJs built with the
 IB CM model (sim.models.ib_cm, struct from the IBTA tables): REP field by field, RTU,
 REP retransmission timing and its exact bytes, duplicate REQs, every REJ reason,
-retries exhausted, bad input dropped and counted with the next good REQ served."""
+retries exhausted, the host's REJ, QPs the owner frees, one QP, latencies, bad input
+dropped and counted with the next good REQ served; MADs taken with random gaps in
+ready and checked to be held until taken."""
 
 import ipaddress
 import random
@@ -65,8 +67,8 @@ class Bench:
     by cycle."""
 
     def __init__(self, *, free=(2, 0, 1, 3), refusal=OpenRefusal.NO_QP,
-                 max_mtu=PathMtu.MTU_4096):
-        self.dut = PassiveCm(qps=QPS, port=PORT)
+                 max_mtu=PathMtu.MTU_4096, qps=QPS):
+        self.dut = PassiveCm(qps=qps, port=PORT)
         self.free = list(free)
         self.refusal = refusal
         self.max_mtu = max_mtu
@@ -172,7 +174,7 @@ def parse(sent, kind):
 def check_rep(sent, *, qp, tid=TID, comm_id=HOST_COMM_ID, host=HOST):
     header, rep = parse(sent, "REP")
     assert header.transaction_id == tid
-    assert sent[1] == host and sent[2] == 1
+    assert sent[1:4] == (host, 1, comm_id & 0x3FFF)
     assert rep["remote_comm_id"] == comm_id
     assert rep["local_comm_id"] != 0
     assert rep["local_qpn"] == FIRST_QPN + qp
@@ -192,7 +194,7 @@ def check_rep(sent, *, qp, tid=TID, comm_id=HOST_COMM_ID, host=HOST):
 def check_rej(sent, reason, *, tid=TID, comm_id=HOST_COMM_ID):
     header, rej = parse(sent, "REJ")
     assert header.transaction_id == tid
-    assert sent[1] == HOST and sent[2] == 1
+    assert sent[1:4] == (HOST, 1, comm_id & 0x3FFF)
     assert (rej["local_comm_id"], rej["remote_comm_id"], rej["message_rejected"],
             rej["reject_info_length"], rej["reason"]) == (0, comm_id, 0, 0, reason)
     return rej
@@ -413,6 +415,24 @@ def test_qp_freed_by_the_owner_leaves_the_table():
             (1, 2, 2)
     bench.run(main)
     assert len(bench.opens) == 3
+
+
+def test_one_qp():
+    bench = Bench(free=(0,), qps=1)
+
+    async def main(ctx):
+        await bench.put(ctx, req_mad())
+        rep = check_rep(await bench.reply(ctx), qp=0)
+        await bench.put(ctx, rtu(rep))
+        await bench.put(ctx, req_mad(comm_id=0x55, tid=3))
+        check_rej(await bench.reply(ctx), 3, comm_id=0x55, tid=3)
+        await bench.put(ctx, req_mad())
+        assert (await bench.reply(ctx))[1:] == bench.sent[0][1:]
+        counters = bench.counters(ctx)
+        assert (counters["established"], counters["rep_repeated"], counters["rej_no_qp"]) == \
+            (1, 1, 1)
+    bench.run(main)
+    assert len(bench.opens) == 2
 
 
 def test_latency():
