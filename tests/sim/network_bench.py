@@ -381,16 +381,17 @@ async def qp1_counts_cm_mads_and_drops_a_bad_icrc(dut):
     bad = bytearray(good)
     bad[14 + 20 + 8 + 12 + 8 + 40] ^= 0x04          # a bit of the REQ's local CA GUID
     before = bench.counters()
-    for frame in (good, bytes(bad), good):
+    for frame in (good, bytes(bad), good):        # each after the REJ of the one before
         await bench.send(frame)
-    await bench.wait_sent()
-    await bench.idle(300)
+        await bench.wait_sent()
+        await bench.idle(300)
     counters = bench.counters()
     qp1 = {name: counters["qp1"][name] - before["qp1"][name] for name in counters["qp1"]}
     assert qp1 == {**dict.fromkeys(qp1, 0), "received": 2, "icrc": 1}, qp1
     assert counters["roce_ack"] == before["roce_ack"], counters["roce_ack"]
     assert counters["ib_cm"]["rej_version"] == before["ib_cm"]["rej_version"] + 2
-    assert len(bench.received) == 2 and not bench.arp_requests
+    assert len(bench.received) == 2
+    assert [request[ARP].pdst for request in bench.arp_requests] == [PEER_IP]  # the REJ's
     for frame in bench.received:
         gsi = ib_cm.parse_gsi_frame(frame)
         assert gsi.icrc_ok and (gsi.dst_ip, gsi.dest_qp) == (PEER_IP, 1), gsi
