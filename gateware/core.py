@@ -8,6 +8,7 @@ from .arp.layer import ARP_COUNTERS, ArpLayer
 from .cm.datagram import CM_PORT
 from .cm.lease import lease_tick
 from .cm.manager import CM_CONFIG, ConnectionManager, access_list
+from .cm.passive import PassiveCm
 from .cm.qp1 import QP1_COUNTERS, Qp1Receiver, Qp1Split, Qp1Transmitter
 from .config import NetworkConfig, config_value
 from .counters import COUNTER_BITS
@@ -93,16 +94,21 @@ class NetworkCore(wiring.Component):
     takes none never stalls the connection manager (an event that finds the
     queue full is dropped and counted in ``counters.cm.events_lost``). QP1
     takes the IB CM's MADs (UDP port 4791, destination QP 1; see
-    :mod:`~gateware.cm.qp1`): each valid one is counted in ``counters.qp1`` and
-    let go, and none is sent.
+    :mod:`~gateware.cm.qp1`), each valid one counted in ``counters.qp1``, and
+    answers a host's ``rdma_connect`` on the rdma_cm port 17185
+    (:class:`~gateware.cm.passive.PassiveCm`: REQ → REP or REJ, RTU; counted in
+    ``counters.ib_cm``): the QP it sets up is the connection manager's, taken and
+    freed as OPEN_QP's and CLOSE_QP's are, and served by STATUS, starts, CLOSE_QP
+    and the lease as any. The REP's comm IDs start at a free-running counter that
+    reset does not clear, XOR the MAC's low 32 bits, sampled after reset.
 
     Parameters
     ----------
     mac, ip, netmask, gateway : str
         Build-time defaults of the addresses.
     clock_hz : int
-        Frequency of the ``sync`` domain; sets the ARP, CM, IB and DCQCN timers
-        (the VCU118 top builds the core at 250 MHz).
+        Frequency of the ``sync`` domain; sets the ARP, CM, IB, IB CM (the REP's
+        ms tick) and DCQCN timers (the VCU118 top builds the core at 250 MHz).
     arp_retry_interval, arp_lifetime : int or None
         ARP timers in cycles (default: 1 s and 60 s at ``clock_hz``).
     rx_depth : int
@@ -156,6 +162,7 @@ class NetworkCore(wiring.Component):
             "rnr_retry": rnr_retry, **access_list(ip, netmask),
             "lease_tick": lease_tick(60 * clock_hz if cm_lease is None else cm_lease)})
         self._tick = ticks_at(clock_hz)
+        self._ms_cycles = round(clock_hz / 1000)
         self._pause_defaults = PAUSE_CONFIG.const({
             "roce_priority": roce_priority,
             "quantum_cycles": pause_quantum_cycles or quantum_cycles_at(clock_hz)})
@@ -193,6 +200,7 @@ class NetworkCore(wiring.Component):
             "generator": GeneratorPool.counters_layout(),
             "mac_control": MacControl.counters_layout(),
             "qp1": QP1_COUNTERS,
+            "ib_cm": PassiveCm.counters_layout(),
         })
 
     def elaborate(self, platform):
@@ -219,6 +227,7 @@ class NetworkCore(wiring.Component):
         m.submodules.ack_rx = ack_rx = AckReceiver(qps=self._qps, width=width)
         m.submodules.qp1_rx = qp1_rx = Qp1Receiver(width=width)
         m.submodules.qp1_tx = qp1_tx = Qp1Transmitter(width=width)
+        m.submodules.ib_cm = ib_cm = PassiveCm(qps=self._qps, port=CM_PORT)
         m.submodules.udp_echo = udp_echo = UdpEcho(depth=self._echo_depth, width=width)
         m.submodules.generator = generator = GeneratorPool(
             qps=self._qps, runs=self._generator_runs, width=width)
@@ -338,12 +347,24 @@ class NetworkCore(wiring.Component):
             paced_gate.i_paced.eq(roce_tx.o_paced),
             generator.i_paced.eq(roce_tx.o_paced),
         ]
-        # QP1 (the IB CM's MADs): each valid MAD is counted and let go, and nothing is sent,
-        # until the CM state machine takes qp1_rx.o and drives qp1_tx.i. Its MADs get the
-        # RoCEv2 DSCP, Not-ECT (nothing slows them down when marked).
+        # QP1: the IB CM's passive side between its receiver and transmitter, its QPs
+        # taken and freed by the connection manager. Its MADs get the RoCEv2 DSCP,
+        # Not-ECT (nothing slows them down when marked). The comm ID seed: a counter
+        # that reset leaves running, so each reset starts the comm IDs elsewhere.
+        connect(m, qp1_rx.o, ib_cm.i)
+        connect(m, ib_cm.o, qp1_tx.i)
+        connect(m, ib_cm.o_open, cm.i_ib_open)
+        connect(m, cm.o_ib_opened, ib_cm.i_opened)
+        connect(m, ib_cm.o_close, cm.i_ib_close)
+        connect(m, cm.o_ib_closed, ib_cm.i_closed)
+        seed = Signal(32, reset_less=True)
+        m.d.sync += seed.eq(seed + 1)
         m.d.comb += [
-            qp1_rx.o.ready.eq(1),
-            qp1_tx.i.valid.eq(0),
+            ib_cm.i_config.mac.eq(config.mac),
+            ib_cm.i_config.ip.eq(config.ip),
+            ib_cm.i_config.max_mtu.eq(PathMtu.MTU_4096),
+            ib_cm.i_config.ms_cycles.eq(self._ms_cycles),
+            ib_cm.i_seed.eq(seed ^ config.mac[:32]),
             qp1_tx.i_tos.eq(Cat(C(ECN_NOT_ECT, 2), roce_config.tos[2:])),
         ]
         connect(m, flipped(self.work_request), paced_gate.i)
@@ -403,5 +424,6 @@ class NetworkCore(wiring.Component):
             self.counters.generator.eq(generator.o_counters),
             self.counters.mac_control.eq(mac_control.o_counters),
             self.counters.qp1.eq(qp1_rx.o_counters),
+            self.counters.ib_cm.eq(ib_cm.o_counters),
         ]
         return m

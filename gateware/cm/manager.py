@@ -42,6 +42,7 @@ from .datagram import (
     Request,
 )
 from .lease import LEASE_SWEEPS, LeaseTicker
+from .passive import CM_OPEN, CM_OPENED, OpenRefusal
 
 __all__ = ["ConnectionManager", "CM_CONFIG", "CM_ENTRY", "CLOSE_ALL_QPN", "access_list"]
 
@@ -139,10 +140,33 @@ class ConnectionManager(wiring.Component):
     ``i_qp_write`` (user logic) is passed to ``o_qp_write`` while no
     datagram is being served; QPs set that way are not known to the CM.
 
+    The IB side (:class:`~gateware.cm.passive.PassiveCm`, the host's ``rdma_connect``)
+    opens and frees QPs of the same table through its allocation port, served between
+    datagrams as they are (taken before a waiting datagram, but never two in a row
+    while datagrams wait), one cycle after ``i_ib_open`` or ``i_ib_close`` shows a
+    request:
+
+    - ``i_ib_open`` (:data:`~gateware.cm.passive.CM_OPEN`) is served as an OPEN_QP
+      from the request's host: a host outside the access list is refused
+      :attr:`~gateware.cm.passive.OpenRefusal.DENIED` (counted ``access``), no QP
+      free :attr:`~gateware.cm.passive.OpenRefusal.NO_QP` (``no_qp``); else the
+      lowest free QP is taken (never an open QP of the same host QP, as a repeated
+      OPEN_QP would) and set on ``o_qp_write`` with the request's remote QPN, PSN
+      (``next_psn``: the endpoint's first), path MTU, rkey, ACK timeout, retry and RNR
+      retry counts and the UDP source port OPEN_QP gives it; its entry holds the host
+      and the buffer address (``base``; ``length`` is not kept), so STATUS, starts,
+      CREDIT, CLOSE_QP, close-all and the lease serve it as an OPEN_QP's. The OPENED
+      event goes out as for OPEN_QP and ``o_ib_opened`` answers with the QP.
+    - ``i_ib_close`` (a QP index) frees an open QP as its host's CLOSE_QP does (stop,
+      flush, CLOSED event), without a datagram; a free QP is left alone.
+    - ``o_ib_closed`` names every QP the CM frees (CLOSE_QP, close-all, lease, an IB
+      close), in the cycle ``o_qp_close`` takes it.
+
     Connection events (:data:`~gateware.roce.requests.CONNECTION_EVENT`) tell user
-    logic which QPs the CM holds: OPENED when an OPEN_QP takes a QP, in the cycle
-    ``o_qp_write`` takes its state (a repeated OPEN_QP answered again makes none),
-    CLOSED for each QP a CLOSE_QP (close-all included) frees and EXPIRED for each QP
+    logic which QPs the CM holds: OPENED when an OPEN_QP or an IB open takes a QP, in
+    the cycle ``o_qp_write`` takes its state (a repeated OPEN_QP answered again makes
+    none), CLOSED for each QP a CLOSE_QP (close-all included) or an IB close frees and
+    EXPIRED for each QP
     the lease frees, in the cycle ``o_qp_close`` takes the QP. They wait in a queue of
     ``events`` (a :class:`~amaranth.lib.fifo.SyncFIFOBuffered`) for ``o_connection``;
     an event that finds it full is dropped and counted (``events_lost``), so user
@@ -169,6 +193,10 @@ class ConnectionManager(wiring.Component):
             "o_stop": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "o_credit": Out(stream.Signature(RUN_CREDIT, always_ready=True)),
             "o_connection": Out(stream.Signature(CONNECTION_EVENT)),
+            "i_ib_open": In(stream.Signature(CM_OPEN)),
+            "o_ib_opened": Out(stream.Signature(CM_OPENED)),
+            "i_ib_close": In(stream.Signature(QP_INDEX_BITS)),
+            "o_ib_closed": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "status_qp": Out(QP_INDEX_BITS),
             "status": In(QP_STATUS),
             "run_qp": Out(QP_INDEX_BITS),
@@ -236,6 +264,19 @@ class ConnectionManager(wiring.Component):
             access.i_prefix.eq(self.i_config.access_prefix),
             access.i_source.eq(parse.o.p.meta.ip.src),
         ]
+        # The IB side's open requests (``i_ib_open``): their host checked as a datagram's
+        # source is, in a register loaded as the request is taken.
+        m.submodules.ib_access = ib_access = AccessList()
+        m.d.comb += [
+            ib_access.i_address.eq(self.i_config.access_ip),
+            ib_access.i_prefix.eq(self.i_config.access_prefix),
+            ib_access.i_source.eq(self.i_ib_open.p.remote_ip),
+        ]
+        ib = Signal()                       # the request served came from the IB side
+        ib_valid = Signal()                 # an IB request waits (registered: a cycle late)
+        m.d.sync += ib_valid.eq(self.i_ib_close.valid | self.i_ib_open.valid)
+        ib_timers = Signal(QP_STATE)        # an IB open's timeout, retry and RNR retry
+        ib_answer = Signal(CM_OPENED)
         m.submodules.lease = lease = LeaseTicker()
         m.d.comb += lease.i_period.eq(self.i_config.lease_tick)
         source_port = Signal(16)
@@ -288,6 +329,10 @@ class ConnectionManager(wiring.Component):
             self.o_stop.p.eq(index),
             self.o_credit.p.qp.eq(index),
             self.o_credit.p.count.eq(request.count),
+            self.o_ib_opened.p.eq(ib_answer),
+            # Every QP freed (close, close-all, lease, IB close) leaves through o_qp_close.
+            self.o_ib_closed.valid.eq(self.o_qp_close.valid & self.o_qp_close.ready),
+            self.o_ib_closed.p.eq(index),
         ]
 
         def answer(ack, described=None):
@@ -310,6 +355,21 @@ class ConnectionManager(wiring.Component):
             m.d.sync += statements
             m.next = "REPLY"
 
+        def ib_reply(qp=None, refusal=None):
+            """Answer the IB side's open: ``qp`` taken, or refused for ``refusal``."""
+            if qp is not None:
+                m.d.sync += [ib_answer.accepted.eq(1), ib_answer.qp.eq(qp)]
+            else:
+                m.d.sync += [ib_answer.accepted.eq(0), ib_answer.refusal.eq(refusal)]
+            m.next = "IB_REPLY"
+
+        def reply_or_ib(ack, refusal):
+            """Refuse a datagram with ``ack``, the IB side with ``refusal``. (The reply is
+            set either way: its register does not wait on ``ib``.)"""
+            answer(ack)
+            with m.If(ib):
+                ib_reply(refusal=refusal)
+
         probe = Signal(range(qps + 1))      # the QP whose entry is on ``entry``
         matched = Signal()
         free = Signal()                     # a free QP was seen; ``free_index`` is the lowest
@@ -322,7 +382,7 @@ class ConnectionManager(wiring.Component):
                                & (read.host_qpn == request.loc.qpn[:24])),
             entry_source.eq(read.host_ip == source_ip),
         ]
-        from_host = entry.open & entry_source
+        from_host = entry.open & (entry_source | ib)     # an IB close: the QP open
         refreshed = Signal(CM_ENTRY)        # the entry read, heard from its host now
         m.d.comb += [refreshed.eq(entry), refreshed.age.eq(0)]
         closing_all = Signal()              # the sweep serves a close-all, not the lease
@@ -347,8 +407,13 @@ class ConnectionManager(wiring.Component):
                     m.d.comb += lease.i_done.eq(1)
                     m.d.sync += [index.eq(0), closing_all.eq(0), swept_last.eq(1)]
                     m.next = "SWEEP_READ"
+                # The IB side's requests (a close first), but never two in a row while
+                # datagrams wait.
+                with m.Elif(~self.i_qp_write.valid & ib_valid & ~(ib & parse.o.valid)):
+                    m.d.sync += ib.eq(1)
+                    m.next = "IB_TAKE"
                 with m.Elif(~self.i_qp_write.valid & parse.o.valid):
-                    m.d.sync += swept_last.eq(0)
+                    m.d.sync += [swept_last.eq(0), ib.eq(0)]
                     m.next = "RECEIVE"
 
             with m.State("RECEIVE"):
@@ -372,6 +437,45 @@ class ConnectionManager(wiring.Component):
                     with m.If(parse.o.p.last):
                         m.next = "DECODE"
 
+            # The IB side's request, taken as a datagram that DECODE serves.
+            with m.State("IB_TAKE"):
+                m.d.sync += [
+                    request.flags.eq(0),
+                    request.flags.info_valid.eq(1),
+                    request.txmeta.eq(0),
+                    good_length.eq(1),
+                    loc_is_source.eq(1),
+                    close_all.eq(0),
+                ]
+                m.next = "DECODE"
+                with m.If(self.i_ib_close.valid):
+                    m.d.comb += self.i_ib_close.ready.eq(1)
+                    m.d.sync += [
+                        request.flags.request.eq(Request.CLOSE_QP),
+                        request.rem.qpn.eq(FIRST_QPN + self.i_ib_close.p),
+                        in_range.eq(self.i_ib_close.p < qps),
+                        allowed.eq(1),
+                    ]
+                with m.Elif(self.i_ib_open.valid):
+                    opening = self.i_ib_open.p
+                    m.d.comb += self.i_ib_open.ready.eq(1)
+                    m.d.sync += [
+                        request.flags.request.eq(Request.OPEN_QP),
+                        request.loc.ip.eq(opening.remote_ip),
+                        request.loc.qpn.eq(opening.remote_qpn),
+                        request.loc.psn.eq(opening.next_psn),
+                        request.loc.rkey.eq(opening.rkey),
+                        request.loc.base_addr.eq(opening.base),
+                        request.txmeta.path_mtu.eq(opening.path_mtu),
+                        source_ip.eq(opening.remote_ip),
+                        allowed.eq(ib_access.o_allowed),
+                        ib_timers.timeout.eq(opening.timeout),
+                        ib_timers.retry_count.eq(opening.retry_count),
+                        ib_timers.rnr_retry.eq(opening.rnr_retry),
+                    ]
+                with m.Else():
+                    m.next = "IDLE"         # (``ib_valid`` lags the handshake by a cycle)
+
             with m.State("DECODE"):
                 kind = request.flags.request
                 m.d.sync += [index.eq(named), scan.eq(0), probe.eq(qps), matched.eq(0),
@@ -379,6 +483,8 @@ class ConnectionManager(wiring.Component):
                 m.next = "IDLE"
                 with m.If(~allowed):
                     m.d.comb += counts["access"].eq(1)
+                    with m.If(ib):
+                        ib_reply(refusal=OpenRefusal.DENIED)
                 with m.Elif(~good_length):
                     m.d.comb += length_bad.eq(1)
                 with m.Elif(~request.flags.info_valid | request.flags.ack_valid):
@@ -397,8 +503,10 @@ class ConnectionManager(wiring.Component):
                     with m.If(in_range):
                         m.next = "READ"
                     with m.Else():
-                        m.d.comb += counts["no_qp"].eq(1)
+                        m.d.comb += counts["no_qp"].eq(~ib)
                         answer(Ack.NO_QP)
+                        with m.If(ib):
+                            m.next = "IDLE"
                 with m.Elif((kind == Request.NULL) & run_meta.valid & run_meta.start
                             & run_meta.credited
                             & (~run_meta.write | (request.rem.base_addr == 0))):
@@ -416,7 +524,7 @@ class ConnectionManager(wiring.Component):
                 # One QP per cycle: read ``scan``, check ``probe`` (read the cycle before).
                 m.d.sync += [scan.eq(scan + 1), probe.eq(scan)]
                 with m.If(probe != qps):
-                    with m.If(entry.open & entry_requester):
+                    with m.If(entry.open & entry_requester & ~ib):
                         m.d.sync += [matched.eq(1), index.eq(probe), found.eq(entry)]
                     with m.If(~entry.open & ~free):
                         m.d.sync += [free.eq(1), free_index.eq(probe)]
@@ -430,7 +538,7 @@ class ConnectionManager(wiring.Component):
                     new.open.eq(1),
                     new.host_ip.eq(request.loc.ip),
                     new.host_qpn.eq(request.loc.qpn[:24]),
-                    new.psn.eq(psn),
+                    new.psn.eq(Mux(ib, request.loc.psn[:24], psn)),
                     new.path_mtu.eq(mtu),
                     new.base.eq(request.loc.base_addr),
                 ]
@@ -450,7 +558,7 @@ class ConnectionManager(wiring.Component):
                     answer(Ack.NAK)
                 with m.Elif(~free):
                     m.d.comb += counts["no_qp"].eq(1)
-                    answer(Ack.NO_QP)
+                    reply_or_ib(Ack.NO_QP, OpenRefusal.NO_QP)
                 with m.Else():
                     m.d.comb += [
                         entry_write.addr.eq(free_index),
@@ -468,9 +576,12 @@ class ConnectionManager(wiring.Component):
                         write.state.remote_ip.eq(new.host_ip),
                         write.state.path_mtu.eq(new.path_mtu),
                         write.state.src_port.eq(free_index),
-                        write.state.timeout.eq(self.i_config.timeout),
-                        write.state.retry_count.eq(self.i_config.retry_count),
-                        write.state.rnr_retry.eq(self.i_config.rnr_retry),
+                        write.state.timeout.eq(Mux(ib, ib_timers.timeout,
+                                                   self.i_config.timeout)),
+                        write.state.retry_count.eq(Mux(ib, ib_timers.retry_count,
+                                                       self.i_config.retry_count)),
+                        write.state.rnr_retry.eq(Mux(ib, ib_timers.rnr_retry,
+                                                     self.i_config.rnr_retry)),
                     ]
                     m.next = "SET_QP"
 
@@ -484,6 +595,8 @@ class ConnectionManager(wiring.Component):
                         event.base.eq(found.base),
                     ]
                     answer(Ack.ACK, found)
+                    with m.If(ib):
+                        ib_reply(qp=index)
 
             with m.State("READ"):
                 m.next = "CHECK"
@@ -531,8 +644,10 @@ class ConnectionManager(wiring.Component):
                         m.d.comb += counts["spoofed"].eq(1)
                         m.next = "IDLE"
                     with m.Else():
-                        m.d.comb += counts["no_qp"].eq(1)
+                        m.d.comb += counts["no_qp"].eq(~ib)
                         answer(Ack.NO_QP)
+                        with m.If(ib):
+                            m.next = "IDLE"         # an IB close of a QP already free
                 with m.Else():
                     verb = Mux(request.txmeta.write,
                                Mux(request.txmeta.immediate, Verb.RDMA_WRITE_WITH_IMMEDIATE,
@@ -571,6 +686,8 @@ class ConnectionManager(wiring.Component):
                 with m.If(self.o_qp_close.ready):
                     m.d.comb += [events.w_en.eq(1), event.event.eq(ConnectionEvent.CLOSED)]
                     answer(Ack.ACK, found)
+                    with m.If(ib):
+                        m.next = "IDLE"
 
             # The sweep: one QP every three cycles (``index`` → entry, status and run →
             # the verdict, a register: the engine's status and the pool's run do not chain
@@ -648,6 +765,11 @@ class ConnectionManager(wiring.Component):
             with m.State("REPLY"):
                 m.d.comb += emit.i.valid.eq(1)
                 with m.If(emit.i.ready):
+                    m.next = "IDLE"
+
+            with m.State("IB_REPLY"):
+                m.d.comb += self.o_ib_opened.valid.eq(1)
+                with m.If(self.o_ib_opened.ready):
                     m.next = "IDLE"
 
         for name, strobe in counts.items():

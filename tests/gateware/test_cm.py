@@ -11,6 +11,7 @@ from scapy.packet import Raw
 
 from gateware.cm.lease import LEASE_SWEEPS
 from gateware.cm.manager import CLOSE_ALL_QPN, ConnectionManager, access_list
+from gateware.cm.passive import OpenRefusal
 from gateware.config import parse_ipv4
 from gateware.roce.requests import CompletionStatus, ConnectionEvent, PathMtu, Verb
 from host import protocol
@@ -83,6 +84,7 @@ class Bench:
         self.take_events = True
         self.stop_cycles = []           # the cycle of each stop
         self.credits = []               # (QP, count) of each credit
+        self.ib_closed = []             # each QP o_ib_closed reports
         self.cycle = 0                  # cycles since the bench began
         self.status_of, self.run_of = fake_status, fake_run
         self.counters = {}
@@ -109,10 +111,13 @@ class Bench:
 
     async def stop_monitor(self, ctx):
         """Records the stops and credits (always-ready streams) by cycle."""
-        async for _, _, valid, qp, credit_valid, credit in ctx.tick().sample(
-                self.dut.o_stop.valid, self.dut.o_stop.payload,
-                self.dut.o_credit.valid, self.dut.o_credit.payload):
+        async for _, _, valid, qp, credit_valid, credit, closed_valid, closed in \
+                ctx.tick().sample(self.dut.o_stop.valid, self.dut.o_stop.payload,
+                                  self.dut.o_credit.valid, self.dut.o_credit.payload,
+                                  self.dut.o_ib_closed.valid, self.dut.o_ib_closed.payload):
             self.cycle += 1
+            if closed_valid:
+                self.ib_closed.append(int(closed))
             if valid:
                 self.stops.append(int(qp))
                 self.stop_cycles.append(self.cycle)
@@ -152,7 +157,32 @@ class Bench:
         assert len(self.replies) == before, "a reply to a datagram that gets none"
         return None
 
-    def run(self, steps):
+    async def ib_open(self, ctx, host, *, mtu=PathMtu.MTU_1024, timers=(18, 7, 6)):
+        """Ask for a QP on the IB side's port, as the passive CM does for ``host``'s REQ;
+        returns the answer: the QP taken, or the refusal."""
+        timeout, retry_count, rnr_retry = timers
+        ctx.set(self.dut.i_ib_open.payload, {
+            "remote_ip": parse_ipv4(host.ip), "remote_qpn": host.qpn, "next_psn": host.psn,
+            "path_mtu": mtu, "timeout": timeout, "retry_count": retry_count,
+            "rnr_retry": rnr_retry, "rkey": host.rkey, "base": host.base, "length": 1 << 20})
+        ctx.set(self.dut.i_ib_open.valid, 1)
+        await ctx.tick().until(self.dut.i_ib_open.ready)
+        ctx.set(self.dut.i_ib_open.valid, 0)
+        ctx.set(self.dut.o_ib_opened.ready, 1)
+        answer, = await ctx.tick().sample(self.dut.o_ib_opened.payload).until(
+            self.dut.o_ib_opened.valid)
+        ctx.set(self.dut.o_ib_opened.ready, 0)
+        return int(answer.qp) if answer.accepted else answer.refusal
+
+    async def ib_close(self, ctx, qp):
+        """Free ``qp`` on the IB side's port (no answer)."""
+        ctx.set(self.dut.i_ib_close.payload, qp)
+        ctx.set(self.dut.i_ib_close.valid, 1)
+        await ctx.tick().until(self.dut.i_ib_close.ready)
+        ctx.set(self.dut.i_ib_close.valid, 0)
+
+    def run(self, steps, *extra):
+        """Run ``steps`` (and ``extra`` testbenches beside it) on the bench."""
         dut = self.dut
 
         async def main(ctx):
@@ -192,7 +222,7 @@ class Bench:
                         sink(dut.o_qp_write, self.writes, write),
                         sink(dut.o_qp_close, self.closes, int),
                         sink(dut.o_start, self.starts, start),
-                        sink(dut.o_connection, self.events, event))
+                        sink(dut.o_connection, self.events, event), *extra)
 
 
 def open_reply(request, index, psn, mtu):
@@ -771,3 +801,181 @@ def test_connection_events_that_find_the_queue_full_are_dropped_and_counted():
     bench.run(steps)
     assert (bench.counters["opened"], bench.counters["closed"],
             bench.counters["events_lost"]) == (6, 1, 2)
+
+
+def ib_write(host, index, *, mtu=PathMtu.MTU_1024, timers=(18, 7, 6)):
+    """The QP an IB open of ``host`` sets: the host's PSN, MTU and timers."""
+    timeout, retry_count, rnr_retry = timers
+    return (index, {"remote_qpn": host.qpn, "next_psn": host.psn, "rkey": host.rkey,
+                    "remote_ip": parse_ipv4(host.ip), "path_mtu": mtu.value,
+                    "src_port": index, "timeout": timeout, "retry_count": retry_count,
+                    "rnr_retry": rnr_retry})
+
+
+def test_a_qp_opened_on_the_ib_side_is_a_qp_as_any():
+    """An IB open takes the lowest free QP and sets it from the request (PSN, MTU,
+    timers), with an OPENED event; STATUS, a start and CLOSE_QP from its host serve it
+    as an OPEN_QP's, and the close is reported on o_ib_closed; a UDP OPEN_QP takes the
+    next QP; an IB open of the same host QP again takes another QP."""
+    bench = Bench(qps=4, seed=20)
+    a = Host("10.77.0.1", 0x4321, psn=0xABCDEF, rkey=0x55AA, base=0x7F00_0000_8000)
+    b = Host("10.77.0.2", 0x99, port=40002)
+
+    async def steps(bench, ctx):
+        assert await bench.ib_open(ctx, a) == 0
+        assert bench.writes == [ib_write(a, 0)]
+        await wait_for(ctx, lambda: len(bench.events) == 1, 200)
+        assert bench.events == [(0, ConnectionEvent.OPENED, ib_write(a, 0)[1], a.base)]
+        request = protocol.open_qp(b.info)
+        psn_b = check_open(bench, await bench.exchange(ctx, request, b), request, b, 1,
+                           PathMtu.MTU_4096)
+        assert bench.writes[1:] == [qp_write(b, 1, psn_b, PathMtu.MTU_4096)]
+        reply = await bench.exchange(ctx, protocol.status(256), b)
+        assert reply[0] == expected_status(0, open_=True).reply(256)
+        await bench.exchange(ctx, protocol.start_run(256, length=64, count=3), a, reply=False)
+        assert bench.starts[-1]["qp"] == 0 and bench.starts[-1]["base"] == a.base
+        await bench.exchange(ctx, protocol.start_run(256, length=64, count=3), b, reply=False)
+        assert len(bench.starts) == 1, "a start from another host"
+        assert await bench.ib_open(ctx, a, mtu=PathMtu.MTU_256) == 2
+        assert bench.writes[2:] == [ib_write(a, 2, mtu=PathMtu.MTU_256)]
+        request = protocol.close_qp(256, a.ip)
+        reply = await bench.exchange(ctx, request, a)
+        assert reply[0] == open_reply(request, 0, a.psn, PathMtu.MTU_1024)
+        assert bench.closes == bench.stops == bench.ib_closed == [0]
+        reply = await bench.exchange(ctx, protocol.status(256), a)
+        assert reply[0] == expected_status(0, open_=False).reply(256)
+
+    bench.run(steps)
+    assert {name: value for name, value in bench.counters.items() if value} == {
+        "opened": 3, "closed": 1, "starts": 1, "spoofed": 1}
+
+
+def test_ib_opens_refused_no_qp_when_full_and_denied_outside_the_access_list():
+    bench = Bench(qps=2, seed=21)
+    hosts = [Host(f"10.77.0.{index + 1}", 0x10 + index) for index in range(3)]
+    outsider = Host("192.168.1.7", 0x10)
+
+    async def steps(bench, ctx):
+        await ctx.tick()                # the access list's mask, a register, takes a cycle
+        assert await bench.ib_open(ctx, outsider) == OpenRefusal.DENIED
+        assert [await bench.ib_open(ctx, host) for host in hosts] == [0, 1, OpenRefusal.NO_QP]
+        assert await bench.ib_open(ctx, outsider) == OpenRefusal.DENIED
+        assert bench.writes == [ib_write(hosts[0], 0), ib_write(hosts[1], 1)]
+        # UDP OPEN_QP sees the same table: full.
+        request = protocol.open_qp(hosts[2].info)
+        assert (await bench.exchange(ctx, request, hosts[2]))[0] == no_qp(request)
+        await bench.ib_close(ctx, 1)
+        assert await bench.ib_open(ctx, hosts[2]) == 1
+        assert bench.writes[2:] == [ib_write(hosts[2], 1)]
+        assert bench.replies[1:] == []
+
+    bench.run(steps)
+    assert {name: value for name, value in bench.counters.items() if value} == {
+        "opened": 3, "closed": 1, "no_qp": 2, "access": 2}
+
+
+def test_an_ib_close_frees_its_qp_as_close_qp_does():
+    """Stop, flush, CLOSED event, o_ib_closed, no datagram; a close of a free QP (or one
+    out of range) does nothing."""
+    bench = Bench(qps=3, seed=22)
+    a, b = Host("10.77.0.1", 0x21), Host("10.77.0.2", 0x22)
+
+    async def steps(bench, ctx):
+        assert [await bench.ib_open(ctx, host) for host in (a, b)] == [0, 1]
+        await bench.ib_close(ctx, 0)
+        await wait_for(ctx, lambda: len(bench.events) == 3, 200)
+        assert bench.events[2] == (0, ConnectionEvent.CLOSED, None, 0)
+        assert bench.stops == bench.closes == bench.ib_closed == [0]
+        for qp in (0, 2, 3):
+            await bench.ib_close(ctx, qp)
+        await ctx.tick().repeat(50)
+        assert bench.stops == bench.closes == bench.ib_closed == [0]
+        assert len(bench.events) == 3
+        reply = await bench.exchange(ctx, protocol.status(256), a)
+        assert reply[0] == expected_status(0, open_=False).reply(256)
+        assert len(bench.replies) == 1
+
+    bench.run(steps)
+    assert {name: value for name, value in bench.counters.items() if value} == {
+        "opened": 2, "closed": 1}
+
+
+def test_every_qp_the_manager_frees_is_reported_on_o_ib_closed():
+    """CLOSE_QP, close-all, the lease and an IB close, of QPs opened either way."""
+    tick = 60
+    bench = Bench(qps=4, seed=23, config={**CONFIG, "lease_tick": tick})
+    bench.status_of = lambda index: {"error": 0, "error_status": CompletionStatus.SUCCESS,
+                                     "outstanding": 0, "counters": {}}
+    bench.run_of = lambda index: {"running": 0, "messages": 0}
+    a, b = Host("10.77.0.1", 0x31), Host("10.77.0.2", 0x32, port=40002)
+    a_udp, b_udp = dataclasses.replace(a, qpn=0x41), dataclasses.replace(b, qpn=0x42)
+
+    async def steps(bench, ctx):
+        assert await bench.ib_open(ctx, a) == 0
+        await bench.exchange(ctx, protocol.open_qp(a_udp.info), a)             # QP 1
+        assert await bench.ib_open(ctx, b) == 2
+        await bench.exchange(ctx, protocol.open_qp(b_udp.info), b)             # QP 3
+        await bench.exchange(ctx, protocol.close_qp(256 + 2, b.ip), b)
+        assert bench.ib_closed == [2]
+        await bench.exchange(ctx, protocol.close_all(a.ip), a)
+        assert bench.ib_closed == [2, 0, 1]
+        await bench.ib_close(ctx, 3)
+        await wait_for(ctx, lambda: len(bench.ib_closed) == 4, 100)
+        assert await bench.ib_open(ctx, b) == 0
+        await wait_for(ctx, lambda: len(bench.ib_closed) == 5, (LEASE_SWEEPS + 2) * tick)
+        assert bench.ib_closed == [2, 0, 1, 3, 0]
+        assert bench.ib_closed == bench.closes
+
+    bench.run(steps)
+    assert (bench.counters["closed"], bench.counters["expired"]) == (4, 1)
+
+
+def test_ib_requests_and_datagrams_interleaved_share_one_table():
+    """IB opens and closes beside UDP OPEN_QPs, STATUS and CLOSE_QPs: every open gets a
+    QP no one else holds, every QP is set as its requester asked, every reply is right."""
+    qps = 16
+    bench = Bench(qps=qps, seed=24)
+    rng = random.Random(25)
+    udp_hosts = [Host(f"10.77.1.{index + 1}", 0x200 + index, port=42000 + index)
+                 for index in range(6)]
+    ib_hosts = [Host(f"10.77.2.{index + 1}", 0x300 + index, psn=rng.getrandbits(24),
+                     rkey=rng.getrandbits(32), base=rng.getrandbits(64)) for index in range(6)]
+    holder = {}                         # QP → ("udp" or "ib", host index)
+    done = []
+
+    async def ib_side(ctx):
+        for index, host in enumerate(ib_hosts):
+            await ctx.tick().repeat(rng.randrange(1, 30))
+            qp = await bench.ib_open(ctx, host)
+            assert qp not in holder, f"QP {qp} given twice"
+            holder[qp] = ("ib", index)
+            assert (qp, ib_write(host, qp)[1]) in bench.writes
+            if index % 3 == 2:
+                await bench.ib_close(ctx, qp)
+                await wait_for(ctx, lambda qp=qp: bench.ib_closed[-1:] == [qp], 100)
+                del holder[qp]
+        done.append(True)
+
+    async def steps(bench, ctx):
+        for index, host in enumerate(udp_hosts):
+            request = protocol.open_qp(host.info)
+            reply = await bench.exchange(ctx, request, host)
+            qp = Datagram.decode(reply[0]).loc.qpn - protocol.FIRST_QPN
+            assert qp not in holder, f"QP {qp} given twice"
+            holder[qp] = ("udp", index)
+            check_open(bench, reply, request, host, qp, PathMtu.MTU_4096)
+            reply = await bench.exchange(ctx, protocol.status(256 + qp), host)
+            assert Status.from_reply(reply[0]).open
+            if index % 2:
+                request = protocol.close_qp(256 + qp, host.ip)
+                await bench.exchange(ctx, request, host)
+                del holder[qp]
+        await wait_for(ctx, lambda: done, 2000)
+        for qp in range(qps):
+            reply = await bench.exchange(ctx, protocol.status(256 + qp), udp_hosts[0])
+            assert Status.from_reply(reply[0]).open == (qp in holder), qp
+        assert sorted(bench.closes) == sorted(bench.ib_closed)
+        assert len(bench.closes) == 5
+
+    bench.run(steps, ib_side)
+    assert (bench.counters["opened"], bench.counters["closed"]) == (12, 5)

@@ -7,13 +7,15 @@ every frame is compared with Scapy's and every message must land (roce_bench's
 RoceRun does the checking).
 """
 
+import ipaddress
 import random
 
 import cocotb
-from roce_bench import OUR_IP, PEER_IP, Qp, RoceRun, start
+from roce_bench import OUR_IP, OUR_MAC, PEER_IP, PEER_MAC, Qp, RoceRun, start
 
 from host import protocol
 from host.protocol import Ack, Datagram, QpInfo, Status
+from sim.models import ib_cm
 from sim.models.rocev2 import Message, generator_payload
 
 VERB_NAMES = {(True, False): "RDMA_WRITE", (True, True): "RDMA_WRITE_WITH_IMMEDIATE",
@@ -322,4 +324,70 @@ async def a_host_that_restarts_closes_all_its_qps(dut):
         await start_run(run, qp, host, length=700, count=2, write=False, immediate=True)
     await run.finish(timeout_cycles=100_000)
     assert bench.counters()["cm"]["closed"] == 3
+    bench.close()
+
+
+def gsi_to_core(kind, message, *, transaction_id):
+    """A CM MAD of ``kind`` from the peer's QP1 to the core's, as rdma_cm frames it."""
+    mad = ib_cm.mad(kind, message, transaction_id=transaction_id)
+    return ib_cm.gsi_frame(mad, src_ip=PEER_IP, dst_ip=OUR_IP, src_mac=PEER_MAC,
+                           dst_mac=OUR_MAC, sport=0xC0DE)
+
+
+@cocotb.test()
+async def rdma_connect_opens_a_qp_that_a_cm_start_writes_into(dut):
+    """The host's rdma_connect: a REQ (RoCEv2 UD to QP1) is answered with a REP to the
+    host's QP1 (the endpoint's QPN in Local QPN and private data, the host's comm ID
+    and TID), the RTU establishes it; STATUS through the UDP CM shows the QP open, and a
+    run of WRITEs started from the host with the UDP CM lands byte for byte in the
+    responder model playing the host's QP (its QPN, PSN, rkey and buffer from the
+    REQ)."""
+    bench = await start(dut, seed=13)
+    run = RoceRun(bench)
+    host = Host(0x4D2, psn=0xABCDE, rkey=0x1122_3344, base=0x7F00_1234_0000, path_mtu=1024)
+    tid, comm_id = 0x0123_4567_89AB_CDEF, 0x8765_4321
+    req = ib_cm.cm_message(
+        "REQ", local_comm_id=comm_id, service_id=ib_cm.service_id(protocol.CM_PORT),
+        local_ca_guid=0x5254_00FF_FE12_3456, local_qpn=host.qpn, starting_psn=host.psn,
+        remote_cm_response_timeout=20, local_cm_response_timeout=20, retry_count=7,
+        partition_key=0xFFFF, path_mtu=3, rnr_retry_count=7, max_cm_retries=15,
+        primary_local_lid=0xFFFF, primary_remote_lid=0xFFFF,
+        primary_local_gid=0xFFFF_0000_0000 | int(ipaddress.IPv4Address(PEER_IP)),
+        primary_remote_gid=0xFFFF_0000_0000 | int(ipaddress.IPv4Address(OUR_IP)),
+        primary_hop_limit=64, primary_local_ack_timeout=14,
+        private_data=ib_cm.cma_header(src_ip=PEER_IP, dst_ip=OUR_IP, port=0xD431)
+        + ib_cm.connect_private(rkey=host.rkey, base=host.base, length=1 << 16))
+    await bench.send(gsi_to_core("REQ", req, transaction_id=tid))
+    gsi = ib_cm.parse_gsi_frame(await bench.recv())
+    assert gsi.icrc_ok, gsi
+    assert (gsi.src_ip, gsi.dst_ip, gsi.dport, gsi.opcode, gsi.dest_qp, gsi.qkey,
+            gsi.src_qp) == (OUR_IP, PEER_IP, ib_cm.ROCEV2_PORT, ib_cm.UD_SEND_ONLY, 1,
+                            ib_cm.GSI_QKEY, 1), gsi
+    header, message = ib_cm.parse_mad(gsi.datagram)
+    assert (header.attribute_id, header.transaction_id, header.method) == (
+        ib_cm.ATTRIBUTE_IDS["REP"], tid, 0x03), header
+    rep = ib_cm.parse_cm_message("REP", message)
+    qpn = rep["local_qpn"]
+    assert rep["remote_comm_id"] == comm_id and rep["local_comm_id"] != 0, rep
+    assert protocol.FIRST_QPN <= qpn < protocol.FIRST_QPN + 16, rep
+    assert ib_cm.parse_accept_private(rep["private_data"]) == (1, qpn)
+    rtu = ib_cm.cm_message("RTU", local_comm_id=comm_id,
+                           remote_comm_id=rep["local_comm_id"])
+    await bench.send(gsi_to_core("RTU", rtu, transaction_id=tid))
+    await bench.idle(300)
+    counters = bench.counters()
+    assert (counters["ib_cm"]["rep_sent"], counters["ib_cm"]["established"]) == (1, 1), \
+        counters["ib_cm"]
+    assert counters["cm"]["opened"] == 1, counters["cm"]
+
+    index = qpn - protocol.FIRST_QPN
+    qp = Qp(index, remote_qpn=host.qpn, psn=host.psn, rkey=host.rkey, path_mtu=host.path_mtu,
+            src_port=0xC000 + index, memory_base=host.base, timeout=14)
+    got = await status(bench, qp)
+    assert got.open and not got.running and not got.error, got
+    run.attach_peer(qp, memory_size=1 << 16)
+    await start_run(run, qp, host, length=3000, count=4, write=True, immediate=False)
+    await run.finish()
+    await check_status(bench, qp, messages=4)
+    assert not bench.received
     bench.close()

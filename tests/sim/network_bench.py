@@ -366,8 +366,9 @@ async def rfc1122_sources_are_discarded(dut):
 async def qp1_counts_cm_mads_and_drops_a_bad_icrc(dut):
     """A REQ to QP1 (RoCEv2 UD SEND ONLY with DETH, as rdma_cm sends it) is counted as
     received; the same frame with one bit of its MAD flipped is dropped as an ICRC error,
-    and the REQ after it is received again. Nothing is answered, and the ACK receiver
-    sees none of them."""
+    and the REQ after it is received again. Each REQ taken (its private data has no user
+    part: version 0) is answered with REJ 28 to the host's QP1, the bad one with nothing,
+    and the ACK receiver sees none of them."""
     bench = await start(dut)
     message = ib_cm.cm_message(
         "REQ", local_comm_id=0x5EED0001, service_id=ib_cm.service_id(17185),
@@ -380,15 +381,25 @@ async def qp1_counts_cm_mads_and_drops_a_bad_icrc(dut):
     bad = bytearray(good)
     bad[14 + 20 + 8 + 12 + 8 + 40] ^= 0x04          # a bit of the REQ's local CA GUID
     before = bench.counters()
-    for frame in (good, bytes(bad), good):
+    for frame in (good, bytes(bad), good):        # each after the REJ of the one before
         await bench.send(frame)
-    await bench.wait_sent()
-    await bench.idle(300)
+        await bench.wait_sent()
+        await bench.idle(300)
     counters = bench.counters()
     qp1 = {name: counters["qp1"][name] - before["qp1"][name] for name in counters["qp1"]}
     assert qp1 == {**dict.fromkeys(qp1, 0), "received": 2, "icrc": 1}, qp1
     assert counters["roce_ack"] == before["roce_ack"], counters["roce_ack"]
-    assert not bench.received and not bench.arp_requests
+    assert counters["ib_cm"]["rej_version"] == before["ib_cm"]["rej_version"] + 2
+    assert len(bench.received) == 2
+    assert [request[ARP].pdst for request in bench.arp_requests] == [PEER_IP]  # the REJ's
+    for frame in bench.received:
+        gsi = ib_cm.parse_gsi_frame(frame)
+        assert gsi.icrc_ok and (gsi.dst_ip, gsi.dest_qp) == (PEER_IP, 1), gsi
+        header, reply = ib_cm.parse_mad(gsi.datagram)
+        assert (header.attribute_id, header.transaction_id) == (
+            ib_cm.ATTRIBUTE_IDS["REJ"], 0x0000_0001_5EED_0001), header
+        rej = ib_cm.parse_cm_message("REJ", reply)
+        assert (rej["remote_comm_id"], rej["reason"]) == (0x5EED0001, 28), rej
     bench.close()
 
 

@@ -60,6 +60,7 @@ TESTCASES = {
         "sixteen_qps_opened_used_and_closed_in_random_order",
         "only_the_qps_host_steers_it",
         "a_host_that_restarts_closes_all_its_qps",
+        "rdma_connect_opens_a_qp_that_a_cm_start_writes_into",
     ],
     "connectx_bench": [
         "sixteen_qps_of_64_byte_messages_acknowledged_at_once",
