@@ -154,9 +154,9 @@ class Connection:
     def read(self, offset: int, length: int) -> bytes:
         return self.mr.read(length, offset)
 
-    def disconnect(self) -> dict:
+    def disconnect(self, timeout: float) -> dict:
         """``rdma_disconnect``, then the next event (DISCONNECTED when the DREQ is
-        answered or given up) within the timeout."""
+        answered or given up) within ``timeout`` seconds."""
         started = time.monotonic()
         outcome: dict = {}
         try:
@@ -165,6 +165,7 @@ class Connection:
         except Exception as error:      # noqa: BLE001 -- reported, not fatal
             outcome["disconnect_call"] = f"raised {error}"
             return outcome
+        self.timeout = timeout
         try:
             event = self._event("waiting for DISCONNECTED")
             outcome["event"] = _event_name(event.event_type)
@@ -222,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--count", type=int, default=1, help="messages in the run")
     parser.add_argument("--run-timeout", type=float, default=120.0,
                         help="seconds to wait for the run's bytes (default 120)")
+    parser.add_argument("--disconnect-timeout", type=float, default=30.0,
+                        help="seconds to wait for DISCONNECTED after rdma_disconnect "
+                             "(default 30)")
     parser.add_argument("--buffer", type=int, default=1 << 16,
                         help="bytes of the registered buffer (default 65536)")
     return parser
@@ -257,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 code = 1
                 print(f"{_PROG}: error: {run['messages_ok']} of {args.count} messages "
                       f"byte-exact, first wrong {run['first_wrong']}", file=sys.stderr)
-        result["disconnect"] = connection.disconnect()
+        result["disconnect"] = connection.disconnect(args.disconnect_timeout)
     except HostError as error:
         result.setdefault("established", False)
         result["error"] = str(error)

@@ -71,7 +71,8 @@ def connected() -> ConnectResult:
         pytest.skip("Soft-RoCE: no cached image and building one needs root: run "
                     "`python -m sim.softroce.guest build` as root once")
     started = time.monotonic()
-    result = run_connect(["--size", str(SIZE), "--count", str(COUNT), "--timeout", "30"],
+    result = run_connect(["--size", str(SIZE), "--count", str(COUNT), "--timeout", "30",
+                          "--disconnect-timeout", "10"],
                          name="test-connect", local_port=_free_udp_port(),
                          remote_port=_free_udp_port())
     print(f"\nrdma_connect against netdev: {time.monotonic() - started:.1f} s; {result}")
@@ -100,3 +101,11 @@ def test_generator_write_run_on_the_connected_qp_is_byte_exact(
     assert run["messages_ok"] == COUNT, run
     assert run["status_messages"] == COUNT and run["status_bytes"] == COUNT * SIZE, run
     assert connected.exit_code == 0, connected.log
+
+
+@pytest.mark.softroce
+def test_rdma_disconnect_returns(connected: ConnectResult) -> None:
+    """The endpoint does not answer DREQ: the host's rdma_disconnect returns at once and
+    DISCONNECTED comes only when its CM gives the DREQ up (not within 10 s)."""
+    disconnect = (connected.summary or {}).get("disconnect")
+    assert disconnect is not None and disconnect["disconnect_call"] == "returned", disconnect
