@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from .demo import ENDPOINT_IP, ENDPOINT_MAC, Netdev, _free
+from .demo import ENDPOINT_IP, ENDPOINT_MAC, Netdev, port_free
 from .image import CACHE, build_image, cached_image
 from .tools import ensure_host_tools
 from .vm import DEFAULT_LOCAL_PORT, DEFAULT_REMOTE_PORT, QEMU, GuestConfig, run_script
@@ -71,7 +71,7 @@ def run_connect(arguments: Sequence[str] = (), *, name: str = "connect",
     image = cached_image() or build_image(log=lambda line: out(f"  image: {line}"))
     ensure_host_tools(needed=(QEMU,))
     for port in (local_port, remote_port):
-        if not _free(port):
+        if not port_free(port):
             raise RuntimeError(f"UDP 127.0.0.1:{port} is taken (another guest?)")
     summary_path = CACHE / f"{name}-netdev-summary.json"
     pcap_path = CACHE / f"{name}-netdev.pcap"

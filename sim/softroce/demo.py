@@ -425,7 +425,8 @@ class Netdev:
                         self._up.set()
 
 
-def _free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether UDP ``port`` on 127.0.0.1 is free to bind."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         try:
             probe.bind(("127.0.0.1", port))
@@ -453,7 +454,7 @@ def run_demo(runs: Sequence[DemoRun], *, faults: Sequence[str] = (),
         image = build_image(log=lambda line: out(f"  image: {line}"))  # root, all tools
     ensure_host_tools(needed=(QEMU,))
     for port in (local_port, remote_port):
-        if not _free(port):
+        if not port_free(port):
             raise RuntimeError(f"UDP 127.0.0.1:{port} is taken (another demo or guest?): "
                                "pick free ports with --local-port/--remote-port")
     summary_path = CACHE / f"{name}-netdev-summary.json"
