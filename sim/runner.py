@@ -183,6 +183,7 @@ def icarus_base() -> Path:
     installed = _installed_icarus_base()
     BUILD.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=".icarus-base-", dir=BUILD))
+    partial.chmod(0o755)
     for entry in installed.iterdir():
         if entry.name != "vvp.conf":
             (partial / entry.name).symlink_to(entry)
