@@ -26,6 +26,7 @@ from ..roce.requests import (
     PathMtu,
     Verb,
     check_qp_count,
+    psn_sequence,
 )
 from ..stream import BEAT_BYTES, beats_for, meta_with, packet_signature
 from ..udp.rx import UDP_RX_META
@@ -79,10 +80,6 @@ CM_ENTRY = data.StructLayout({
     "runs": 24,                 # generator runs started on it
     "age": range(LEASE_SWEEPS + 1),     # lease sweeps since its host's last request
 })
-
-#: A 24-bit maximal-length LFSR (taps 24, 23, 22, 17) that picks first PSNs.
-_PSN_TAPS = (23, 22, 21, 16)
-
 
 class ConnectionManager(wiring.Component):
     """Serves CM datagrams: ``i`` takes the UDP payloads that arrive on port
@@ -251,8 +248,7 @@ class ConnectionManager(wiring.Component):
         entry_requester = Signal()          # its host is the request's (address and QPN)
         entry_source = Signal()             # its host's address is the datagram's source
 
-        psn = Signal(24, init=0x5EED01)
-        m.d.sync += psn.eq(Cat(Cat(psn[tap] for tap in _PSN_TAPS).xor(), psn[:23]))
+        psn = psn_sequence(m, init=0x5EED01)   # first PSNs
 
         # The datagram being served.
         request = Signal(CM_DATAGRAM)

@@ -91,7 +91,14 @@ from ..headers import (
     CmAttribute,
     NetworkLayout,
 )
-from ..roce.requests import FIRST_QPN, QP_INDEX_BITS, QP_STATE, PathMtu, check_qp_count
+from ..roce.requests import (
+    FIRST_QPN,
+    QP_INDEX_BITS,
+    QP_STATE,
+    PathMtu,
+    check_qp_count,
+    psn_sequence,
+)
 from .datagram import CM_PORT
 from .qp1 import QP1_RECEIVED, QP1_SEND
 
@@ -190,10 +197,6 @@ _ENTRY = data.StructLayout({
     "ticks": 24,                # ms ticks left before the next retransmission
 })
 
-#: A 24-bit maximal-length LFSR (taps 24, 23, 22, 17) for the REP's Starting PSN.
-_PSN_TAPS = (23, 22, 21, 16)
-
-
 def _interval(response_timeout):
     """Ticks of 1 ms in 2^max(T - 8, 0) ms, as Linux's ``cm_convert_to_ms``."""
     return Mux(response_timeout > 8, Const(1, 24) << (response_timeout - 8)[:5], 1)[:24]
@@ -280,8 +283,7 @@ class PassiveCm(wiring.Component):
         with m.If(tick):
             m.d.sync += sweep_due.eq(1)
 
-        psn = Signal(24, init=1)
-        m.d.sync += psn.eq(Cat(Cat(*(psn[tap] for tap in _PSN_TAPS)).xor(), psn[:-1]))
+        psn = psn_sequence(m, init=1)      # the REP's Starting PSN
 
         comm_id = Signal(32)
         seeded = Signal()

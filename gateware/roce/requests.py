@@ -13,7 +13,7 @@ from amaranth.lib import data, enum
 __all__ = [
     "QP_INDEX_BITS", "FIRST_QPN", "MAX_MESSAGE_BYTES", "Verb", "PathMtu", "WORK_REQUEST",
     "CompletionStatus", "COMPLETION", "QP_STATE", "QP_WRITE", "ConnectionEvent",
-    "CONNECTION_EVENT", "QP_COUNTERS", "QP_STATUS", "check_qp_count",
+    "CONNECTION_EVENT", "QP_COUNTERS", "QP_STATUS", "check_qp_count", "psn_sequence",
 ]
 
 #: Bits of a QP index: up to 256 QPs.
@@ -27,6 +27,19 @@ def check_qp_count(qps):
     if not isinstance(qps, int) or not 1 <= qps <= 1 << QP_INDEX_BITS:
         raise ValueError(f"QP count must be 1..{1 << QP_INDEX_BITS}, not {qps!r}")
     return qps
+
+
+#: The taps of a 24-bit maximal-length LFSR (24, 23, 22, 17), counted from bit 0.
+_PSN_TAPS = (23, 22, 21, 16)
+
+
+def psn_sequence(m, *, init):
+    """A 24-bit Signal that steps through every nonzero PSN, one a cycle, from ``init``
+    (a free-running maximal-length LFSR): where the endpoint picks a connection's first
+    PSN, as IBTA asks of a new connection's, unlikely to repeat the last one's."""
+    psn = Signal(24, init=init)
+    m.d.sync += psn.eq(Cat(Cat(psn[tap] for tap in _PSN_TAPS).xor(), psn[:23]))
+    return psn
 
 
 #: Longest message (IBTA: a DMA length is at most 2^31 bytes).
