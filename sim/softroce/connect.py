@@ -19,10 +19,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from .demo import ENDPOINT_IP, ENDPOINT_MAC, Netdev, port_free
-from .image import CACHE, build_image, cached_image
-from .tools import ensure_host_tools
-from .vm import DEFAULT_LOCAL_PORT, DEFAULT_REMOTE_PORT, QEMU, GuestConfig, run_script
+from .demo import ENDPOINT_IP, ENDPOINT_MAC, guest_and_netdev
+from .image import CACHE
+from .vm import DEFAULT_LOCAL_PORT, DEFAULT_REMOTE_PORT, GuestConfig, run_script
 
 __all__ = ["ConnectResult", "guest_script", "run_connect", "main"]
 
@@ -68,17 +67,8 @@ def run_connect(arguments: Sequence[str] = (), *, name: str = "connect",
                 out: Callable[[str], None] = print) -> ConnectResult:
     """Run host.rdma_connect with ``arguments`` in the guest against netdev."""
     started = time.monotonic()
-    image = cached_image() or build_image(log=lambda line: out(f"  image: {line}"))
-    ensure_host_tools(needed=(QEMU,))
-    for port in (local_port, remote_port):
-        if not port_free(port):
-            raise RuntimeError(f"UDP 127.0.0.1:{port} is taken (another guest?)")
-    summary_path = CACHE / f"{name}-netdev-summary.json"
-    pcap_path = CACHE / f"{name}-netdev.pcap"
-    netdev = Netdev(["--local", f"127.0.0.1:{remote_port}", "--remote",
-                     f"127.0.0.1:{local_port}", "--ip", ENDPOINT_IP, "--mac", ENDPOINT_MAC,
-                     "--summary", str(summary_path), "--pcap", str(pcap_path)],
-                    CACHE / f"{name}-netdev.log", show=out)
+    image, netdev, summary_path, pcap_path = guest_and_netdev(name, local_port, remote_port,
+                                                              (), out)
     result = ConnectResult(pcap=str(pcap_path))
 
     def on_line(line: str, script_line: bool) -> None:

@@ -43,7 +43,7 @@ from pathlib import Path
 from host.figures import Figures, figures_table
 from host.protocol import generator_payload
 
-from .image import CACHE, ImageError, build_image, cached_image
+from .image import CACHE, Image, ImageError, build_image, cached_image
 from .tools import HostToolsError, ensure_host_tools
 from .vm import (
     DEFAULT_LOCAL_PORT,
@@ -56,7 +56,7 @@ from .vm import (
 
 __all__ = ["DEFAULT_RUNS", "EXAMPLE_RUNS", "DemoRun", "RunCheck", "DemoResult", "build_parser",
            "check_run", "example_netdev_options", "expected_sha256", "guest_script", "main",
-           "run_demo", "simulation_figures"]
+           "run_demo", "simulation_figures", "guest_and_netdev", "port_free"]
 
 _PROG = "python -m sim.softroce.demo"
 ENDPOINT_IP, ENDPOINT_MAC = "10.77.0.2", "02:00:00:00:00:02"
@@ -435,6 +435,32 @@ def port_free(port: int) -> bool:
     return True
 
 
+def guest_and_netdev(name: str, local_port: int, remote_port: int,
+                     netdev_options: Sequence[str], out: Callable[[str], None], *,
+                     port_hint: str = "") -> tuple[Image, Netdev, Path, Path]:
+    """The guest's image (built first if none is cached: root) and a netdev, not yet
+    started, that plays the endpoint to a guest on ``local_port``/``remote_port`` (both
+    checked free; ``port_hint`` ends the error), with ``netdev_options``; its summary and
+    pcap are ``build/softroce/<name>-netdev-summary.json`` and ``<name>-netdev.pcap``.
+    Returns (image, netdev, summary path, pcap path)."""
+    image = cached_image()
+    if image is None:
+        image = build_image(log=lambda line: out(f"  image: {line}"))  # root, all tools
+    ensure_host_tools(needed=(QEMU,))
+    for port in (local_port, remote_port):
+        if not port_free(port):
+            raise RuntimeError(f"UDP 127.0.0.1:{port} is taken (another demo or guest?)"
+                               + port_hint)
+    summary_path = CACHE / f"{name}-netdev-summary.json"
+    pcap_path = CACHE / f"{name}-netdev.pcap"
+    netdev = Netdev(["--local", f"127.0.0.1:{remote_port}", "--remote",
+                     f"127.0.0.1:{local_port}", "--ip", ENDPOINT_IP, "--mac", ENDPOINT_MAC,
+                     "--summary", str(summary_path), "--pcap", str(pcap_path),
+                     *netdev_options],
+                    CACHE / f"{name}-netdev.log", show=out)
+    return image, netdev, summary_path, pcap_path
+
+
 def run_demo(runs: Sequence[DemoRun], *, faults: Sequence[str] = (),
              local_port: int = DEFAULT_LOCAL_PORT, remote_port: int = DEFAULT_REMOTE_PORT,
              guest_timeout: float = 900.0, netdev_timeout: float = 900.0,
@@ -449,21 +475,9 @@ def run_demo(runs: Sequence[DemoRun], *, faults: Sequence[str] = (),
     guest cannot run at all, RuntimeError when netdev cannot.
     """
     started = time.monotonic()
-    image = cached_image()
-    if image is None:
-        image = build_image(log=lambda line: out(f"  image: {line}"))  # root, all tools
-    ensure_host_tools(needed=(QEMU,))
-    for port in (local_port, remote_port):
-        if not port_free(port):
-            raise RuntimeError(f"UDP 127.0.0.1:{port} is taken (another demo or guest?): "
-                               "pick free ports with --local-port/--remote-port")
-    summary_path = CACHE / f"{name}-netdev-summary.json"
-    pcap_path = CACHE / f"{name}-netdev.pcap"
-    netdev = Netdev(["--local", f"127.0.0.1:{remote_port}", "--remote",
-                     f"127.0.0.1:{local_port}", "--ip", ENDPOINT_IP, "--mac", ENDPOINT_MAC,
-                     "--summary", str(summary_path), "--pcap", str(pcap_path), *faults,
-                     *netdev_options],
-                    CACHE / f"{name}-netdev.log", show=out)
+    image, netdev, summary_path, pcap_path = guest_and_netdev(
+        name, local_port, remote_port, (*faults, *netdev_options), out,
+        port_hint=": pick free ports with --local-port/--remote-port")
     checks = [RunCheck(run, number) for number, run in enumerate(runs)]
     guest_failure: str | None = None
     exit_code: int | None = None
