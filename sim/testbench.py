@@ -359,6 +359,10 @@ class NetworkBench:
         """Deliver one frame as the MAC would (``error``: tuser set with the last beat)."""
         await self.source.send(self._rx_frame(frame, error=error, pad=pad))
 
+    def queue(self, frame):
+        """Queue one frame for the MAC without waiting (frames queued go in back to back)."""
+        self.source.send_nowait(self._rx_frame(frame))
+
     def attach(self, responder):
         """Connect a responder model: the core's packets to its QPN go to it (they
         stay in ``received`` too), and its answers go into the core when due."""
