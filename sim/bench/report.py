@@ -277,6 +277,12 @@ HEADLINES = [
              lambda row: f"{row['gbps']:.2f} Gb/s ({row['of_theory']:.2%} of theory)"),
     Headline("PFC response, 64-byte WRITEs", "pause", "pause", {"kind": "PFC", "length": 64},
              lambda row: f"{row['max']} cycles at most"),
+    Headline("IB CM connection setup, REQ → REP, endpoint idle", "cm_setup", "setup",
+             {"peer": "idle"},
+             lambda row: f"{row['max_latency']} cycles at most ({row['max_latency_ns']:.0f} ns)"),
+    Headline("IB CM connections, 16 QPs, next REQ on each REP", "cm_setup", "setup",
+             {"peer": "window"},
+             lambda row: f"{row['connections_per_s'] / 1e6:.2f} M connections/s"),
     Headline("VCU118Top (16 QPs), Yosys synth_xilinx", "resources", "resources",
              {"target": "VCU118Top"},
              lambda row: f"{row['lut']:,} LUT, {row['ff']:,} FF, {row['bram36']:g} BRAM36, "

@@ -28,7 +28,8 @@ __all__ = [
     "MAD_HEADER_FORMAT", "DETH_FORMAT", "GSI_QKEY", "UD_SEND_ONLY", "ROCEV2_PORT", "RDMA_PS_TCP",
     "cm_message", "parse_cm_message", "mad", "parse_mad", "MadHeader", "deth",
     "gsi_frame", "GsiPacket", "parse_gsi_frame", "service_id", "cma_header",
-    "connect_private", "parse_accept_private",
+    "connect_private", "accept_private", "parse_accept_private", "connect_request",
+    "ca_guid",
 ]
 
 MAD_BYTES = 256
@@ -308,3 +309,37 @@ def connect_private(*, rkey, base, length, version=1):
 def parse_accept_private(private):
     """``(version, qpn)`` of the endpoint's REP private data (196 bytes, zero-padded)."""
     return ACCEPT_PRIVATE_FORMAT.unpack_from(private)
+
+
+def accept_private(qpn, *, version=1):
+    """The endpoint's REP private data: its QPN (zero-padded by :func:`cm_message`)."""
+    return ACCEPT_PRIVATE_FORMAT.pack(version, qpn)
+
+
+def ca_guid(mac):
+    """The CA GUID derived from a MAC address as an EUI-64: FF FE in the middle, the
+    universal/local bit inverted (RFC 4291 appendix A)."""
+    octets = bytes.fromhex(mac.replace(":", ""))
+    return int.from_bytes(bytes([octets[0] ^ 0x02]) + octets[1:3] + b"\xff\xfe" + octets[3:],
+                          "big")
+
+
+def connect_request(*, comm_id, port, src_ip, dst_ip, qpn, psn, rkey, base, length,
+                    source_port=0xD431, path_mtu=3, response_timeout=20, version=1, **fields):
+    """The REQ that ``rdma_connect`` sends from ``src_ip`` (QP ``qpn``, Starting PSN
+    ``psn``) to an rdma_cm ``port`` at ``dst_ip`` over RoCEv2: RC, P_Key 0xFFFF, the
+    path's GIDs the IPv4-mapped addresses, the cma_hdr and :func:`connect_private`
+    (``version``) as private data. ``fields`` set or override any other REQ field."""
+    mapped = 0xFFFF_0000_0000
+    values = dict(
+        local_comm_id=comm_id, service_id=service_id(port), local_ca_guid=0x5254_00FF_FE12_3456,
+        local_qpn=qpn, starting_psn=psn, remote_cm_response_timeout=response_timeout,
+        local_cm_response_timeout=response_timeout, retry_count=7, partition_key=0xFFFF,
+        path_mtu=path_mtu, rnr_retry_count=7, max_cm_retries=15, primary_local_lid=0xFFFF,
+        primary_remote_lid=0xFFFF,
+        primary_local_gid=mapped | int(ipaddress.IPv4Address(src_ip)),
+        primary_remote_gid=mapped | int(ipaddress.IPv4Address(dst_ip)),
+        primary_hop_limit=64, primary_local_ack_timeout=14,
+        private_data=cma_header(src_ip=src_ip, dst_ip=dst_ip, port=source_port)
+        + connect_private(rkey=rkey, base=base, length=length, version=version))
+    return cm_message("REQ", **{**values, **fields})

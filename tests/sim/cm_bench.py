@@ -7,14 +7,20 @@ every frame is compared with Scapy's and every message must land (roce_bench's
 RoceRun does the checking).
 """
 
-import ipaddress
 import random
+from pathlib import Path
 
 import cocotb
-from roce_bench import OUR_IP, OUR_MAC, PEER_IP, PEER_MAC, Qp, RoceRun, start
+from roce_bench import OUR_IP, OUR_MAC, PARAMS, PEER_IP, PEER_MAC, Qp, RoceRun, start
+from scapy.layers.inet import IP
+from scapy.layers.l2 import Ether
 
+from gateware.cm.passive import TARGET_ACK_DELAY
+from gateware.cm.qp1 import SOURCE_PORT_BASE
+from gateware.core import CMAC_CLOCK_HZ
 from host import protocol
 from host.protocol import Ack, Datagram, QpInfo, Status
+from sim import tshark
 from sim.models import ib_cm
 from sim.models.rocev2 import Message, generator_payload
 
@@ -327,6 +333,13 @@ async def a_host_that_restarts_closes_all_its_qps(dut):
     bench.close()
 
 
+def connect_request(host, comm_id, **fields):
+    """The REQ of the peer's ``rdma_connect`` for ``host`` (its QP, PSN and buffer)."""
+    return ib_cm.connect_request(comm_id=comm_id, port=protocol.CM_PORT, src_ip=PEER_IP,
+                                 dst_ip=OUR_IP, qpn=host.qpn, psn=host.psn, rkey=host.rkey,
+                                 base=host.base, length=1 << 16, **fields)
+
+
 def gsi_to_core(kind, message, *, transaction_id):
     """A CM MAD of ``kind`` from the peer's QP1 to the core's, as rdma_cm frames it."""
     mad = ib_cm.mad(kind, message, transaction_id=transaction_id)
@@ -346,17 +359,7 @@ async def rdma_connect_opens_a_qp_that_a_cm_start_writes_into(dut):
     run = RoceRun(bench)
     host = Host(0x4D2, psn=0xABCDE, rkey=0x1122_3344, base=0x7F00_1234_0000, path_mtu=1024)
     tid, comm_id = 0x0123_4567_89AB_CDEF, 0x8765_4321
-    req = ib_cm.cm_message(
-        "REQ", local_comm_id=comm_id, service_id=ib_cm.service_id(protocol.CM_PORT),
-        local_ca_guid=0x5254_00FF_FE12_3456, local_qpn=host.qpn, starting_psn=host.psn,
-        remote_cm_response_timeout=20, local_cm_response_timeout=20, retry_count=7,
-        partition_key=0xFFFF, path_mtu=3, rnr_retry_count=7, max_cm_retries=15,
-        primary_local_lid=0xFFFF, primary_remote_lid=0xFFFF,
-        primary_local_gid=0xFFFF_0000_0000 | int(ipaddress.IPv4Address(PEER_IP)),
-        primary_remote_gid=0xFFFF_0000_0000 | int(ipaddress.IPv4Address(OUR_IP)),
-        primary_hop_limit=64, primary_local_ack_timeout=14,
-        private_data=ib_cm.cma_header(src_ip=PEER_IP, dst_ip=OUR_IP, port=0xD431)
-        + ib_cm.connect_private(rkey=host.rkey, base=host.base, length=1 << 16))
+    req = connect_request(host, comm_id)
     await bench.send(gsi_to_core("REQ", req, transaction_id=tid))
     gsi = ib_cm.parse_gsi_frame(await bench.recv())
     assert gsi.icrc_ok, gsi
@@ -390,4 +393,106 @@ async def rdma_connect_opens_a_qp_that_a_cm_start_writes_into(dut):
     await run.finish()
     await check_status(bench, qp, messages=4)
     assert not bench.received
+    bench.close()
+
+
+def gsi_from_core(kind, frame, **fields):
+    """The model's frame of a CM message of ``kind`` (``fields``) from the core's QP1 to
+    the peer's, with the TID and what the core generates per frame (BTH PSN, IPv4
+    identification and traffic class) taken from ``frame``, the MAD the core sent."""
+    gsi = ib_cm.parse_gsi_frame(frame)
+    header, _ = ib_cm.parse_mad(gsi.datagram)
+    ip = Ether(frame)[IP]
+    remote_comm_id = fields["remote_comm_id"]
+    return ib_cm.gsi_frame(
+        ib_cm.mad(kind, ib_cm.cm_message(kind, **fields), transaction_id=header.transaction_id),
+        src_ip=OUR_IP, dst_ip=PEER_IP, src_mac=OUR_MAC, dst_mac=PEER_MAC,
+        sport=SOURCE_PORT_BASE | remote_comm_id & 0x3FFF, psn=gsi.psn, ip_id=ip.id,
+        tos=ip.tos, ttl=ip.ttl)
+
+
+#: The REQs the passive CM rejects, one per cause, and the reason of each (IBTA table
+#: 109): what the REQ of :func:`connect_request` has instead.
+REJECTED = {
+    "service ID": (8, {"service_id": ib_cm.service_id(protocol.CM_PORT + 1)}),
+    "transport (UC)": (9, {"transport_service_type": 1}),
+    "path MTU 8192": (26, {"path_mtu": 6}),
+    "cma_hdr to another address": (28, {"private_data": ib_cm.cma_header(
+        src_ip=PEER_IP, dst_ip="10.77.0.9", port=0xD431)}),
+    "private data version 2": (28, {"version": 2}),
+}
+
+
+@cocotb.test()
+async def every_cm_frame_sent_is_the_models_and_wireshark_dissects_it(dut):
+    """Every kind of CM MAD the endpoint sends: the REP of a REQ (the second one's within
+    1 µs of the core's clock from the REQ's last beat to the REP's first), the REJ of each cause
+    (8, 9, 26, 28 for the cma_hdr and for the private data version) and, once all 16
+    QPs are connected, REJ 3. Each frame is byte for byte the IB CM model's (its
+    generated fields read from it) and Wireshark dissects it as that message, with no
+    malformed or error items."""
+    bench = await start(dut, seed=37)
+    bench.record_timing()
+    sent = []               # (what, frame, Wireshark's message, fields it must show)
+
+    async def exchange(kind, message, tid):
+        await bench.send(gsi_to_core(kind, message, transaction_id=tid))
+        frame = await bench.recv()
+        return frame, ib_cm.parse_cm_message(*reply_message(frame))
+
+    def reply_message(frame):
+        header, message = ib_cm.parse_mad(ib_cm.parse_gsi_frame(frame).datagram)
+        kind = {value: key for key, value in ib_cm.ATTRIBUTE_IDS.items()}[header.attribute_id]
+        return kind, message
+
+    hosts = [Host(0x600 + index, psn=0x1000 + index, rkey=0xAB00 + index,
+                  base=0x10_0000 * (index + 1), path_mtu=1024) for index in range(17)]
+    for index, host in enumerate(hosts[:16]):
+        comm_id = 0x3000_0000 + index
+        frame, rep = await exchange("REQ", connect_request(host, comm_id), 0x77_0000 + index)
+        qpn = protocol.FIRST_QPN + index
+        assert frame == gsi_from_core(
+            "REP", frame, local_comm_id=rep["local_comm_id"], remote_comm_id=comm_id,
+            local_qpn=qpn, starting_psn=rep["starting_psn"],
+            target_ack_delay=TARGET_ACK_DELAY, rnr_retry_count=7,
+            local_ca_guid=ib_cm.ca_guid(OUR_MAC),
+            private_data=ib_cm.accept_private(qpn)), f"REP {index}: {rep}"
+        if index == 1:                  # the peer's MAC known: no ARP in between
+            cycles = bench.first_beat_cycle(frame) - bench.rx_last_cycles[-1]
+            limit = CMAC_CLOCK_HZ // 1_000_000
+            dut._log.info("REQ → REP: %d cycles (1 µs at %d Hz: %d)", cycles, CMAC_CLOCK_HZ,
+                          limit)
+            assert 0 < cycles <= limit, cycles
+            sent.append(("REP", frame, "CM ConnectReply",
+                         {"infiniband.cm.rep.localqpn": f"0x{qpn:06x}",
+                          "infiniband.cm.rep.remotecommid": f"0x{comm_id:08x}"}))
+        rtu = ib_cm.cm_message("RTU", local_comm_id=comm_id, remote_comm_id=rep["local_comm_id"])
+        await bench.send(gsi_to_core("RTU", rtu, transaction_id=0x77_0000 + index))
+        await bench.idle(100)               # the next REQ finds the CM idle
+
+    causes = [(what, reason, fields) for what, (reason, fields) in REJECTED.items()]
+    causes.append(("no QP free", 3, {}))
+    for number, (what, reason, fields) in enumerate(causes):
+        comm_id = 0x4000_0000 + number
+        frame, rej = await exchange("REQ", connect_request(hosts[16], comm_id, **fields),
+                                    0x88_0000 + number)
+        assert frame == gsi_from_core("REJ", frame, remote_comm_id=comm_id, reason=reason), (
+            what, rej)
+        sent.append((f"REJ {reason} ({what})", frame, "CM ConnectReject",
+                     {"infiniband.cm.rej.reason": f"0x{reason:04x}",
+                      "infiniband.cm.rej.remotecommid": f"0x{comm_id:08x}"}))
+    await bench.idle(300)
+    counters = bench.counters()["ib_cm"]
+    assert (counters["rep_sent"], counters["established"]) == (16, 16), counters
+    assert not bench.received, [Ether(frame).summary() for frame in bench.received]
+
+    packets = tshark.dissect([frame for _, frame, _, _ in sent],
+                             Path(PARAMS["pcap"]).with_suffix(".sent.pcap"))
+    assert len(packets) == len(sent)
+    for (what, _, message, wanted), packet in zip(sent, packets, strict=True):
+        dut._log.info("%s: %s", what, message)
+        assert not packet.errors, (what, packet.errors)
+        assert message in packet.shownames, (what, sorted(packet.shownames)[:20])
+        for name, value in wanted.items():
+            assert packet.shown.get(name) == value, (what, name, packet.shown.get(name))
     bench.close()

@@ -2,11 +2,20 @@
 
 A few thousand mutated frames of every protocol the endpoint speaks (Ethernet,
 ARP, IPv4, ICMP, UDP echo, the CM on UDP 17185, RoCEv2 acknowledgements on
-4791) go in back to back, in batches of a hundred; after each batch a probe (a
-ping or an ARP request from the peer) must be answered. At the end every frame
-(the bench's answers to the core's ARP requests included) is accounted for:
-answered, or counted by the counter of the layer that took or dropped it. A QP
+4791, IB CM MADs to QP1) go in back to back, in batches of a hundred; after each
+batch a probe (a ping or an ARP request from the peer) must be answered. At the end
+every frame (the bench's answers to the core's ARP requests included) is accounted
+for: answered, or counted by the counter of the layer that took or dropped it. A QP
 opened before the fuzz then runs a generator run that must land byte for byte.
+
+The QP1 MADs (a REQ as rdma_connect sends it, an RTU and a REJ) are mutated where
+QP1 and the passive CM look: a byte of the BTH, the DETH or the MAD header, a field
+of the CM message set at random, the MAD cut or lengthened (IPv4 and UDP lengths to
+match), each with its ICRC made right again; or a bit of the ICRC flipped. Each is
+dropped and counted by QP1's receiver or the passive CM, or answered with a REP or
+REJ. They come from the other peer (which answers ARP) and from off the subnet (the
+REQ refused by the access list, its REJ unreachable); never from the silent address
+on the subnet, whose REPs would be retransmitted and counted again when unresolved.
 
 The seed is ``FUZZ_SEED`` from the environment (default 1), printed first;
 ``FUZZ_SEED=<n> make test`` repeats a run.
@@ -33,12 +42,14 @@ from scapy.layers.inet import ICMP, IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
+from gateware import headers
 from gateware.cm.datagram import CM_PORT
 from gateware.cm.manager import ConnectionManager
 from gateware.config import parse_ipv4
 from gateware.roce.requests import FIRST_QPN
 from host import protocol
 from host.protocol import Ack, Datagram, QpInfo
+from sim.models import ib_cm
 
 SEED = int(os.environ.get("FUZZ_SEED", "1"))
 FRAMES = 5000
@@ -56,11 +67,18 @@ CM_TXMETA = UDP_PAYLOAD + 1 + 2 * QP_INFO_BYTES + 2
 BTH_DQPN = UDP_PAYLOAD + 5
 ARP_SPA = IP_AT + 14
 CLOSE_ALL = 0xFFFFFF
+#: Where the parts of a GSI packet start in its frame: BTH, DETH, MAD, the CM message.
+GSI_BTH = UDP_PAYLOAD
+GSI_DETH = GSI_BTH + headers.BTH.length
+GSI_MAD = GSI_DETH + ib_cm.DETH_FORMAT.size
+GSI_CM = GSI_MAD + ib_cm.MAD_HEADER_FORMAT.size
 
 #: Sources of the fuzz frames: the other bench peer (answers ARP), an address on our
 #: subnet that never answers, one off it.
 SOURCES = [(OTHER_IP, OTHER_MAC), ("10.77.0.50", "52:54:00:00:00:50"),
            ("192.0.2.1", "52:54:00:00:00:51")]
+#: The sources of the QP1 MADs (see the module's docstring).
+GSI_SOURCES = [SOURCES[0], SOURCES[2]]
 
 
 def templates(rng, protected_qpn):
@@ -96,6 +114,57 @@ def templates(rng, protected_qpn):
                                     BTH(opcode=0x11, dqpn=qpn, psn=rng.getrandbits(24)) /
                                     AETH(syndrome=syndrome, msn=1)))
     return frames
+
+
+def gsi_templates(rng):
+    """Valid QP1 MADs: REQs as rdma_connect sends them (path MTUs 256 to 4096), an RTU
+    and a REJ, each of comm IDs that name no connection."""
+    frames = []
+    for src_ip, src_mac in GSI_SOURCES:
+        messages = [("REQ", ib_cm.connect_request(
+            comm_id=rng.getrandbits(32), port=CM_PORT, src_ip=src_ip, dst_ip=OUR_IP,
+            qpn=rng.getrandbits(24), psn=rng.getrandbits(24), rkey=rng.getrandbits(32),
+            base=rng.getrandbits(64), length=1 << 16, path_mtu=mtu)) for mtu in (1, 3, 5)]
+        messages += [(kind, ib_cm.cm_message(kind, local_comm_id=rng.getrandbits(32),
+                                             remote_comm_id=rng.getrandbits(32)))
+                     for kind in ("RTU", "REJ")]
+        for kind, message in messages:
+            frames.append(ib_cm.gsi_frame(
+                ib_cm.mad(kind, message, transaction_id=rng.getrandbits(64)),
+                src_ip=src_ip, dst_ip=OUR_IP, src_mac=src_mac, dst_mac=OUR_MAC,
+                sport=0xC000 | rng.getrandbits(14)))
+    return frames
+
+
+def mutate_gsi(frame, rng):
+    """A mutation of a QP1 MAD where QP1 and the CM look (see the module's docstring);
+    the ICRC is right again but when it is the ICRC that is mutated."""
+    frame = bytearray(frame)
+    kind = rng.randrange(6)
+    if kind == 5:
+        frame[-4 + rng.randrange(4)] ^= 1 << rng.randrange(8)
+        return bytes(frame)
+    if kind < 3:
+        start, end = ((GSI_BTH, GSI_DETH), (GSI_DETH, GSI_MAD), (GSI_MAD, GSI_CM))[kind]
+        frame[rng.randrange(start, end)] = rng.getrandbits(8)
+    elif kind == 3:
+        header, message = ib_cm.parse_mad(bytes(frame[GSI_MAD:-4]))
+        attribute = {v: k for k, v in ib_cm.ATTRIBUTE_IDS.items()}[header.attribute_id]
+        name, field = rng.choice(list(ib_cm.CM_MESSAGES[attribute].items()))
+        value = (rng.randbytes(field.width // 8) if name in ib_cm.BYTES_FIELDS
+                 else rng.getrandbits(field.width))
+        fields = {**ib_cm.parse_cm_message(attribute, message), name: value}
+        frame[GSI_CM:-4] = ib_cm.cm_message(attribute, **fields)
+    packet = Ether(bytes(frame))
+    if kind == 4:
+        body = bytes(packet[BTH].payload)
+        body = (body[:rng.randrange(len(body))] if rng.random() < 0.5
+                else body + rng.randbytes(rng.choice((1, 4, 64, 200))))
+        packet[BTH].remove_payload()
+        packet[BTH].add_payload(Raw(body))
+        packet[IP].len = packet[IP].chksum = packet[UDP].len = None
+    packet[BTH].icrc = None
+    return bytes(packet)
 
 
 def mutate(frame, rng):
@@ -174,22 +243,26 @@ def difference(after, before):
             else value - before[key] for key, value in after.items()}
 
 
-def accounted(counters, *, icmp_replies, udp_replies, cm_replies, cm_naks):
+def accounted(counters, *, icmp_replies, udp_replies, cm_replies, cm_naks, mad_replies):
     """Frames the counters and the replies account for: each frame is dropped and counted
-    by exactly one layer, or taken (an ARP binding learnt, an acknowledgement, a MAD on
-    QP1), or answered; a reply dropped on its way out for its next hop counts as
-    answered."""
+    by exactly one layer, or taken (an ARP binding learnt, an acknowledgement, an RTU or
+    a host's REJ that the passive CM acts on), or answered (``mad_replies``: the REPs and
+    REJs from QP1, without those sent again on timeout); a reply dropped on its way out
+    for its next hop counts as answered."""
     arp, icmp, cm, qp1 = counters["arp"], counters["icmp"], counters["cm"], counters["qp1"]
+    ib = counters["ib_cm"]
     dropped = (sum(counters["eth"].values()) + sum(counters["ip"].values()) +
                sum(counters["udp"].values()) +
                arp["malformed"] + arp["ignored"] + arp["truncated"] +
                icmp["ignored"] + icmp["dropped"] + icmp["truncated"] +
                counters["udp_echo_dropped"] + sum(counters["roce_ack"].values()) +
-               sum(qp1.values()) - qp1["received"] +
-               # An OPEN_QP asking for a bad path MTU is answered NAK and counted malformed.
-               sum(cm[reason] for reason in ConnectionManager.DROP_REASONS) - cm_naks)
-    taken = arp["learnt"] + qp1["received"]
-    answered = (icmp_replies + udp_replies + cm_replies +
+               sum(qp1.values()) - qp1["received"] + ib["attribute"] + ib["unknown"] +
+               # An OPEN_QP asking for a bad path MTU is answered NAK and counted malformed;
+               # a REQ from outside the access list answered REJ 28 and counted access.
+               sum(cm[reason] for reason in ConnectionManager.DROP_REASONS) - cm_naks -
+               ib["rej_denied"])
+    taken = arp["learnt"] + ib["established"] + ib["rejected_by_host"]
+    answered = (icmp_replies + udp_replies + cm_replies + mad_replies - ib["rep_retransmitted"] +
                 arp["unresolved"] + arp["unreachable"])
     return dropped + taken + answered
 
@@ -204,7 +277,14 @@ async def mutated_frames_of_every_protocol(dut):
     host = Host(0x61, psn=0xABC, rkey=0x6161, base=0x40_0000, path_mtu=1024)
     qp = await open_qp(run, host, memory_size=1 << 16)
     corpus = templates(rng, qp.qpn)
-    fuzz = [mutate(rng.choice(corpus), rng) for _ in range(FRAMES)]
+    gsi = set(gsi_templates(rng))
+    corpus += sorted(gsi) * 2
+
+    def mutant(frame):
+        if frame in gsi and rng.random() < 0.8:
+            return mutate_gsi(frame, rng), rng.random() < 0.02, True
+        return mutate(frame, rng)
+    fuzz = [mutant(rng.choice(corpus)) for _ in range(FRAMES)]
     fuzz = [(protect(frame, qp.qpn), error, pad) for frame, error, pad in fuzz]
 
     baseline = bench.counters()
@@ -245,12 +325,15 @@ async def mutated_frames_of_every_protocol(dut):
     # The bench's peers answer the core's ARP requests for them: frames in too.
     sent += sum(arp[ARP].pdst in bench.peers for arp in bench.arp_requests[asked_before:])
     icmp_replies, udp_replies = replies(answers)
+    mad_replies = sum(BTH in Ether(frame) and Ether(frame)[BTH].opcode == ib_cm.UD_SEND_ONLY
+                      for frame in answers)
     cm_naks = sum(Datagram.decode(bytes(Ether(frame)[UDP].payload)).ack == Ack.NAK
                   for frame in cm_answers)
     total = accounted(counters, icmp_replies=icmp_replies, udp_replies=udp_replies,
-                      cm_replies=len(cm_answers), cm_naks=cm_naks)
-    dut._log.info("%d frames: %d ICMP, %d UDP echo and %d CM replies (%d NAK); counters %s",
-                  sent, icmp_replies, udp_replies, len(cm_answers), cm_naks, counters)
+                      cm_replies=len(cm_answers), cm_naks=cm_naks, mad_replies=mad_replies)
+    dut._log.info("%d frames: %d ICMP, %d UDP echo, %d CM replies (%d NAK) and %d MADs "
+                  "from QP1; counters %s", sent, icmp_replies, udp_replies, len(cm_answers),
+                  cm_naks, mad_replies, counters)
     assert counters["eth"]["overflow"] == 0, counters["eth"]
     assert total == sent, f"{sent} frames sent, {total} accounted for (FUZZ_SEED={SEED})"
 

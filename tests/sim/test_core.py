@@ -6,6 +6,7 @@ models with faults), against a ConnectX-class peer (connectx_bench), DCQCN's CNP
 (dcqcn_bench) and a congested switch (switch_bench), and PAUSE and PFC frames
 (pause_bench)."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,9 @@ from sim.runner import BUILD, run
 from sim.testbench import CORE_PARAMS
 
 HERE = Path(__file__).parent
+
+#: The cases that need a tool besides the simulator: (the tool, the Debian package).
+TOOLS = {"every_cm_frame_sent_is_the_models_and_wireshark_dissects_it": ("tshark", "tshark")}
 
 TESTCASES = {
     # The longest (about 3 minutes) first, so that the workers of make test end together.
@@ -61,6 +65,7 @@ TESTCASES = {
         "only_the_qps_host_steers_it",
         "a_host_that_restarts_closes_all_its_qps",
         "rdma_connect_opens_a_qp_that_a_cm_start_writes_into",
+        "every_cm_frame_sent_is_the_models_and_wireshark_dissects_it",
     ],
     "connectx_bench": [
         "sixteen_qps_of_64_byte_messages_acknowledged_at_once",
@@ -84,6 +89,9 @@ TESTCASES = {
 @pytest.mark.parametrize("module, testcase", [
     (module, testcase) for module, testcases in TESTCASES.items() for testcase in testcases])
 def test_core(core_design, module, testcase):
+    tool, package = TOOLS.get(testcase, (None, None))
+    if tool is not None and shutil.which(tool) is None:
+        pytest.skip(f"{tool} is not installed (apt-get install {package})")
     pcap = BUILD / "pcap" / f"{module.removesuffix('_bench')}-{testcase}.pcap"
     run(core_design, module=module, test_dir=HERE, testcase=testcase,
         params={**CORE_PARAMS, "pcap": str(pcap)})
