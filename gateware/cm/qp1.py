@@ -35,6 +35,7 @@ from ..headers import (
     UDP,
     UDP_PORT_ROCEV2,
 )
+from ..packet.fifo import PacketFIFO
 from ..packet.router import PacketRouter
 from ..roce.icrc import ICRC, ICRC_BYTES, PSEUDO_LRH, variant_mask
 from ..stream import BEAT_BYTES, beats_for, packet_signature
@@ -133,30 +134,38 @@ class Qp1Receiver(wiring.Component):
     GSI Q_Key 0x80010000; and its MAD base version 1, class CM (0x07), class version 2
     and method Send (0x03, R clear). Anything else is dropped and counted in
     ``o_counters`` by the first reason that applies, in that order: ``length``,
-    ``icrc``, ``opcode``, ``version``, ``qp``, ``pkey``, ``qkey``, ``mad``; a valid MAD
-    that finds the record still held (the consumer has not taken the previous one by
-    the new one's last beat) is dropped as ``busy``. ``received`` counts those
-    delivered.
+    ``icrc``, ``opcode``, ``version``, ``qp``, ``pkey``, ``qkey``, ``mad``. ``received``
+    counts those delivered.
 
-    ``i`` is always ready (the receive path never stalls here). The datagram's beats
-    but its last are kept in registers; with the last, the whole MAD and the sender go
-    to the record, and ``o.valid`` is high after the fourth clock edge after the one
-    that takes the last beat (the ICRC at one beat per cycle: the beat masked, its term
-    of the register update, the register, the last beat's padding taken back out; then
-    the verdict). ``o`` holds the record until taken; a datagram whose last beat comes
-    while it is held or pending is ``busy``.
+    ``i`` is always ready (the receive path never stalls here). A datagram whose UDP
+    length is not 288 is dropped as it arrives; the others wait in a queue of ``queue``
+    datagrams (store and forward, in block RAM at the default size), so that a host
+    that sends its REQs and RTUs back to back loses none while the consumer works on
+    one MAD at a time. A datagram that finds the queue full is dropped as ``busy``.
+    The queue passes a datagram on two cycles after its last beat is in; the receiver
+    then takes its beats but the last into registers, and with the last the whole MAD
+    and the sender go to the record: ``o.valid`` is high after the fourth clock edge
+    after the one that takes the last beat from the queue (the ICRC at one beat per
+    cycle: the beat masked, its term of the register update, the register, the last
+    beat's padding taken back out; then the verdict). ``o`` holds the record until
+    taken, and the queue holds the next datagram meanwhile.
 
     Parameters
     ----------
     width : int
         Byte lanes of a beat, at least 5 (the BTH's variant byte lies in the first beat).
+    queue : int
+        Datagrams the queue holds.
     """
 
-    def __init__(self, *, width=BEAT_BYTES):
+    def __init__(self, *, width=BEAT_BYTES, queue=32):
         if not isinstance(width, int) or width < BTH.byte_span("resv8a")[1]:
             raise ValueError(f"Beat width must be an integer of at least "
                              f"{BTH.byte_span('resv8a')[1]} bytes, not {width!r}")
+        if not isinstance(queue, int) or queue < 1:
+            raise ValueError(f"The queue must hold a positive number of datagrams, not {queue!r}")
         self._width = width
+        self._queue = queue
         super().__init__({
             "i": In(packet_signature(UDP_RX_META, width=width)),
             "o": Out(stream.Signature(QP1_RECEIVED)),
@@ -175,22 +184,46 @@ class Qp1Receiver(wiring.Component):
         m = Module()
         width = self._width
         beats = beats_for(GSI_PAYLOAD_BYTES, width)
-        meta = self.i.p.meta
-        m.d.comb += self.i.ready.eq(1)
-        accepted = self.i.valid
+
+        # The queue, fed only datagrams of the GSI length (known from the first beat's
+        # meta, so a flood of other sizes never takes the room of MADs).
+        m.submodules.queue = queue = PacketFIFO(
+            UDP_RX_META, depth=1 << (self._queue * beats - 1).bit_length(),
+            max_packets=self._queue, width=width, length_field="bytes")
+        first_beat = Signal(init=1)
+        skipping = Signal()
+        wrong_length = self.i.p.meta.udp.length != UDP.length + GSI_PAYLOAD_BYTES
+        skip = Mux(first_beat, wrong_length, skipping)
+        with m.If(self.i.valid):
+            m.d.sync += first_beat.eq(self.i.p.last)
+            with m.If(first_beat):
+                m.d.sync += skipping.eq(wrong_length)
+        m.d.comb += [
+            self.i.ready.eq(1),
+            queue.i.valid.eq(self.i.valid & ~skip),
+            queue.i.p.eq(self.i.p),
+        ]
+        skipped = self.i.valid & self.i.p.last & skip
+
+        # One datagram at a time from the queue, while no record is held or pending.
+        pending = Signal()
+        datagram = queue.o
+        meta = datagram.p.meta
+        m.d.comb += datagram.ready.eq(~self.o.valid & ~pending)
+        accepted = datagram.valid & datagram.ready
 
         # The beat's index in its datagram (saturating past the beats a GSI packet has),
         # and every beat but the last of one kept in registers.
         index = Signal(range(beats + 1))
         stored = Signal(8 * width * (beats - 1))
         with m.If(accepted):
-            m.d.sync += index.eq(Mux(self.i.p.last, 0, Mux(index == beats, beats, index + 1)))
+            m.d.sync += index.eq(Mux(datagram.p.last, 0, Mux(index == beats, beats, index + 1)))
             if beats > 1:
                 with m.If(index < beats - 1):
-                    m.d.sync += stored.word_select(index, 8 * width).eq(self.i.p.data)
+                    m.d.sync += stored.word_select(index, 8 * width).eq(datagram.p.data)
 
         # With the last beat: the whole payload, and the checks on its headers.
-        payload = Cat(stored, self.i.p.data)
+        payload = Cat(stored, datagram.p.data)
         bth = BTH.from_wire(payload[_wire_bits(0, BTH.length)])
         deth = DETH.from_wire(payload[_wire_bits(BTH.length, DETH.length)])
         mad_lanes = payload[_wire_bits(BTH.length + DETH.length, MAD.length)]
@@ -198,16 +231,12 @@ class Qp1Receiver(wiring.Component):
         header = mad.header
         verdict_layout = data.StructLayout({
             "done": 1,                  # the last beat of a datagram
-            "claimed": 1,               # its MAD went to the record, pending the verdict
             "icrc": ICRC_BYTES * 8,     # as received
             **{reason: 1 for reason in _DROP_REASONS if reason not in ("icrc", "busy")},
         })
         verdict = Signal(verdict_layout)
-        pending = Signal()
-        claim = accepted & self.i.p.last & ~self.o.valid & ~pending
         m.d.comb += [
-            verdict.done.eq(accepted & self.i.p.last),
-            verdict.claimed.eq(claim),
+            verdict.done.eq(accepted & datagram.p.last),
             verdict.icrc.eq(payload[_wire_bits(_COVERED, ICRC_BYTES)]),
             verdict.length.eq((meta.udp.length != UDP.length + GSI_PAYLOAD_BYTES) |
                               (index != beats - 1)),
@@ -221,7 +250,7 @@ class Qp1Receiver(wiring.Component):
                            (header.class_version != CM_CLASS_VERSION) |
                            header.response | (header.method != METHOD_SEND)),
         ]
-        with m.If(claim):
+        with m.If(verdict.done):
             m.d.sync += [
                 pending.eq(1),
                 self.o.p.src_ip.eq(meta.ip.src),
@@ -249,7 +278,7 @@ class Qp1Receiver(wiring.Component):
         m.d.sync += [
             stage_1.valid.eq(accepted),
             stage_1.first.eq(index == 0),
-            stage_1.beat.eq((self.i.p.data | Mux(index == 0, first_beat_mask, 0)) & covered),
+            stage_1.beat.eq((datagram.p.data | Mux(index == 0, first_beat_mask, 0)) & covered),
             stage_1.headers.eq(Cat(IPV4.to_wire(meta.ip), UDP.to_wire(meta.udp)) |
                                header_mask),
             stage_1.verdict.eq(verdict),
@@ -299,10 +328,9 @@ class Qp1Receiver(wiring.Component):
         for reason, fails in failed.items():
             strobes[reason] = verdict_4.done & fails & ~earlier
             earlier = earlier | fails
-        good = verdict_4.done & ~earlier
-        strobes["busy"] = good & ~verdict_4.claimed
-        delivered = good & verdict_4.claimed
-        with m.If(verdict_4.done & verdict_4.claimed):
+        delivered = verdict_4.done & ~earlier
+        strobes["busy"] = queue.o_overflow_drop
+        with m.If(verdict_4.done):
             m.d.sync += pending.eq(0)
         with m.If(delivered):
             m.d.sync += self.o.valid.eq(1)
@@ -310,6 +338,11 @@ class Qp1Receiver(wiring.Component):
             m.d.sync += self.o.valid.eq(0)
 
         m.d.comb += self.o_counters.received.eq(event_counter(m, delivered, "received"))
+        # A datagram of another length counts as it is skipped, or (its beats and its
+        # UDP length disagree) at the verdict; both can come in one cycle.
+        length = Signal.like(self.o_counters.length)
+        m.d.sync += length.eq(length + skipped + strobes.pop("length"))
+        m.d.comb += self.o_counters.length.eq(length)
         for reason, strobe in strobes.items():
             m.d.comb += self.o_counters[reason].eq(event_counter(m, strobe, reason))
         return m

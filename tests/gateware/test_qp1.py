@@ -1,8 +1,8 @@
 # amaranth: UnusedElaboratable=no
 """QP1 (gateware.cm.qp1) against the IB CM model (sim.models.ib_cm) and Scapy's ICRC:
 valid MADs delivered whole with their sender, every drop reason counted, the next good
-packet after a bad one delivered, a busy consumer, random gaps in valid and ready; MADs
-sent framed as the model frames them, with an ICRC Scapy agrees with."""
+packet after a bad one delivered, a busy consumer and the queue, random gaps in valid and
+ready; MADs sent framed as the model frames them, with an ICRC Scapy agrees with."""
 
 import ipaddress
 import random
@@ -27,7 +27,7 @@ from gateware.config import NetworkConfig, config_value
 from gateware.headers import MAD
 from gateware.ip.tx import NEXT_HOP_META, IPv4Transmitter
 from gateware.roce.icrc import IcrcInserter
-from gateware.stream import packet_signature
+from gateware.stream import beats_for, packet_signature
 from gateware.udp.tx import UdpTransmitter
 from sim.models import ib_cm
 
@@ -135,18 +135,19 @@ def test_receiver_delivers_and_drops(width, gaps):
         assert counters.received == len(expected)
         for reason in REASONS:
             wanted = sum(outcome == reason for _, outcome in sequence)
-            assert counters[reason] == wanted, reason
+            assert counters[reason] == wanted, (reason, counters[reason], wanted)
 
     run_testbenches(dut, check, source, sink)
 
 
-def test_receiver_busy_while_the_record_is_held():
-    """Good frames back to back while the consumer holds off: the first waits in the
-    record, the others are dropped as busy; once it is taken, the next one is delivered."""
+def test_receiver_queues_while_the_record_is_held():
+    """Good frames back to back while the consumer holds off: one waits in the record and
+    ``queue`` more in the queue, the rest are dropped as busy; once the consumer takes
+    them, the queued ones follow in order, and a later one is delivered."""
     rng = random.Random("busy")
-    held = [good_frame(rng) for _ in range(3)]
+    held = [good_frame(rng) for _ in range(5)]
     later = good_frame(rng)
-    dut = Qp1Receiver(width=64)
+    dut = Qp1Receiver(width=64, queue=2)
     received = []
 
     async def source(ctx):
@@ -154,23 +155,25 @@ def test_receiver_busy_while_the_record_is_held():
             meta, payload = udp_delivery(frame)
             await put_packet(ctx, dut.i, payload, meta, width=64)
         await ctx.tick().repeat(20)
-        received.append(record_of(await get_item(ctx, dut.o)))
+        for _ in range(3):
+            received.append(record_of(await get_item(ctx, dut.o)))
         meta, payload = udp_delivery(later[0])
         await put_packet(ctx, dut.i, payload, meta, width=64)
         received.append(record_of(await get_item(ctx, dut.o)))
 
     async def check(ctx):
-        await wait_for(ctx, lambda: len(received) == 2, 500)
-        assert received == [held[0][1], later[1]]
+        await wait_for(ctx, lambda: len(received) == 4, 500)
+        assert received == [record for _, record in held[:3]] + [later[1]]
         counters = ctx.get(dut.o_counters)
-        assert (counters.received, counters.busy) == (2, 2)
+        assert (counters.received, counters.busy) == (4, 2)
 
     run_testbenches(dut, check, source)
 
 
 def test_receiver_latency():
     """The record is offered after the fourth clock edge after the one that takes the
-    datagram's last beat."""
+    datagram's last beat from the queue, which passes the datagram's first beat on two
+    cycles after its last is in and the others one a cycle."""
     rng = random.Random("latency")
     frame, record = good_frame(rng)
     dut = Qp1Receiver(width=64)
@@ -182,7 +185,7 @@ def test_receiver_latency():
         while not ctx.get(dut.o.valid):
             await ctx.tick()
             edges += 1
-        assert edges == 4
+        assert edges == 2 + (beats_for(GSI_PAYLOAD_BYTES, 64) - 1) + 4
         assert record_of(ctx.get(dut.o.p)) == record
 
     run_testbenches(dut, testbench)
