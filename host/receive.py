@@ -745,18 +745,26 @@ class Receiver:
 
 
     def _disconnect(self, qp: QpRun) -> None:
-        """``rdma_disconnect`` of ``qp``; a notice when no DISCONNECTED came in time."""
+        """``rdma_disconnect`` of ``qp``; when no DISCONNECTED (the endpoint's DREP) came in
+        time, CLOSE_QP frees the endpoint QP, with a notice."""
         assert qp.endpoint is not None
         timeout = self.config.rdma_timeout
         try:
             qp.disconnect = self.backend.rdma_disconnect(qp.index, timeout)
         except HostError as error:
             qp.disconnect = {"event": None, "error": str(error)}
-        if qp.disconnect.get("event") != "DISCONNECTED":
-            why = qp.disconnect.get("error") or f"got {qp.disconnect.get('event')}"
-            self._notice(f"endpoint QP {qp.endpoint.qpn}: no DISCONNECTED within {timeout:g} s "
-                         f"of rdma_disconnect ({why}); the endpoint frees the QP at the end "
-                         "of its lease, or `qp-server --reclaim` closes it")
+        if qp.disconnect.get("event") == "DISCONNECTED":
+            return
+        why = qp.disconnect.get("error") or f"got {qp.disconnect.get('event')}"
+        try:
+            ack = self.cm.close_qp(qp.endpoint.qpn, qp.host.ip)
+            qp.disconnect["close_qp"] = ack.name
+            done = "closed it with CLOSE_QP"
+        except HostError as error:
+            done = (f"CLOSE_QP failed too ({error}): the endpoint frees it at the end of its "
+                    "lease, or `qp-server --reclaim` closes it")
+        self._notice(f"endpoint QP {qp.endpoint.qpn}: no DISCONNECTED within {timeout:g} s of "
+                     f"rdma_disconnect ({why}); {done}")
 
 
 _KIND_TEXT = {

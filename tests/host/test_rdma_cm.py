@@ -100,7 +100,7 @@ def test_no_qp_free_is_rej_3():
     assert backend.rdma_disconnects == [0], "the QP that was connected is disconnected"
 
 
-def test_no_disconnected_in_time_is_a_notice_not_a_failure():
+def test_no_disconnected_in_time_closes_with_close_qp():
     backend = FakeBackend()
     backend.disconnect_outcome = {"disconnect_call": "returned", "event": None,
                                   "error": "waiting for DISCONNECTED: no rdma_cm event"}
@@ -109,8 +109,10 @@ def test_no_disconnected_in_time_is_a_notice_not_a_failure():
                                       "3", "--size", "8", "--count", "2")
     assert code == 0, err
     assert "endpoint QP 256: no DISCONNECTED within 3 s of rdma_disconnect" in err
-    assert "--reclaim" in err
+    assert "closed it with CLOSE_QP" in err
     assert summary["qp"][0]["disconnect"]["event"] is None
+    assert summary["qp"][0]["disconnect"]["close_qp"] == "ACK"
+    assert not endpoint.qps[0].status.open
 
 
 def test_the_receive_api_takes_the_same_choice():
