@@ -46,8 +46,8 @@ from .errors import HostError
 from .protocol import CM_PORT, generator_payload
 
 __all__ = ["ENDPOINT_PORT", "CONNECT_PRIVATE", "ACCEPT_PRIVATE", "REJ_REASONS", "CmEvent",
-           "EventChannel", "CmLink", "Rejected", "connect_private", "parse_accept_private",
-           "event_error", "build_parser", "main"]
+           "EventChannel", "CmLink", "Rejected", "NoEvent", "connect_private",
+           "parse_accept_private", "event_error", "build_parser", "main"]
 
 _PROG = "rdma-connect"
 #: The endpoint's rdma_cm port (service ID 0x0106 << 16 | port): the UDP CM's port.
@@ -139,6 +139,10 @@ def event_error(event: CmEvent, where: str, expected: str) -> HostError | None:
                      f"not {expected}")
 
 
+class NoEvent(HostError):
+    """No rdma_cm event came within the time allowed."""
+
+
 class _Channel(ctypes.Structure):
     _fields_ = [("fd", ctypes.c_int)]
 
@@ -193,7 +197,7 @@ class EventChannel:
         """The next event, within ``timeout`` seconds (else a HostError naming ``what``)."""
         readable, _, _ = select.select([self.fd], [], [], timeout)
         if not readable:
-            raise HostError(f"{what}: no rdma_cm event within {timeout:g} s: is the endpoint "
+            raise NoEvent(f"{what}: no rdma_cm event within {timeout:g} s: is the endpoint "
                             "up? (or wait longer: --timeout of rdma_connect, --rdma-timeout "
                             "of qp-server)")
         event = ctypes.POINTER(_Event)()
@@ -287,6 +291,10 @@ class CmLink:
             return outcome
         try:
             outcome["event"] = self.events.get("waiting for DISCONNECTED", timeout).name
+        except NoEvent:
+            outcome["event"] = None
+            outcome["error"] = (f"no rdma_cm event within {timeout:g} s: the endpoint did not "
+                                "answer the DREQ with DREP")
         except HostError as error:
             outcome["event"] = None
             outcome["error"] = str(error)

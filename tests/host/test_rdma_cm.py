@@ -8,7 +8,7 @@ import pytest
 
 from host.errors import HostError
 from host.protocol import CM_PORT, Request
-from host.rdma_connect import CmEvent, EventChannel, Rejected, event_error
+from host.rdma_connect import CmEvent, EventChannel, NoEvent, Rejected, event_error
 from host.receive import Receiver, RunConfig
 
 from .fakes import HOST_IP, FakeBackend, FakeEndpoint
@@ -155,7 +155,7 @@ def test_no_event_in_time_names_the_timeout_options():
     try:
         channel = EventChannel.__new__(EventChannel)
         channel.fd = read
-        with pytest.raises(HostError, match=r"connecting to x: no rdma_cm event within 0.05 s"
+        with pytest.raises(NoEvent, match=r"connecting to x: no rdma_cm event within 0.05 s"
                                             r".*--rdma-timeout of qp-server"):
             channel.get("connecting to x", 0.05)
     finally:
