@@ -37,6 +37,13 @@ def _host_ip(endpoint: str) -> str:
         return probe.getsockname()[0]
 
 
+def _free_udp_port() -> int:
+    """A UDP port of 127.0.0.1 free now (netdev's and QEMU's ends of the link)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def guest_measure(endpoint: str, count: int) -> dict[str, list[float]]:
     """Seconds of each OPEN_QP and each rdma_cm connect, run in the guest."""
     from host.cm import CmClient
@@ -93,9 +100,11 @@ def _bench(count: int) -> int:
         print(f"{_PROG}: skipped: no Soft-RoCE image cached, and building one needs root "
               "(`python -m sim.softroce.guest build` as root once)")
         return 0
+    local_port, remote_port = _free_udp_port(), _free_udp_port()
     result = run_connect([Step("rate", "sim.bench.connect_rate",
                                ("--guest", "--count", str(count)))],
-                         name="connect-rate", out=lambda line: None)
+                         name="connect-rate", local_port=local_port, remote_port=remote_port,
+                         out=lambda line: None)
     step = result["rate"]
     if step.exit_code != 0 or not step.summary:
         print(f"{_PROG}: error: the guest's measurement failed (exit {step.exit_code}): "
