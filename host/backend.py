@@ -82,7 +82,8 @@ class VerbsOptions:
 class Backend(Protocol):
     """A verbs stack with ``qps`` RC QPs, each with its own registered buffer.
 
-    Call order: :meth:`open`, then per QP :meth:`qp_info` and :meth:`connect`, then
+    Call order: :meth:`open`, then per QP :meth:`qp_info` and :meth:`connect` (or
+    :meth:`rdma_connect`, ended by :meth:`rdma_disconnect`), then
     :meth:`post_receive` / :meth:`poll` / :meth:`read` while data lands, :meth:`close`
     at the end (also after a failure; it must be safe to call twice). :meth:`reset`
     between runs over the same QPs, followed by :meth:`qp_info` and :meth:`connect`.
@@ -100,6 +101,22 @@ class Backend(Protocol):
 
     def connect(self, qp: int, endpoint: QpInfo, mtu: PathMtu) -> None:
         """Move host QP ``qp`` to RTR and RTS towards ``endpoint`` with path MTU ``mtu``."""
+        ...
+
+    def rdma_connect(self, qp: int, endpoint: str, port: int,
+                     timeout: float) -> tuple[QpInfo, PathMtu]:
+        """Connect host QP ``qp`` (in INIT) through rdma_cm to ``endpoint``'s rdma_cm
+        ``port`` instead of :meth:`connect`: the REQ's private data names its buffer,
+        the QP ends in RTS. The endpoint's QPN (from the REP) and the PSN it sends
+        first, and the path MTU; :meth:`qp_info` gives the host's PSN after it. Raises
+        :class:`~host.errors.HostError` (:class:`host.rdma_connect.Rejected` for a
+        REJ) with the fix; ``timeout``: seconds for each rdma_cm event."""
+        ...
+
+    def rdma_disconnect(self, qp: int, timeout: float) -> dict:
+        """``rdma_disconnect`` of a QP connected by :meth:`rdma_connect`, then wait up to
+        ``timeout`` seconds for DISCONNECTED: ``event`` (its name or None),
+        ``seconds``, ``error``."""
         ...
 
     def reset(self, qp: int) -> None:

@@ -3,6 +3,7 @@
 Usage::
 
     qp-server [run] [options]                 pair, start, check, close (needs pyverbs)
+    qp-server --cm rdma [options]             the same, the QPs connected with rdma_cm
     qp-server ctrl start --qpn N [options]    start a generator run on an open endpoint QP
     qp-server ctrl close-qp --qpn N --host-ip IP
     qp-server ctrl status --qpn N [--json]
@@ -32,6 +33,7 @@ from .errors import HostError
 from .fleet import fleet_json, fleet_text, parse_endpoints, run_endpoints
 from .numa import pin_to_node
 from .protocol import PathMtu
+from .receive import CMS
 from .run import RunConfig, Runner, rate_divider
 
 __all__ = ["DEFAULT_CLOCK_HZ", "build_parser", "main", "parse_bytes", "parse_bind",
@@ -240,6 +242,17 @@ def build_parser() -> argparse.ArgumentParser:
     verbs.add_argument("--numa-node", type=_count(0, 4095), default=None, metavar="N",
                        help="run on this NUMA node's CPUs; buffers are allocated after "
                             "pinning, so they land on its memory")
+    rdma = run.add_argument_group("rdma_cm")
+    rdma.add_argument("--cm", choices=CMS, default="udp",
+                      help="pair the QPs with the UDP CM's OPEN_QP (default), or connect "
+                           "them with rdma_cm (rdma_connect to the endpoint's IB CM; runs "
+                           "are still started over UDP; rdma_disconnect at the end)")
+    rdma.add_argument("--rdma-port", type=_port, default=protocol.CM_PORT, metavar="PORT",
+                      help=f"the endpoint's rdma_cm port with --cm rdma (default "
+                           f"{protocol.CM_PORT})")
+    rdma.add_argument("--rdma-timeout", type=_seconds, default=10.0, metavar="SECONDS",
+                      help="with --cm rdma: wait this long for each rdma_cm event, and for "
+                           "DISCONNECTED after rdma_disconnect (default 10)")
     _generator_options(run, default_size=4096, default_count=1000)
     behaviour = run.add_argument_group("run")
     behaviour.add_argument("--no-start", action="store_true",
@@ -403,14 +416,18 @@ def _ctrl(parser: argparse.ArgumentParser, args: argparse.Namespace, out: TextIO
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace,
          backend: BackendFactory | None, out: TextIO, err: TextIO) -> int:
-    config = RunConfig(
-        write=args.write, immediate=args.imm, size=args.size, count=args.count,
-        divider=_divider(parser, args), ring=_ring(parser, args), qps=args.qps,
-        receives=args.receives, mtu=PathMtu.from_size(args.mtu) if args.mtu else None,
-        start=not args.no_start, stall=args.stall, repeat=args.repeat, reclaim=args.reclaim,
-        credit=args.credit,
-        idle_sleep=0.0 if args.poll == "busy" else 1e-3, check=args.check,
-        check_threads=args.check_threads)
+    try:
+        config = RunConfig(
+            write=args.write, immediate=args.imm, size=args.size, count=args.count,
+            divider=_divider(parser, args), ring=_ring(parser, args), qps=args.qps,
+            receives=args.receives, mtu=PathMtu.from_size(args.mtu) if args.mtu else None,
+            start=not args.no_start, stall=args.stall, repeat=args.repeat,
+            reclaim=args.reclaim, credit=args.credit,
+            idle_sleep=0.0 if args.poll == "busy" else 1e-3, check=args.check,
+            check_threads=args.check_threads, cm=args.cm, rdma_port=args.rdma_port,
+            rdma_timeout=args.rdma_timeout)
+    except ValueError as error:
+        parser.error(str(error))
     endpoints = _endpoints(parser, args)
     live = err.isatty()
     clear = _CLEAR_LINE if live else ""

@@ -12,8 +12,16 @@ data and from the QP's attributes (``dest_qp_num``). With ``--size`` and ``--cou
 it then starts a generator WRITE run on that QP through the UDP CM
 (:meth:`host.cm.CmClient.start`, from the host's address) and checks every byte of the
 buffer against :func:`host.protocol.generator_payload`. Last it calls
-``rdma_disconnect`` and reports how the disconnect ended (the endpoint does not answer
-DREQ: the host's CM retries it and reports DISCONNECTED when it gives up).
+``rdma_disconnect`` and reports how the disconnect ended: DISCONNECTED when the
+endpoint answered the DREQ with DREP (or the host's CM gave the DREQ up), and after
+how many seconds.
+
+The rdma_cm events are read with librdmacm itself (:class:`EventChannel`, through
+ctypes on pyverbs' event channel), since pyverbs' ``CMEvent`` does not show an
+event's status: a REJECTED event's status is the REJ reason, which
+:class:`Rejected` carries and the JSON line reports as ``rej_reason``.
+``qp-server --cm rdma`` (:mod:`host.verbs`) connects its QPs with the same
+:class:`CmLink`.
 
 Exit 0 when connected (and the run, if any, was byte-exact), 1 with
 ``rdma-connect: error: <what to do>`` otherwise.
@@ -22,8 +30,11 @@ Exit 0 when connected (and the run, if any, was byte-exact), 1 with
 from __future__ import annotations
 
 import argparse
+import ctypes
+import dataclasses
 import json
-import signal
+import os
+import select
 import struct
 import sys
 import time
@@ -34,8 +45,9 @@ from .cm import CmClient
 from .errors import HostError
 from .protocol import CM_PORT, generator_payload
 
-__all__ = ["ENDPOINT_PORT", "CONNECT_PRIVATE", "ACCEPT_PRIVATE", "connect_private",
-           "parse_accept_private", "build_parser", "main"]
+__all__ = ["ENDPOINT_PORT", "CONNECT_PRIVATE", "ACCEPT_PRIVATE", "REJ_REASONS", "CmEvent",
+           "EventChannel", "CmLink", "Rejected", "NoEvent", "connect_private",
+           "parse_accept_private", "event_error", "build_parser", "main"]
 
 _PROG = "rdma-connect"
 #: The endpoint's rdma_cm port (service ID 0x0106 << 16 | port): the UDP CM's port.
@@ -47,6 +59,27 @@ CONNECT_PRIVATE = struct.Struct(">B3xIQQ")
 ACCEPT_PRIVATE = struct.Struct(">B3xI")
 PRIVATE_VERSION = 1
 _FILL = 0xA5
+_RDMA_CM_DEVICE = "/dev/infiniband/rdma_cm"
+
+#: librdmacm's ``enum rdma_cm_event_type``, in order.
+EVENT_NAMES = (
+    "ADDR_RESOLVED", "ADDR_ERROR", "ROUTE_RESOLVED", "ROUTE_ERROR", "CONNECT_REQUEST",
+    "CONNECT_RESPONSE", "CONNECT_ERROR", "UNREACHABLE", "REJECTED", "ESTABLISHED",
+    "DISCONNECTED", "DEVICE_REMOVAL", "MULTICAST_JOIN", "MULTICAST_ERROR", "ADDR_CHANGE",
+    "TIMEWAIT_EXIT",
+)
+
+#: REJ reasons (IBTA Vol. 1 table 112) the endpoint sends, and what to do about each.
+REJ_REASONS = {
+    3: ("no QP available", "every endpoint QP is in use: close some (`qp-server --reclaim` "
+        "on their host) or wait for the endpoint's lease to free idle ones"),
+    8: ("invalid service ID", "nothing listens on that rdma_cm port: give the endpoint's "
+        f"port (default {ENDPOINT_PORT})"),
+    26: ("invalid path MTU", "use a path MTU the endpoint supports (set the interface MTU)"),
+    28: ("consumer reject", "the endpoint refused the REQ's private data: it takes version "
+         f"{PRIVATE_VERSION} (rkey, base, length of a registered buffer); update the host "
+         "tools or the endpoint so they agree"),
+}
 
 
 def connect_private(*, rkey: int, base: int, length: int,
@@ -63,96 +96,187 @@ def parse_accept_private(private: bytes) -> tuple[int, int]:
     return ACCEPT_PRIVATE.unpack_from(private)
 
 
-class _Timeout(Exception):
-    pass
+@dataclasses.dataclass(frozen=True)
+class CmEvent:
+    """One rdma_cm event: its type, status (a REJECTED event's: the REJ reason) and
+    private data."""
+    kind: int
+    status: int = 0
+    private: bytes = b""
+
+    @property
+    def name(self) -> str:
+        return EVENT_NAMES[self.kind] if 0 <= self.kind < len(EVENT_NAMES) \
+            else f"event {self.kind}"
 
 
-def _alarm(signum: int, frame: object) -> None:
-    raise _Timeout
+class Rejected(HostError):
+    """The endpoint answered the REQ with REJ; ``reason`` is the REJ reason."""
+
+    def __init__(self, where: str, reason: int):
+        self.reason = reason
+        meaning, fix = REJ_REASONS.get(reason, ("", "check the port, the private data, the "
+                                                    "path MTU, and that a QP is free"))
+        super().__init__(f"{where} REJECTED the connection with reason {reason}"
+                         + (f" ({meaning})" if meaning else "") + f": {fix}")
 
 
-class Connection:
-    """One RC QP connected to the endpoint through rdma_cm (pyverbs)."""
+def event_error(event: CmEvent, where: str, expected: str) -> HostError | None:
+    """None when ``event`` is the ``expected`` one after ``rdma_connect``, else the
+    error that says what happened and what to do."""
+    if event.name == expected:
+        return None
+    if event.name == "REJECTED":
+        return Rejected(where, event.status)
+    if event.name == "UNREACHABLE":
+        return HostError(f"{where} is UNREACHABLE: the endpoint never answered the REQ "
+                         "(is it up, at that address, answering ARP and MADs on QP1?)")
+    if event.name == "CONNECT_ERROR":
+        return HostError(f"connecting to {where} ended in CONNECT_ERROR (status "
+                         f"{event.status}): the REP could not be applied to the host QP "
+                         "(path MTU, device)")
+    return HostError(f"connecting to {where} ended in {event.name} (status {event.status}), "
+                     f"not {expected}")
 
-    def __init__(self, endpoint: str, port: int, buffer_bytes: int, timeout: float):
-        import pyverbs.cm_enums as ce
-        import pyverbs.enums as e
-        from pyverbs.cmid import CMID, AddrInfo, CMEventChannel, ConnParam
-        from pyverbs.mr import MR
-        from pyverbs.qp import QPCap, QPInitAttr
 
-        self._ce = ce
-        self.timeout = timeout
+class NoEvent(HostError):
+    """No rdma_cm event came within the time allowed."""
+
+
+class _Channel(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int)]
+
+
+class _ConnParam(ctypes.Structure):
+    _fields_ = [("private_data", ctypes.c_void_p), ("private_data_len", ctypes.c_uint8),
+                ("responder_resources", ctypes.c_uint8), ("initiator_depth", ctypes.c_uint8),
+                ("flow_control", ctypes.c_uint8), ("retry_count", ctypes.c_uint8),
+                ("rnr_retry_count", ctypes.c_uint8), ("srq", ctypes.c_uint8),
+                ("qp_num", ctypes.c_uint32)]
+
+
+class _Event(ctypes.Structure):
+    """``struct rdma_cm_event`` up to ``param.conn`` (librdmacm allocates it)."""
+    _fields_ = [("id", ctypes.c_void_p), ("listen_id", ctypes.c_void_p),
+                ("event", ctypes.c_int), ("status", ctypes.c_int), ("conn", _ConnParam)]
+
+
+def _rdma_cm_fds() -> set[int]:
+    fds = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == _RDMA_CM_DEVICE:
+                fds.add(int(name))
+        except OSError:
+            continue
+    return fds
+
+
+class EventChannel:
+    """A pyverbs ``CMEventChannel`` (``channel``, for ``CMID``) whose events
+    :meth:`get` reads with librdmacm's ``rdma_get_cm_event`` through ctypes (the
+    library pyverbs itself uses), waiting on its file descriptor with a timeout."""
+
+    def __init__(self) -> None:
+        from pyverbs.cmid import CMEventChannel
+
+        before = _rdma_cm_fds()
         self.channel = CMEventChannel()
-        self.cmid = CMID(creator=self.channel)
+        new = _rdma_cm_fds() - before
+        if len(new) != 1:
+            self.channel.close()
+            raise HostError(f"cannot find the descriptor of the rdma_cm event channel "
+                            f"({_RDMA_CM_DEVICE}): is rdma_ucm loaded?")
+        self.fd = new.pop()
+        self._lib = ctypes.CDLL("librdmacm.so.1", use_errno=True)
+        self._lib.rdma_get_cm_event.argtypes = [ctypes.POINTER(_Channel),
+                                                ctypes.POINTER(ctypes.POINTER(_Event))]
+        self._lib.rdma_ack_cm_event.argtypes = [ctypes.POINTER(_Event)]
+
+    def get(self, what: str, timeout: float) -> CmEvent:
+        """The next event, within ``timeout`` seconds (else a HostError naming ``what``)."""
+        readable, _, _ = select.select([self.fd], [], [], timeout)
+        if not readable:
+            raise NoEvent(f"{what}: no rdma_cm event within {timeout:g} s: is the endpoint "
+                            "up? (or wait longer: --timeout of rdma_connect, --rdma-timeout "
+                            "of qp-server)")
+        event = ctypes.POINTER(_Event)()
+        if self._lib.rdma_get_cm_event(ctypes.byref(_Channel(self.fd)), ctypes.byref(event)):
+            raise HostError(f"{what}: rdma_get_cm_event failed: "
+                            f"{os.strerror(ctypes.get_errno())}")
+        got = event.contents
+        conn = got.conn
+        private = (ctypes.string_at(conn.private_data, conn.private_data_len)
+                   if conn.private_data and conn.private_data_len else b"")
+        result = CmEvent(got.event, got.status, private)
+        self._lib.rdma_ack_cm_event(event)
+        return result
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class CmLink:
+    """One rdma_cm ID (on its own :class:`EventChannel`) towards ``endpoint``, rdma_cm
+    port ``port``, with its address and route resolved; :meth:`connect` then
+    connects a QP: the ID's own (``cmid.create_qp``) or ``qp``, a QP created by the
+    caller on the same device (rdma_cm gives its RTR and RTS attributes and this
+    sends RTU with ``rdma_establish``)."""
+
+    def __init__(self, endpoint: str, port: int, timeout: float):
+        import pyverbs.cm_enums as ce
+        from pyverbs.cmid import CMID, AddrInfo
+
+        self.timeout = timeout
+        self.where = f"{endpoint} port {port}"
+        self.events = EventChannel()
+        self.cmid = CMID(creator=self.events.channel)
         self.established = False
-        where = f"{endpoint} port {port}"
         info = AddrInfo(dst=endpoint, dst_service=str(port), port_space=ce.RDMA_PS_TCP)
         self.cmid.resolve_addr(info, int(timeout * 1000))
-        self._expect(ce.RDMA_CM_EVENT_ADDR_RESOLVED, f"resolving {endpoint}",
+        self._expect("ADDR_RESOLVED", f"resolving {endpoint}",
                      "is rdma_rxe bound to the interface that routes to it "
                      "(`rdma link`), and rdma_ucm loaded?")
         self.cmid.resolve_route(int(timeout * 1000))
-        self._expect(ce.RDMA_CM_EVENT_ROUTE_RESOLVED, f"resolving the route to {endpoint}",
+        self._expect("ROUTE_RESOLVED", f"resolving the route to {endpoint}",
                      "does the endpoint answer ARP?")
-        cap = QPCap(max_send_wr=1, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)
-        self.cmid.create_qp(QPInitAttr(qp_type=e.IBV_QPT_RC, cap=cap, sq_sig_all=1))
-        access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
-        self.mr = MR(self.cmid.pd, max(buffer_bytes, 64), access)
-        self.mr.write(bytes((_FILL,)) * self.mr.length, self.mr.length)
-        self.private = connect_private(rkey=self.mr.rkey, base=self.mr.buf,
-                                       length=self.mr.length)
-        param = ConnParam(data_len=len(self.private))
-        param.set_private_data(self.private)
+
+    def _expect(self, name: str, what: str, fix: str) -> None:
+        event = self.events.get(what, self.timeout)
+        if event.name != name:
+            raise HostError(f"{what}: {event.name} (status {event.status}): {fix}")
+
+    def connect(self, private: bytes, qp: Any = None, *,
+                min_rnr_timer: int | None = None) -> bytes:
+        """``rdma_connect`` with ``private``; the REP's private data once connected,
+        :class:`Rejected` or another HostError otherwise. ``min_rnr_timer``: the RNR
+        timer the caller's ``qp`` announces instead of rdma_cm's."""
+        from pyverbs.cmid import ConnParam
+
+        param = ConnParam(data_len=len(private), qp_num=0 if qp is None else qp.qp_num)
+        param.set_private_data(private)
         self.cmid.connect(param)
-        event = self._event(f"connecting to {where}")
-        kind = event.event_type
-        private = event.private_data
-        event.ack_cm_event()
-        if kind == ce.RDMA_CM_EVENT_REJECTED:
-            raise HostError(f"{where} REJECTED the connection (pyverbs does not show the "
-                            "reason; the endpoint's ib_cm.rej_* counters do): check the port "
-                            "(service ID), that the REQ's private data is version 1 with a "
-                            "registered buffer, the path MTU, and that a QP is free")
-        if kind == ce.RDMA_CM_EVENT_UNREACHABLE:
-            raise HostError(f"{where} is UNREACHABLE: the endpoint never answered the REQ "
-                            "(is it up, at that address, answering ARP and MADs on QP1?)")
-        if kind != ce.RDMA_CM_EVENT_ESTABLISHED:
-            raise HostError(f"connecting to {where} ended in {_event_name(kind)}, not "
-                            "ESTABLISHED")
+        expected = "ESTABLISHED" if qp is None else "CONNECT_RESPONSE"
+        event = self.events.get(f"connecting to {self.where}", self.timeout)
+        error = event_error(event, self.where, expected)
+        if error is not None:
+            raise error
+        if qp is not None:
+            self.ready(qp, min_rnr_timer)
         self.established = True
-        self.rep_version, self.rep_qpn = parse_accept_private(private)
-        attr, _ = self.cmid.query_qp(e.IBV_QP_AV | e.IBV_QP_STATE | e.IBV_QP_PATH_MTU)
-        self.dest_qpn = attr.dest_qp_num
-        self.path_mtu = 128 << attr.path_mtu
-        self.qp_state = attr.qp_state
+        return event.private
 
-    def _event(self, what: str) -> Any:
-        from pyverbs.cmid import CMEvent
-        from pyverbs.pyverbs_error import PyverbsError
+    def ready(self, qp: Any, min_rnr_timer: int | None = None) -> None:
+        """Move the caller's ``qp`` to RTR and RTS with the attributes rdma_cm took from
+        the REP, then send RTU."""
+        import pyverbs.enums as e
 
-        previous = signal.signal(signal.SIGALRM, _alarm)
-        signal.setitimer(signal.ITIMER_REAL, self.timeout)
-        try:
-            return CMEvent(self.channel)
-        except (_Timeout, PyverbsError) as error:
-            if isinstance(error, _Timeout) or signal.getitimer(signal.ITIMER_REAL)[0] == 0:
-                raise HostError(f"{what}: no rdma_cm event within {self.timeout:g} s "
-                                "(raise --timeout; is the endpoint up?)") from None
-            raise HostError(f"{what}: {error}") from None
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-
-    def _expect(self, kind: int, what: str, fix: str) -> None:
-        event = self._event(what)
-        got = event.event_type
-        event.ack_cm_event()
-        if got != kind:
-            raise HostError(f"{what}: {_event_name(got)}: {fix}")
-
-    def read(self, offset: int, length: int) -> bytes:
-        return self.mr.read(length, offset)
+        for state in (e.IBV_QPS_RTR, e.IBV_QPS_RTS):
+            attr, mask = self.cmid.init_qp_attr(state)
+            if state == e.IBV_QPS_RTR and min_rnr_timer is not None:
+                attr.min_rnr_timer = min_rnr_timer
+            qp.modify(attr, mask)
+        self.cmid.establish()
 
     def disconnect(self, timeout: float) -> dict:
         """``rdma_disconnect``, then the next event (DISCONNECTED when the DREQ is
@@ -165,11 +289,12 @@ class Connection:
         except Exception as error:      # noqa: BLE001 -- reported, not fatal
             outcome["disconnect_call"] = f"raised {error}"
             return outcome
-        self.timeout = timeout
         try:
-            event = self._event("waiting for DISCONNECTED")
-            outcome["event"] = _event_name(event.event_type)
-            event.ack_cm_event()
+            outcome["event"] = self.events.get("waiting for DISCONNECTED", timeout).name
+        except NoEvent:
+            outcome["event"] = None
+            outcome["error"] = (f"no rdma_cm event within {timeout:g} s: the endpoint did not "
+                                "answer the DREQ with DREP")
         except HostError as error:
             outcome["event"] = None
             outcome["error"] = str(error)
@@ -177,19 +302,43 @@ class Connection:
         return outcome
 
     def close(self) -> None:
-        for name in ("mr", "cmid", "channel"):
-            thing = getattr(self, name, None)
-            if thing is not None:
-                thing.close()
+        for thing in (self.cmid, self.events):
+            thing.close()
 
 
-def _event_name(kind: int) -> str:
-    import pyverbs.cm_enums as ce
+class Connection(CmLink):
+    """One RC QP of rdma_cm's own (``cmid.create_qp``) connected to the endpoint, with
+    a registered buffer of ``buffer_bytes`` named in the REQ's private data
+    (``version`` other than 1 only to try the endpoint's check)."""
 
-    for name in dir(ce):
-        if name.startswith("RDMA_CM_EVENT_") and getattr(ce, name) == kind:
-            return name.removeprefix("RDMA_CM_EVENT_")
-    return f"event {kind}"
+    def __init__(self, endpoint: str, port: int, buffer_bytes: int, timeout: float, *,
+                 version: int = PRIVATE_VERSION):
+        import pyverbs.enums as e
+        from pyverbs.mr import MR
+        from pyverbs.qp import QPCap, QPInitAttr
+
+        super().__init__(endpoint, port, timeout)
+        cap = QPCap(max_send_wr=1, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)
+        self.cmid.create_qp(QPInitAttr(qp_type=e.IBV_QPT_RC, cap=cap, sq_sig_all=1))
+        access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+        self.mr = MR(self.cmid.pd, max(buffer_bytes, 64), access)
+        self.mr.write(bytes((_FILL,)) * self.mr.length, self.mr.length)
+        self.private = connect_private(rkey=self.mr.rkey, base=self.mr.buf,
+                                       length=self.mr.length, version=version)
+        self.rep_version, self.rep_qpn = parse_accept_private(self.connect(self.private))
+        attr, _ = self.cmid.query_qp(e.IBV_QP_AV | e.IBV_QP_STATE | e.IBV_QP_PATH_MTU)
+        self.dest_qpn = attr.dest_qp_num
+        self.path_mtu = 128 << attr.path_mtu
+        self.qp_state = attr.qp_state
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self.mr.read(length, offset)
+
+    def close(self) -> None:
+        mr = getattr(self, "mr", None)
+        if mr is not None:
+            mr.close()
+        super().close()
 
 
 def check_run(connection: Connection, size: int, count: int, timeout: float) -> dict:
@@ -228,6 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default 30)")
     parser.add_argument("--buffer", type=int, default=1 << 16,
                         help="bytes of the registered buffer (default 65536)")
+    parser.add_argument("--private-version", type=int, default=PRIVATE_VERSION,
+                        choices=range(256), metavar="N",
+                        help=f"the version byte of the REQ's private data (default "
+                             f"{PRIVATE_VERSION}; another one tries the endpoint's REJ)")
     return parser
 
 
@@ -242,7 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 0
     started = time.monotonic()
     try:
-        connection = Connection(args.endpoint, args.port, args.buffer, args.timeout)
+        connection = Connection(args.endpoint, args.port, args.buffer, args.timeout,
+                                version=args.private_version)
         result.update(established=True, rep_version=connection.rep_version,
                       endpoint_qpn=connection.rep_qpn, dest_qp_num=connection.dest_qpn,
                       host_qpn=connection.cmid.qpn, path_mtu=connection.path_mtu,
@@ -264,6 +418,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["disconnect"] = connection.disconnect(args.disconnect_timeout)
     except HostError as error:
         result.setdefault("established", False)
+        if isinstance(error, Rejected):
+            result["rej_reason"] = error.reason
         result["error"] = str(error)
         print(f"{_PROG}: error: {error}", file=sys.stderr)
         code = 1

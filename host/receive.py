@@ -9,8 +9,11 @@ the caller in order, as a zero-copy view of the registered buffer.
             use(message.qp, message.k, message.data)   # a memoryview, valid until the next
 
 Per QP: the backend creates the host QP and its buffer, CM OPEN_QP pairs it with
-an endpoint QP (the endpoint announces the path MTU), the backend connects it,
-receives are posted (SEND and WRITE with immediate), and a start datagram,
+an endpoint QP (the endpoint announces the path MTU), the backend connects it
+(``cm="rdma"``: the backend connects it with rdma_cm instead, to the endpoint's
+passive IB CM on rdma_cm port ``rdma_port``, the REQ's private data naming its
+buffer, and :meth:`Receiver.close` ends it with ``rdma_disconnect``), receives are
+posted (SEND and WRITE with immediate), and a start datagram,
 confirmed by STATUS, runs the generator (``start=False``: the endpoint's user
 logic sends). Then messages are found in order per QP:
 
@@ -55,10 +58,13 @@ from .backend import Backend, Completion, CompletionKind, PortInfo
 from .checker import Checker, Landed, Mismatch
 from .cm import CmClient, endpoint_error
 from .errors import HostError, StartNotTaken
-from .protocol import PathMtu, QpInfo, Status, generator_immediate
+from .protocol import CM_PORT, PathMtu, QpInfo, Status, generator_immediate
 
-__all__ = ["DEFAULT_RING_LIMIT", "RunConfig", "QpRun", "Message", "Batch", "Receiver",
+__all__ = ["CMS", "DEFAULT_RING_LIMIT", "RunConfig", "QpRun", "Message", "Batch", "Receiver",
            "default_ring"]
+
+#: How host QPs are paired with endpoint QPs: the UDP CM's OPEN_QP, or rdma_cm (IB CM).
+CMS = ("udp", "rdma")
 
 #: Largest default WRITE ring per QP (bytes), when ``--ring`` is not given.
 DEFAULT_RING_LIMIT = 64 << 20
@@ -88,7 +94,9 @@ class RunConfig:
     """What to run: ``--write``/``--send``, ``--imm``, ``--size``, ``--count``, the
     divider from ``--rate``, ``--ring`` (0: :func:`default_ring`), ``--qps``,
     ``--receives``, ``--mtu`` (None: the port's active MTU), ``not --no-start``,
-    ``--check`` (``all``, ``sample=N``, ``none``) and ``--check-threads``."""
+    ``--check`` (``all``, ``sample=N``, ``none``) and ``--check-threads``; ``--cm``
+    (:data:`CMS`), ``--rdma-port`` and ``--rdma-timeout`` (seconds for each rdma_cm
+    event, DISCONNECTED included)."""
     write: bool = True
     immediate: bool = False
     size: int = 4096
@@ -106,8 +114,20 @@ class RunConfig:
     check_threads: int = 1
     reclaim: bool = False       # --reclaim: close all the host's endpoint QPs first
     credit: bool = False        # --credit: a credited run, CREDIT sent as messages are released
+    cm: str = "udp"
+    rdma_port: int = CM_PORT
+    rdma_timeout: float = 10.0
 
     def __post_init__(self) -> None:
+        if self.cm not in CMS:
+            raise ValueError(f"cm must be one of {', '.join(CMS)}, not {self.cm!r}")
+        if self.cm == "rdma" and self.repeat > 1:
+            raise ValueError("--repeat needs --cm udp (a pass closes and reopens the QPs "
+                             "through the UDP CM); run qp-server again for another rdma_cm "
+                             "connection")
+        if self.cm == "rdma" and self.mtu is not None:
+            raise ValueError("--mtu needs --cm udp: rdma_cm takes the path MTU of the route "
+                             "(the interface's MTU: `ip link set <netdev> mtu 9000`)")
         if (self.size < 0 or self.count < 1 or self.qps < 1 or self.receives < 1
                 or self.repeat < 1 or self.check_threads < 1):
             raise ValueError("size must be >= 0 and count, qps, receives, repeat and "
@@ -192,6 +212,7 @@ class QpRun:
     status: Status | None = None
     last_progress: float = 0.0
     ended: bool = False
+    disconnect: dict | None = None     # rdma_cm: how rdma_disconnect ended
 
     @property
     def name(self) -> str:
@@ -329,7 +350,12 @@ class Receiver:
             self.qps.append(qp)
             if config.write and not config.immediate:
                 self.backend.fill(index, _FILL)
-            qp.endpoint, qp.mtu = self.cm.open_qp(qp.host, mtu)
+            if config.cm == "rdma":
+                qp.endpoint, qp.mtu = self.backend.rdma_connect(
+                    index, self.cm.endpoint, config.rdma_port, config.rdma_timeout)
+                qp.host = self.backend.qp_info(index)
+            else:
+                qp.endpoint, qp.mtu = self.cm.open_qp(qp.host, mtu)
             if self._previous_psns.get(index) == qp.endpoint.psn:
                 raise HostError(f"endpoint QP {qp.endpoint.qpn} announced first PSN "
                                 f"{qp.endpoint.psn:#08x} again after the close of pass "
@@ -340,11 +366,13 @@ class Receiver:
                                 f"{port.device} port {port.port}: raise the interface MTU "
                                 "(`ip link set <netdev> mtu 9000`) or rebuild the endpoint "
                                 "with a smaller default path MTU")
-            self.backend.connect(index, qp.endpoint, qp.mtu)
+            if config.cm == "udp":
+                self.backend.connect(index, qp.endpoint, qp.mtu)
             for wr_id in range(config.posted_receives):
                 self._post(qp, wr_id)
+            how = " through rdma_cm" if config.cm == "rdma" else ""
             self._notice(f"paired host QPN {qp.host.qpn} ({qp.host.ip}) with endpoint QPN "
-                         f"{qp.endpoint.qpn} ({qp.endpoint.ip}), path MTU {qp.mtu.bytes}, "
+                         f"{qp.endpoint.qpn} ({qp.endpoint.ip}){how}, path MTU {qp.mtu.bytes}, "
                          f"first PSNs {qp.host.psn:#08x} (host) and {qp.endpoint.psn:#08x} "
                          "(endpoint)")
 
@@ -689,7 +717,8 @@ class Receiver:
     # Closing
 
     def close(self) -> None:
-        """Close every paired endpoint QP and the backend; Ctrl-C is ignored meanwhile."""
+        """Close every paired endpoint QP (CLOSE_QP, or ``rdma_disconnect`` for QPs
+        connected through rdma_cm) and the backend; Ctrl-C is ignored meanwhile."""
         self._held = None
         self._buffers = []
         self.checker.close()
@@ -698,6 +727,9 @@ class Receiver:
         try:
             for qp in self.qps:
                 if qp.endpoint is None:
+                    continue
+                if self.config.cm == "rdma":
+                    self._disconnect(qp)
                     continue
                 try:
                     self.cm.close_qp(qp.endpoint.qpn, qp.host.ip)
@@ -710,6 +742,29 @@ class Receiver:
         finally:
             if main:
                 signal.signal(signal.SIGINT, previous)
+
+
+    def _disconnect(self, qp: QpRun) -> None:
+        """``rdma_disconnect`` of ``qp``; when no DISCONNECTED (the endpoint's DREP) came in
+        time, CLOSE_QP frees the endpoint QP, with a notice."""
+        assert qp.endpoint is not None
+        timeout = self.config.rdma_timeout
+        try:
+            qp.disconnect = self.backend.rdma_disconnect(qp.index, timeout)
+        except HostError as error:
+            qp.disconnect = {"event": None, "error": str(error)}
+        if qp.disconnect.get("event") == "DISCONNECTED":
+            return
+        why = qp.disconnect.get("error") or f"got {qp.disconnect.get('event')}"
+        try:
+            ack = self.cm.close_qp(qp.endpoint.qpn, qp.host.ip)
+            qp.disconnect["close_qp"] = ack.name
+            done = "closed it with CLOSE_QP"
+        except HostError as error:
+            done = (f"CLOSE_QP failed too ({error}): the endpoint frees it at the end of its "
+                    "lease, or `qp-server --reclaim` closes it")
+        self._notice(f"endpoint QP {qp.endpoint.qpn}: no DISCONNECTED within {timeout:g} s of "
+                     f"rdma_disconnect ({why}); {done}")
 
 
 _KIND_TEXT = {

@@ -118,7 +118,7 @@ class RunResult:
             "operation": "write" if config.write else "send",
             "immediate": config.immediate, "size": config.size, "count": config.count,
             "divider": config.divider, "ring": config.ring_bytes, "qps": len(self.qps),
-            "receives": config.posted_receives, "started": config.start,
+            "receives": config.posted_receives, "started": config.start, "cm": config.cm,
             "device": self.port.device if self.port else None,
             "host_ip": self.port.ip if self.port else None,
             **self.stats.summary(),
@@ -183,6 +183,7 @@ def _qp_json(qp: QpRun) -> dict[str, object]:
         "errors": qp.errors, "unchecked": qp.unchecked, "missing": qp.missing,
         "first_error": qp.first_error,
         "status": dataclasses.asdict(qp.status) if qp.status else None,
+        "disconnect": qp.disconnect,
         "figures": qp_figures(qp).to_json(),
     }
 

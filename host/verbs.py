@@ -17,7 +17,12 @@ with ``--system-site-packages``.
 * ``connect`` moves the QP INIT → RTR → RTS with the endpoint's QPN and first PSN,
   the path MTU the endpoint announced and the remote GID ``::ffff:a.b.c.d``;
 * ``reset`` moves it to RESET and back to INIT with a new random first PSN
-  (``--repeat``).
+  (``--repeat``);
+* ``rdma_connect`` (``--cm rdma``) connects the QP through rdma_cm instead
+  (:class:`host.rdma_connect.CmLink`: ``rdma_connect`` with the QP's number and the
+  private data naming its buffer, RTR and RTS with the attributes rdma_cm took from
+  the REP, RTU with ``rdma_establish``); the route must go through the device the
+  QP is on. ``rdma_disconnect`` ends it, and ``close`` destroys the rdma_cm IDs.
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ class PyverbsBackend:
         self._mrs: list[Any] = []
         self._psns: list[int] = []
         self._index: dict[int, int] = {}
+        self._links: dict[int, Any] = {}
         self._port: PortInfo | None = None
         self._e: Any = None
 
@@ -263,6 +269,45 @@ class PyverbsBackend:
                 f"{endpoint.ip} answers ARP on {self._port.device}'s interface (`ip neigh`) and "
                 "--gid-index") from None
 
+    def rdma_connect(self, qp: int, endpoint: str, port: int,
+                     timeout: float) -> tuple[QpInfo, PathMtu]:
+        from pyverbs.pyverbs_error import PyverbsError
+
+        from .rdma_connect import CmLink, connect_private, parse_accept_private
+
+        assert self._port is not None, "open() first"
+        e = self._e
+        verbs_qp, mr = self._qps[qp], self._mrs[qp]
+        where = f"{endpoint} rdma_cm port {port}"
+        try:
+            link = self._links[qp] = CmLink(endpoint, port, timeout)
+            device = link.cmid.dev_name
+            device = device.decode() if isinstance(device, bytes) else str(device)
+            if device != self._port.device:
+                raise HostError(f"the route to {endpoint} goes through RDMA device {device}, "
+                                f"not {self._port.device}: pass --device {device}")
+            private = connect_private(rkey=mr.rkey, base=mr.buf, length=mr.length)
+            version, qpn = parse_accept_private(
+                link.connect(private, verbs_qp, min_rnr_timer=_MIN_RNR_TIMER))
+            attr, _ = verbs_qp.query(e.IBV_QP_STATE | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN
+                                     | e.IBV_QP_RQ_PSN | e.IBV_QP_SQ_PSN)
+        except PyverbsError as error:
+            raise HostError(f"rdma_cm towards {where} failed: {error}; is rdma_ucm loaded "
+                            "and the device bound to the interface that routes there "
+                            "(`rdma link`)?") from None
+        if attr.dest_qp_num != qpn or attr.qp_state != e.IBV_QPS_RTS:
+            raise HostError(f"host QP {verbs_qp.qp_num} is in state {attr.qp_state} towards QP "
+                            f"{attr.dest_qp_num} after rdma_cm, not RTS towards the REP's "
+                            f"endpoint QP {qpn} (REP private data version {version})")
+        self._psns[qp] = attr.sq_psn
+        return QpInfo(qpn=qpn, psn=attr.rq_psn, ip=endpoint), PathMtu(attr.path_mtu)
+
+    def rdma_disconnect(self, qp: int, timeout: float) -> dict:
+        link = self._links.get(qp)
+        if link is None or not link.established:
+            return {"event": None, "error": "not connected through rdma_cm"}
+        return link.disconnect(timeout)
+
     def reset(self, qp: int) -> None:
         from pyverbs.pyverbs_error import PyverbsError
         from pyverbs.qp import QPAttr
@@ -383,8 +428,9 @@ class PyverbsBackend:
             mr.write(chunk[:length], length, offset)
 
     def close(self) -> None:
-        objects = [*self._qps, *self._mrs, self._cq, self._channel, self._pd, self._ctx]
-        self._qps, self._mrs = [], []
+        objects = [*self._links.values(), *self._qps, *self._mrs, self._cq, self._channel,
+                   self._pd, self._ctx]
+        self._links, self._qps, self._mrs = {}, [], []
         self._cq = self._channel = self._pd = self._ctx = None
         failures = []
         for obj in objects:

@@ -1,12 +1,14 @@
 """``python -m sim.softroce.connect``: the kernel's ``rdma_connect`` against the simulated endpoint.
 
 Starts netdev (the core under Verilator, :class:`sim.softroce.demo.Netdev`), boots
-the Soft-RoCE guest, and runs ``python -m host.rdma_connect`` in it: the guest's
-rdma_cm (rdma_ucm, rdma_cm, ib_cm over rxe) sends the REQ, the endpoint's passive
-CM answers REP, the guest completes with RTU. With ``--size``/``--count`` the host
-program then starts a generator WRITE run on that QP through the UDP CM and checks
-the bytes, and last calls ``rdma_disconnect``. Prints the program's JSON summary, the
-guest's CM modules and netdev's counters; exits 0 when the program did.
+the Soft-RoCE guest, and runs host programs that connect through the guest's
+rdma_cm (rdma_ucm, rdma_cm, ib_cm over rxe) one after the other
+(:class:`Step`): by default ``python -m host.rdma_connect`` once, which sends the
+REQ, gets the endpoint's REP and completes with RTU; with ``--size``/``--count`` it
+then starts a generator WRITE run on that QP through the UDP CM and checks the bytes,
+and last calls ``rdma_disconnect``. ``qp-server --cm rdma`` runs as a step the same
+way. Prints each program's JSON summary, the guest's CM modules and netdev's
+counters; exits 0 when every program did.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from .demo import ENDPOINT_IP, ENDPOINT_MAC, guest_and_netdev
+from .demo import ENDPOINT_IP, ENDPOINT_MAC, QP_SERVER_OPTIONS, guest_and_netdev
 from .image import CACHE
 from .vm import DEFAULT_LOCAL_PORT, DEFAULT_REMOTE_PORT, GuestConfig, run_script
 
-__all__ = ["ConnectResult", "guest_script", "run_connect", "main"]
+__all__ = ["Step", "StepResult", "ConnectResult", "connect_step", "qp_server_step",
+           "guest_script", "run_connect", "main"]
 
 _PROG = "python -m sim.softroce.connect"
 _MODULES, _RESULT, _LOG = "connect-modules", "connect-result", "connect-log"
@@ -31,41 +34,78 @@ _MODULES, _RESULT, _LOG = "connect-modules", "connect-result", "connect-log"
 CM_MODULES = ("rdma_ucm", "rdma_cm", "ib_cm", "iw_cm", "rdma_rxe")
 
 
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One program run in the guest: ``python3 -m <module> --endpoint <endpoint>
+    <arguments>``; its JSON summary is the last line of its standard output."""
+    name: str
+    module: str
+    arguments: tuple[str, ...] = ()
+
+    def command(self, limit: int) -> str:
+        return shlex.join(["timeout", "-s", "TERM", str(limit), "python3", "-m", self.module,
+                           "--endpoint", ENDPOINT_IP, *self.arguments])
+
+
+def connect_step(name: str, *arguments: str) -> Step:
+    """``host.rdma_connect`` with ``arguments``."""
+    return Step(name, "host.rdma_connect", arguments)
+
+
+def qp_server_step(name: str, *arguments: str) -> Step:
+    """``qp-server --cm rdma --json`` with the demo's CM timeouts and ``arguments``."""
+    return Step(name, "host.cli", ("--cm", "rdma", *QP_SERVER_OPTIONS, "--json", *arguments))
+
+
 @dataclasses.dataclass
-class ConnectResult:
+class StepResult:
     exit_code: int | None = None
     summary: dict | None = None
-    modules: list[str] = dataclasses.field(default_factory=list)
     log: list[str] = dataclasses.field(default_factory=list)
+    seconds: float | None = None
+
+
+@dataclasses.dataclass
+class ConnectResult:
+    steps: dict[str, StepResult] = dataclasses.field(default_factory=dict)
+    modules: list[str] = dataclasses.field(default_factory=list)
     netdev: dict | None = None
     netdev_exit: int | None = None
     guest_exit: int | None = None
     pcap: str = ""
     seconds: float = 0.0
 
+    def __getitem__(self, name: str) -> StepResult:
+        return self.steps.setdefault(name, StepResult())
 
-def guest_script(arguments: Sequence[str], *, limit: int = 300) -> str:
-    """Load rdma_ucm, list the CM modules, run host.rdma_connect; its JSON on one
-    ``connect-result <exit code> <json>`` line, its messages on ``connect-log`` lines."""
-    command = shlex.join(["timeout", "-s", "TERM", str(limit), "python3", "-m",
-                          "host.rdma_connect", "--endpoint", ENDPOINT_IP, *arguments])
+
+def guest_script(steps: Sequence[Step], *, limit: int = 300) -> str:
+    """Load rdma_ucm, list the CM modules, run each step; its JSON on one
+    ``connect-result <name> <exit code> <seconds> <json>`` line, its messages on
+    ``connect-log <name> ...`` lines."""
     pattern = "|".join(CM_MODULES)
-    return "\n".join([
+    lines = [
         "cd /mnt/repo 2>/dev/null || true",
         "modprobe rdma_ucm",
         f"echo {_MODULES} $(lsmod | awk '{{print $1}}' | grep -xE '{pattern}' | sort | "
         "tr '\\n' ' ')",
-        f"{command} > /tmp/connect.json 2> /tmp/connect.err",
-        f"code=$?; sed 's/^/{_LOG} /' /tmp/connect.err",
-        f'echo "{_RESULT} $code $(tr -d \'\\n\' < /tmp/connect.json)"',
-    ]) + "\n"
+    ]
+    for step in steps:
+        lines += [
+            "started=$(date +%s.%N)",
+            f"{step.command(limit)} > /tmp/{step.name}.json 2> /tmp/{step.name}.err",
+            f"code=$?; sed 's/^/{_LOG} {step.name} /' /tmp/{step.name}.err",
+            'took=$(echo "$(date +%s.%N) $started" | awk \'{printf "%.2f", $1 - $2}\')',
+            f'echo "{_RESULT} {step.name} $code $took $(tail -n 1 /tmp/{step.name}.json)"',
+        ]
+    return "\n".join(lines) + "\n"
 
 
-def run_connect(arguments: Sequence[str] = (), *, name: str = "connect",
+def run_connect(steps: Sequence[Step] = (), *, name: str = "connect",
                 local_port: int = DEFAULT_LOCAL_PORT, remote_port: int = DEFAULT_REMOTE_PORT,
                 guest_timeout: float = 600.0, netdev_timeout: float = 900.0,
                 out: Callable[[str], None] = print) -> ConnectResult:
-    """Run host.rdma_connect with ``arguments`` in the guest against netdev."""
+    """Run ``steps`` in one guest against one netdev."""
     started = time.monotonic()
     image, netdev, summary_path, pcap_path = guest_and_netdev(name, local_port, remote_port,
                                                               (), out)
@@ -77,22 +117,25 @@ def run_connect(arguments: Sequence[str] = (), *, name: str = "connect",
         tag, _, rest = line.partition(" ")
         if tag == _MODULES:
             result.modules = rest.split()
-        elif tag == _LOG:
-            result.log.append(rest)
-            out(f"  guest: {rest}")
+            return
+        step, _, rest = rest.partition(" ")
+        if tag == _LOG:
+            result[step].log.append(rest)
+            out(f"  guest {step}: {rest}")
         elif tag == _RESULT:
-            code, _, text = rest.partition(" ")
-            result.exit_code = int(code)
+            code, seconds, text = (rest.split(" ", 2) + ["", ""])[:3]
+            result[step].exit_code = int(code)
+            result[step].seconds = float(seconds) if seconds else None
             try:
-                result.summary = json.loads(text) if text.strip() else None
+                result[step].summary = json.loads(text) if text.strip() else None
             except json.JSONDecodeError:
-                result.log.append(f"unreadable JSON: {text[:200]}")
+                result[step].log.append(f"unreadable JSON: {text[:200]}")
 
     try:
         netdev.start(netdev_timeout)
         config = GuestConfig(local_port=local_port, remote_port=remote_port,
                              neighbour=(ENDPOINT_IP, ENDPOINT_MAC), timeout=guest_timeout)
-        guest = run_script(guest_script(arguments), config, image=image,
+        guest = run_script(guest_script(steps), config, image=image,
                            log_path=CACHE / f"{name}-console.log", on_line=on_line)
         result.guest_exit = guest.exit_code
         out(f"{_PROG}: guest {guest.timing_text()}")
@@ -113,14 +156,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "--count 4")
     args = parser.parse_args(argv)
     arguments = [a for a in args.arguments if a != "--"]
-    result = run_connect(arguments)
+    result = run_connect([connect_step("connect", *arguments)])
+    step = result["connect"]
     print(f"guest CM modules loaded: {' '.join(result.modules) or 'none'}")
-    print(f"host.rdma_connect exit {result.exit_code}: {json.dumps(result.summary)}")
+    print(f"host.rdma_connect exit {step.exit_code}: {json.dumps(step.summary)}")
     if result.netdev is not None:
         print("netdev counters: " + ", ".join(
             f"{key} {value}" for key, value in sorted(result.netdev.get("counters", {}).items())))
     print(f"netdev pcap {result.pcap}; {result.seconds:.0f} s")
-    return 0 if result.exit_code == 0 else 1
+    return 0 if step.exit_code == 0 else 1
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import time
 from host import protocol
 from host.backend import Completion, CompletionKind, PortInfo, VerbsOptions
 from host.protocol import Ack, Datagram, PathMtu, QpInfo, Request, Status
+from host.rdma_connect import Rejected
 
 HOST_IP = "127.0.0.1"
 FIRST_HOST_QPN = 17
@@ -40,6 +41,12 @@ class FakeBackend:
         self.closed = 0
         self.resets: list[int] = []
         self.lock = threading.Lock()
+        self.endpoint: FakeEndpoint | None = None
+        self.rdma_connects: list[tuple[int, str, int, float]] = []
+        self.rdma_disconnects: list[int] = []
+        self.reject: int | None = None      # rdma_connect: answer REJ with this reason
+        self.disconnect_outcome = {"disconnect_call": "returned", "event": "DISCONNECTED",
+                                   "seconds": 0.0}
 
     def __call__(self, options: VerbsOptions) -> FakeBackend:
         self.options = options
@@ -63,6 +70,27 @@ class FakeBackend:
 
     def connect(self, qp: int, endpoint: QpInfo, mtu: PathMtu) -> None:
         self.connected[qp] = (endpoint, mtu)
+
+    def rdma_connect(self, qp: int, endpoint: str, port: int,
+                     timeout: float) -> tuple[QpInfo, PathMtu]:
+        """rdma_cm as the endpoint's passive CM would answer: REJ ``reject``, else a QP
+        of :attr:`endpoint` (REJ 3 when none is free)."""
+        self.rdma_connects.append((qp, endpoint, port, timeout))
+        if self.reject is not None:
+            raise Rejected(f"{endpoint} port {port}", self.reject)
+        assert self.endpoint is not None, "FakeEndpoint(backend) first"
+        taken = self.endpoint.take(self.qp_info(qp), self.active_mtu)
+        if taken is None:
+            raise Rejected(f"{endpoint} port {port}", 3)
+        info = QpInfo(qpn=taken.qpn, psn=self.endpoint.first_psn(taken), ip=endpoint)
+        self.connected[qp] = (info, taken.mtu)
+        return info, taken.mtu
+
+    def rdma_disconnect(self, qp: int, timeout: float) -> dict:
+        self.rdma_disconnects.append(qp)
+        if self.endpoint is not None and self.disconnect_outcome.get("event"):
+            self.endpoint.free(self.connected[qp][0].qpn)
+        return dict(self.disconnect_outcome)
 
     def reset(self, qp: int) -> None:
         with self.lock:
@@ -155,6 +183,8 @@ class FakeEndpoint:
                  message_delay: float = 0.0, stray: bool = False, drop_first: int = 0,
                  user_run: Datagram | None = None, stale_psn: bool = False):
         self.backend = backend
+        if backend is not None:
+            backend.endpoint = self
         self.qps = [EndpointQp(protocol.FIRST_QPN + i) for i in range(qps)]
         self.capacity = capacity
         self.silent = silent
@@ -240,10 +270,7 @@ class FakeEndpoint:
             qp = self.qp(request.rem.qpn)
             if qp is None or not qp.status.open:
                 return protocol.reply(request, Ack.NO_QP, QpInfo(ip="127.0.0.1")).encode()
-            with self.lock:
-                qp.status = Status()
-                self.opened = {key: value for key, value in self.opened.items()
-                               if value != qp.qpn}
+            self.free(qp.qpn)
             return protocol.reply(request, Ack.ACK, QpInfo(qpn=qp.qpn, ip="127.0.0.1")).encode()
         if request.request == Request.NULL and request.txmeta.valid and request.txmeta.start:
             self._start(request)
@@ -268,25 +295,39 @@ class FakeEndpoint:
     def _open(self, request: Datagram) -> bytes:
         key = (request.loc.ip, request.loc.qpn)
         qpn = self.opened.get(key)
-        if qpn is None:
-            free = [qp for qp in self.qps if not qp.status.open]
-            if not free:
-                return protocol.reply(request, Ack.NO_QP, QpInfo(ip="127.0.0.1")).encode()
-            qp = free[0]
-            qp.host = request.loc
-            qp.mtu = request.txmeta.mtu or PathMtu.MTU_4096
-            qp.status = Status(open=True)
-            qp.starts = []
-            qp.opens += 1
-            self.opened[key] = qp.qpn
-            if self.user_run is not None:
-                thread = threading.Timer(0.05, self._generate, args=(qp, self.user_run))
-                self._threads.append(thread)
-                thread.start()
+        if qpn is None and self.take(request.loc, request.txmeta.mtu or PathMtu.MTU_4096) is None:
+            return protocol.reply(request, Ack.NO_QP, QpInfo(ip="127.0.0.1")).encode()
         qp = self.qp(self.opened[key])
         return protocol.reply(request, Ack.ACK,
                               QpInfo(qpn=qp.qpn, psn=self.first_psn(qp), ip="127.0.0.1"),
                               mtu=qp.mtu).encode()
+
+    def take(self, host: QpInfo, mtu: PathMtu) -> EndpointQp | None:
+        """The lowest free QP, opened for ``host`` (OPEN_QP, or a REQ through rdma_cm);
+        None when every QP is open."""
+        free = [qp for qp in self.qps if not qp.status.open]
+        if not free:
+            return None
+        qp = free[0]
+        qp.host = host
+        qp.mtu = mtu
+        qp.status = Status(open=True)
+        qp.starts = []
+        qp.opens += 1
+        self.opened[(host.ip, host.qpn)] = qp.qpn
+        if self.user_run is not None:
+            thread = threading.Timer(0.05, self._generate, args=(qp, self.user_run))
+            self._threads.append(thread)
+            thread.start()
+        return qp
+
+    def free(self, qpn: int) -> None:
+        """Close endpoint QP ``qpn`` (CLOSE_QP, or a DREQ through rdma_cm)."""
+        qp = self.qp(qpn)
+        assert qp is not None
+        with self.lock:
+            qp.status = Status()
+            self.opened = {key: value for key, value in self.opened.items() if value != qpn}
 
     def first_psn(self, qp: EndpointQp) -> int:
         """The first PSN of ``qp``; ``stale_psn`` keeps it across closes."""

@@ -1,10 +1,20 @@
-"""The kernel's ``rdma_connect`` (Soft-RoCE in the QEMU guest) against the core's passive CM.
+"""The kernel's rdma_cm (Soft-RoCE in the QEMU guest) against the core's passive CM.
 
-``host.rdma_connect`` in the guest connects an RC QP to netdev's endpoint through the
-guest's rdma_cm (REQ, REP, RTU), starts a generator WRITE run on it through the UDP CM
-and checks the bytes in its registered buffer, then disconnects. One netdev and one
-guest boot (about a minute and a half with the Verilator build and the image cached).
-The private data the host packs is checked first against the gateware's layout.
+One netdev and one guest boot run these programs one after the other:
+
+* ``write``: ``host.rdma_connect`` connects an RC QP through the guest's rdma_cm
+  (REQ, REP, RTU), starts a generator WRITE run on it through the UDP CM, checks the
+  bytes in its registered buffer, then ``rdma_disconnect`` and waits for DISCONNECTED;
+* ``again``: the same once more, on the same endpoint right after that disconnect;
+* ``imm`` and ``send``: ``qp-server --cm rdma`` with a WRITE-with-immediate run and a
+  SEND run (started over UDP, checked byte by byte, ``rdma_disconnect`` at the end);
+* ``version``: a REQ whose private data has version 2, rejected with REJ reason 28;
+* ``port``: a REQ for another rdma_cm port, rejected with REJ reason 8.
+
+The REJ reasons are read on the host (the REJECTED event's status, through librdmacm)
+and in netdev's pcap (the REJ MADs the endpoint sent, parsed with
+``sim.models.ib_cm``), and netdev's counters name their causes. The private data the
+host packs is checked first against the gateware's layout.
 """
 
 from __future__ import annotations
@@ -12,19 +22,50 @@ from __future__ import annotations
 import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
+from scapy.contrib.roce import BTH
+from scapy.layers.inet import IP, UDP
+from scapy.utils import rdpcap
 
 from gateware.cm.passive import REQ_PRIVATE
 from host.protocol import FIRST_QPN
 from host.rdma_connect import ACCEPT_PRIVATE, connect_private, parse_accept_private
-from sim.softroce.connect import ConnectResult, guest_script, run_connect
+from sim.models.ib_cm import (
+    ATTRIBUTE_IDS,
+    ROCEV2_PORT,
+    parse_cm_message,
+    parse_gsi_frame,
+    parse_mad,
+)
+from sim.softroce.connect import (
+    ConnectResult,
+    connect_step,
+    guest_script,
+    qp_server_step,
+    run_connect,
+)
+from sim.softroce.demo import ENDPOINT_IP
 from sim.softroce.image import cached_image
 from sim.softroce.tools import HostToolsError, ensure_host_tools
 from sim.softroce.vm import QEMU
 
 SIZE, COUNT = 1024, 4
 CMA_HEADER_BYTES = 36       # rdma_cm puts its cma_hdr before the user's private data
+#: Seconds within which DISCONNECTED must follow rdma_disconnect (the endpoint's DREP).
+DISCONNECT_WITHIN = 5
+OTHER_PORT = 17186
+_RUN = ("--size", str(SIZE), "--count", str(COUNT))
+_CONNECT = ("--timeout", "30")
+STEPS = (
+    connect_step("write", *_RUN, *_CONNECT, "--disconnect-timeout", str(DISCONNECT_WITHIN)),
+    connect_step("again", *_RUN, *_CONNECT, "--disconnect-timeout", str(DISCONNECT_WITHIN)),
+    qp_server_step("imm", "--write", "--imm", *_RUN, "--rdma-timeout", "10"),
+    qp_server_step("send", "--send", *_RUN, "--rdma-timeout", "10"),
+    connect_step("version", *_CONNECT, "--private-version", "2"),
+    connect_step("port", *_CONNECT, "--port", str(OTHER_PORT)),
+)
 
 
 def _field(private: bytes, name: str) -> int:
@@ -49,16 +90,32 @@ def test_accept_private_reads_version_and_qpn() -> None:
     assert parse_accept_private(rep) == (1, 0x101)
 
 
-def test_guest_script_loads_rdma_ucm_and_runs_the_program() -> None:
-    script = guest_script(["--size", "64"])
+def test_guest_script_loads_rdma_ucm_and_runs_each_step() -> None:
+    script = guest_script(STEPS)
     assert "modprobe rdma_ucm" in script
-    assert "python3 -m host.rdma_connect --endpoint 10.77.0.2 --size 64" in script
+    assert "python3 -m host.rdma_connect --endpoint 10.77.0.2 --size 1024" in script
+    assert "python3 -m host.cli --endpoint 10.77.0.2 --cm rdma" in script
+    assert script.index("/tmp/write.json") < script.index("/tmp/again.json")
 
 
 def _free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def rej_reasons(pcap: Path) -> list[int]:
+    """The reasons of the REJ MADs the endpoint sent, in order, from netdev's pcap."""
+    reasons = []
+    for packet in rdpcap(str(pcap)):
+        if not (packet.haslayer(IP) and packet.haslayer(UDP) and packet[IP].src == ENDPOINT_IP
+                and packet[UDP].dport == ROCEV2_PORT and packet.haslayer(BTH)
+                and packet[BTH].dqpn == 1):
+            continue
+        header, message = parse_mad(parse_gsi_frame(bytes(packet)).datagram[:256])
+        if header.attribute_id == ATTRIBUTE_IDS["REJ"]:
+            reasons.append(parse_cm_message("REJ", message)["reason"])
+    return reasons
 
 
 @pytest.fixture(scope="module")
@@ -71,41 +128,86 @@ def connected() -> ConnectResult:
         pytest.skip("Soft-RoCE: no cached image and building one needs root: run "
                     "`python -m sim.softroce.guest build` as root once")
     started = time.monotonic()
-    result = run_connect(["--size", str(SIZE), "--count", str(COUNT), "--timeout", "30",
-                          "--disconnect-timeout", "10"],
-                         name="test-connect", local_port=_free_udp_port(),
+    result = run_connect(STEPS, name="test-connect", local_port=_free_udp_port(),
                          remote_port=_free_udp_port())
-    print(f"\nrdma_connect against netdev: {time.monotonic() - started:.1f} s; {result}")
+    print(f"\nrdma_cm against netdev: {time.monotonic() - started:.1f} s; " + "; ".join(
+        f"{name} exit {step.exit_code} in {step.seconds} s"
+        for name, step in result.steps.items()))
     return result
+
+
+def _counters(connected: ConnectResult) -> dict[str, int]:
+    return (connected.netdev or {}).get("counters", {})
 
 
 @pytest.mark.softroce
 def test_rdma_connect_is_established_with_an_endpoint_qp(connected: ConnectResult) -> None:
     assert {"rdma_ucm", "rdma_cm", "ib_cm"} <= set(connected.modules), connected.modules
-    summary = connected.summary
-    assert summary is not None, connected.log
+    summary = connected["write"].summary
+    assert summary is not None, connected["write"].log
     assert summary.get("established") is True, summary.get("error")
     assert summary["rep_version"] == 1
     assert FIRST_QPN <= summary["endpoint_qpn"] < 1 << 24
     assert summary["dest_qp_num"] == summary["endpoint_qpn"]
-    counters = (connected.netdev or {}).get("counters", {})
-    assert not any(name.startswith("ib_cm.rej") for name in counters), counters
 
 
 @pytest.mark.softroce
 def test_generator_write_run_on_the_connected_qp_is_byte_exact(
         connected: ConnectResult) -> None:
-    summary = connected.summary or {}
+    summary = connected["write"].summary or {}
     run = summary.get("run")
     assert run is not None, summary.get("error")
     assert run["messages_ok"] == COUNT, run
     assert run["status_messages"] == COUNT and run["status_bytes"] == COUNT * SIZE, run
-    assert connected.exit_code == 0, connected.log
+    assert connected["write"].exit_code == 0, connected["write"].log
 
 
 @pytest.mark.softroce
-def test_rdma_disconnect_returns(connected: ConnectResult) -> None:
-    """The endpoint does not answer DREQ: the host's rdma_disconnect returns at once and
-    DISCONNECTED comes only when its CM gives the DREQ up (not within 10 s)."""
-    disconnect = (connected.summary or {}).get("disconnect")
-    assert disconnect is not None and disconnect["disconnect_call"] == "returned", disconnect
+@pytest.mark.parametrize("name, immediate, operation", [
+    ("imm", True, "write"), ("send", False, "send")])
+def test_qp_server_cm_rdma_runs_are_byte_exact(connected: ConnectResult, name: str,
+                                               immediate: bool, operation: str) -> None:
+    step = connected[name]
+    summary = step.summary
+    assert summary is not None, step.log
+    assert step.exit_code == 0 and summary["ok"] is True, step.log[-5:]
+    assert (summary["cm"], summary["operation"], summary["immediate"]) == (
+        "rdma", operation, immediate)
+    assert (summary["messages"], summary["bytes"], summary["errors"]) == (
+        COUNT, COUNT * SIZE, 0)
+    qp = summary["qp"][0]
+    assert qp["messages_ok"] == COUNT and qp["status"]["messages"] == COUNT
+    assert FIRST_QPN <= qp["endpoint_qpn"] < 1 << 24
+    assert qp["disconnect"]["disconnect_call"] == "returned", qp["disconnect"]
+    assert any("through rdma_cm" in line for line in step.log), step.log
+
+
+@pytest.mark.softroce
+@pytest.mark.parametrize("name, reason, counter", [
+    ("version", 28, "ib_cm.rej_version"), ("port", 8, "ib_cm.rej_service")])
+def test_a_bad_req_is_rejected_with_its_reason(connected: ConnectResult, name: str,
+                                               reason: int, counter: str) -> None:
+    """The REJECTED event's status on the host is the reason the REJ on the wire
+    carries; netdev counts the cause."""
+    step = connected[name]
+    summary = step.summary or {}
+    assert step.exit_code == 1 and summary.get("established") is False, step.log
+    assert summary.get("rej_reason") == reason, summary
+    assert f"with reason {reason}" in summary["error"]
+    assert _counters(connected).get(counter) == 1, _counters(connected)
+    assert rej_reasons(Path(connected.pcap)) == [28, 8]
+
+
+@pytest.mark.softroce
+def test_rdma_disconnect_is_answered_and_a_new_connect_works(
+        connected: ConnectResult) -> None:
+    """DISCONNECTED follows rdma_disconnect within seconds (the endpoint answers the
+    DREQ with DREP), and the next connect to the same endpoint runs byte-exact."""
+    first = (connected["write"].summary or {}).get("disconnect")
+    assert first is not None and first["disconnect_call"] == "returned", first
+    assert first.get("event") == "DISCONNECTED", first
+    assert first["seconds"] < DISCONNECT_WITHIN, first
+    again = connected["again"].summary or {}
+    assert again.get("established") is True, again.get("error")
+    assert (again.get("run") or {}).get("messages_ok") == COUNT, again
+    assert (again.get("disconnect") or {}).get("event") == "DISCONNECTED", again
