@@ -80,6 +80,8 @@ from amaranth.lib.wiring import In, Out
 from ..counters import counters_layout, event_counter
 from ..headers import (
     CM_CLASS_VERSION,
+    CM_DREP,
+    CM_DREQ,
     CM_REJ,
     CM_REP,
     CM_REQ,
@@ -111,6 +113,8 @@ RDMA_PS_TCP = 0x0106
 TARGET_ACK_DELAY = 15
 #: The version of the private data after the cma_hdr (REQ) and of the REP's.
 PRIVATE_VERSION = 1
+#: The high 32 bits of the TID of the endpoint's DREQ (the low 32: its Local Comm ID).
+DREQ_TID_HIGH = Const(0x0000_0015, 32)
 
 
 class OpenRefusal(enum.Enum, shape=1):
@@ -181,6 +185,15 @@ class _State(enum.Enum, shape=2):
     FREE = 0
     PENDING = 1                 # REP sent, waiting for RTU
     ESTABLISHED = 2
+    DISCONNECTING = 3           # its QP freed by the table owner; DREQ sent, waiting for DREP
+
+
+class _Send(enum.Enum, shape=2):
+    """What goes out: built from the entry (REP, DREQ) or from the MAD served (REJ, DREP)."""
+    REP = 0
+    DREQ = 1
+    REJ = 2
+    DREP = 3
 
 
 #: One connection in the table (entry i holds QP index i's).
@@ -191,8 +204,10 @@ _ENTRY = data.StructLayout({
     "remote_comm_id": 32,
     "peer_ip": 32,
     "peer_qp": 24,
+    "host_qpn": 24,             # the REQ's Local QPN: a DREQ's Remote QPN
     "psn": 24,                  # the REP's Starting PSN
     "response_timeout": 5,      # the REQ's Local CM Response Timeout
+    "max_retries": 4,           # the REQ's Max CM Retries
     "retries": 4,               # retransmissions left
     "ticks": 24,                # ms ticks left before the next retransmission
 })
@@ -234,7 +249,9 @@ class PassiveCm(wiring.Component):
         return counters_layout(
             "rep_sent", "rep_repeated", "rep_retransmitted", "established", "expired",
             "rejected_by_host", "rej_service", "rej_transport", "rej_address", "rej_version",
-            "rej_mtu", "rej_no_qp", "rej_denied", "attribute", "unknown")
+            "rej_mtu", "rej_no_qp", "rej_denied", "attribute", "unknown",
+            "dreq_received", "dreq_spoofed", "dreq_unknown", "dreq_sent", "dreq_retransmitted",
+            "dreq_expired", "drep_received", "drep_unknown")
 
     def __init__(self, *, qps, port=CM_PORT):
         self._qps = check_qp_count(qps)
@@ -279,7 +296,9 @@ class PassiveCm(wiring.Component):
         tick = Signal()
         m.d.comb += tick.eq((tick_count == 0) & (config.ms_cycles != 0))
         m.d.sync += tick_count.eq(Mux(tick_count == 0, config.ms_cycles - 1, tick_count - 1))
-        sweep_due = Signal()
+        sweep_due = Signal()                # a tick: the sweep counts the timers down
+        close_due = Signal()                # a QP freed: the sweep starts its disconnect
+        counting = Signal()                 # the sweep running counts the timers down
         with m.If(tick):
             m.d.sync += sweep_due.eq(1)
 
@@ -295,7 +314,8 @@ class PassiveCm(wiring.Component):
         # The MAD being served.
         rx = Signal(QP1_RECEIVED)
         req = data.View(CM_REQ, rx.mad.data)
-        rtu = data.View(CM_RTU, rx.mad.data)       # RTU and REJ: comm IDs at the same place
+        rtu = data.View(CM_RTU, rx.mad.data)       # RTU, REJ, DREQ, DREP: comm IDs alike
+        dreq = data.View(CM_DREQ, rx.mad.data)
         private = data.View(REQ_PRIVATE, req.private_data)
 
         # Checks of a REQ, registered.
@@ -324,8 +344,11 @@ class PassiveCm(wiring.Component):
         is_req = Signal()                           # the attribute, decoded as it is taken
         is_rtu = Signal()
         is_rej = Signal()
+        is_dreq = Signal()
+        is_drep = Signal()
         sweeping = Signal()
-        send_rej = Signal()
+        send = Signal(_Send)                        # what ``o`` offers
+        then_send = Signal()                        # CLOSE goes on to SEND (a DREQ's DREP)
 
         # The REP of ``entry``, the REJ of the REQ in ``rx``.
         rep = Signal(CM_REP)
@@ -350,6 +373,18 @@ class PassiveCm(wiring.Component):
             rej.message_rejected.eq(0),
             rej.reason.eq(reason),
         ]
+        # The DREQ of ``entry``, the DREP of the DREQ in ``rx``.
+        disconnect = Signal(CM_DREQ)
+        m.d.comb += [
+            disconnect.local_comm_id.eq(entry.local_comm_id),
+            disconnect.remote_comm_id.eq(entry.remote_comm_id),
+            disconnect.remote_qpn.eq(entry.host_qpn),
+        ]
+        drep = Signal(CM_DREP)
+        m.d.comb += [
+            drep.local_comm_id.eq(dreq.remote_comm_id),
+            drep.remote_comm_id.eq(dreq.local_comm_id),
+        ]
         header = self.o.payload.mad.header
         m.d.comb += [
             header.base_version.eq(MAD_BASE_VERSION),
@@ -357,20 +392,23 @@ class PassiveCm(wiring.Component):
             header.class_version.eq(CM_CLASS_VERSION),
             header.method.eq(METHOD_SEND),
         ]
-        with m.If(send_rej):
+        with m.If((send == _Send.REJ) | (send == _Send.DREP)):   # to the MAD's source
             m.d.comb += [
                 header.transaction_id.eq(rx.mad.header.transaction_id),
-                header.attribute_id.eq(CmAttribute.REJ),
-                self.o.payload.mad.data.eq(rej),
+                header.attribute_id.eq(Mux(send == _Send.REJ, CmAttribute.REJ,
+                                           CmAttribute.DREP)),
+                self.o.payload.mad.data.eq(Mux(send == _Send.REJ, rej, drep)),
                 self.o.payload.dst_ip.eq(rx.src_ip),
                 self.o.payload.dest_qp.eq(rx.src_qp),
                 self.o.payload.flow.eq(req.local_comm_id[:14]),
             ]
-        with m.Else():
+        with m.Else():                                          # to the entry's host
             m.d.comb += [
-                header.transaction_id.eq(entry.tid),
-                header.attribute_id.eq(CmAttribute.REP),
-                self.o.payload.mad.data.eq(rep),
+                header.transaction_id.eq(Mux(send == _Send.REP, entry.tid,
+                                             Cat(entry.local_comm_id, DREQ_TID_HIGH))),
+                header.attribute_id.eq(Mux(send == _Send.REP, CmAttribute.REP,
+                                           CmAttribute.DREQ)),
+                self.o.payload.mad.data.eq(Mux(send == _Send.REP, rep, disconnect)),
                 self.o.payload.dst_ip.eq(entry.peer_ip),
                 self.o.payload.dest_qp.eq(entry.peer_qp),
                 self.o.payload.flow.eq(entry.remote_comm_id[:14]),
@@ -395,8 +433,9 @@ class PassiveCm(wiring.Component):
         # Lookup compare: the entry read against the MAD's comm IDs and source, each
         # field's equality registered, then their AND.
         stored = read.data
-        same = Signal(4)
-        m.d.comb += hit.eq(same.all())
+        same = Signal(5)
+        ids_hit = Signal()                          # a DREQ's comm IDs match (source aside)
+        m.d.comb += [hit.eq(same.all()), ids_hit.eq(same[0] & same[1] & same[3])]
         # QPs freed by the table owner: their entries are dead until handed out again.
         # (i_closed registered first: its decoder does not follow the port's driver.)
         stale = Signal(self._qps)
@@ -408,11 +447,13 @@ class PassiveCm(wiring.Component):
 
         expired = Signal()
         out_of_retries = Signal()
+        timed = Signal()                            # the entry swept has a timer running
+        begin = Signal()                            # the entry swept starts its disconnect
 
         events = {name: Signal(name=f"event_{name}") for name in self.counters_layout().members}
 
         def reject(reason_code, counter):
-            m.d.sync += [send_rej.eq(1), reason.eq(reason_code)]
+            m.d.sync += [send.eq(_Send.REJ), reason.eq(reason_code)]
             m.d.comb += events[counter].eq(1)
 
         def offer(state, port, then):
@@ -424,23 +465,27 @@ class PassiveCm(wiring.Component):
 
         with m.FSM():
             with m.State("IDLE"):
-                m.d.comb += self.i.ready.eq(seeded & ~sweep_due)
-                with m.If(sweep_due & seeded):
-                    m.d.sync += [sweep_due.eq(0), sweeping.eq(1), index.eq(0)]
+                m.d.comb += self.i.ready.eq(seeded & ~sweep_due & ~close_due)
+                with m.If((sweep_due | close_due) & seeded):
+                    m.d.sync += [sweep_due.eq(0), close_due.eq(0), counting.eq(sweep_due),
+                                 sweeping.eq(1), index.eq(0), then_send.eq(0)]
                     m.next = "SWEEP_READ"
                 with m.Elif(self.i.valid & seeded):
                     taken = self.i.payload.mad.header.attribute_id
-                    m.d.sync += [rx.eq(self.i.payload), sweeping.eq(0), send_rej.eq(0),
+                    m.d.sync += [rx.eq(self.i.payload), sweeping.eq(0), send.eq(_Send.REP),
+                                 then_send.eq(0),
                                  is_req.eq(taken == CmAttribute.REQ),
                                  is_rtu.eq(taken == CmAttribute.RTU),
-                                 is_rej.eq(taken == CmAttribute.REJ)]
+                                 is_rej.eq(taken == CmAttribute.REJ),
+                                 is_dreq.eq(taken == CmAttribute.DREQ),
+                                 is_drep.eq(taken == CmAttribute.DREP)]
                     m.next = "DISPATCH"
 
             with m.State("DISPATCH"):               # the REQ checks register meanwhile
                 m.d.sync += index.eq(0)
                 with m.If(is_req):
                     m.next = "CHECK"
-                with m.Elif(is_rtu | is_rej):
+                with m.Elif(is_rtu | is_rej | is_dreq | is_drep):
                     m.next = "LOOKUP_READ"
                 with m.Else():
                     m.d.comb += events["attribute"].eq(1)
@@ -459,11 +504,14 @@ class PassiveCm(wiring.Component):
             with m.State("LOOKUP_READ"):
                 m.next = "LOOKUP_COMPARE"
             with m.State("LOOKUP_COMPARE"):
+                # REQ, RTU, REJ: a connection whose QP is open; DREQ, DREP: any.
+                live = (stored.state != _State.FREE) & (~stale_entry | is_dreq | is_drep)
                 m.d.sync += [
-                    same.eq(Cat((stored.state != _State.FREE) & ~stale_entry,
+                    same.eq(Cat(live,
                                 stored.remote_comm_id == rtu.local_comm_id,
                                 stored.peer_ip == rx.src_ip,
-                                is_req | (stored.local_comm_id == rtu.remote_comm_id))),
+                                is_req | (stored.local_comm_id == rtu.remote_comm_id),
+                                ~is_dreq | (dreq.remote_qpn == qpn))),
                     entry.eq(stored),
                 ]
                 m.next = "LOOKUP_ACT"
@@ -478,7 +526,7 @@ class PassiveCm(wiring.Component):
                             m.d.comb += write.data.eq(entry)
                             m.d.comb += write.data.state.eq(_State.ESTABLISHED)
                         m.next = "IDLE"
-                    with m.Else():                  # REJ
+                    with m.Elif(is_rej):
                         with m.If(entry.state == _State.PENDING):
                             m.d.comb += [write.en.eq(1), events["rejected_by_host"].eq(1)]
                             m.d.comb += write.data.state.eq(_State.FREE)
@@ -486,9 +534,35 @@ class PassiveCm(wiring.Component):
                         with m.Else():
                             m.d.comb += events["unknown"].eq(1)
                             m.next = "IDLE"
+                    with m.Elif(is_dreq):
+                        # DREP; the QP freed first, unless the owner freed it already
+                        m.d.comb += [write.en.eq(1), write.data.state.eq(_State.FREE),
+                                     events["dreq_received"].eq(1)]
+                        m.d.sync += [send.eq(_Send.DREP), then_send.eq(1)]
+                        with m.If(entry.state == _State.DISCONNECTING):
+                            m.next = "SEND"
+                        with m.Else():
+                            m.next = "CLOSE"
+                    with m.Else():                  # DREP
+                        with m.If(entry.state == _State.DISCONNECTING):
+                            m.d.comb += [write.en.eq(1), write.data.state.eq(_State.FREE),
+                                         events["drep_received"].eq(1)]
+                        with m.Else():
+                            m.d.comb += events["drep_unknown"].eq(1)
+                        m.next = "IDLE"
+                with m.Elif(is_dreq & ids_hit):     # another source, or another QPN
+                    m.d.comb += events["dreq_spoofed"].eq(1)
+                    m.next = "IDLE"
                 with m.Elif(index == last_qp):
                     with m.If(is_req):
                         m.next = "OPEN"
+                    with m.Elif(is_dreq):           # answered all the same (IBTA 12.9.6)
+                        m.d.comb += events["dreq_unknown"].eq(1)
+                        m.d.sync += send.eq(_Send.DREP)
+                        m.next = "SEND"
+                    with m.Elif(is_drep):
+                        m.d.comb += events["drep_unknown"].eq(1)
+                        m.next = "IDLE"
                     with m.Else():
                         m.d.comb += events["unknown"].eq(1)
                         m.next = "IDLE"
@@ -512,8 +586,10 @@ class PassiveCm(wiring.Component):
                             entry.remote_comm_id.eq(req.local_comm_id),
                             entry.peer_ip.eq(rx.src_ip),
                             entry.peer_qp.eq(rx.src_qp),
+                            entry.host_qpn.eq(req.local_qpn),
                             entry.psn.eq(psn),
                             entry.response_timeout.eq(req.local_cm_response_timeout),
+                            entry.max_retries.eq(req.max_cm_retries),
                             entry.retries.eq(req.max_cm_retries),
                             entry.ticks.eq(_interval(req.local_cm_response_timeout)),
                             comm_id.eq(Mux(next_comm_id == 0, 1, next_comm_id)),
@@ -539,15 +615,25 @@ class PassiveCm(wiring.Component):
                 with m.Else():
                     m.next = "IDLE"
 
-            offer("CLOSE", self.o_close, "AFTER_SEND")
+            # The QP of ``index`` freed, unless the owner freed it meanwhile.
+            with m.State("CLOSE"):
+                m.d.comb += self.o_close.valid.eq(~stale_entry)
+                with m.If(self.o_close.ready | stale_entry):
+                    with m.If(then_send):
+                        m.next = "SEND"
+                    with m.Else():
+                        m.next = "AFTER_SEND"
 
-            # The timer sweep: every pending entry counts one tick down.
+            # The sweep: an established connection whose QP the owner freed starts its
+            # disconnect; on a tick, every pending or disconnecting entry counts one down.
             with m.State("SWEEP_READ"):
                 m.next = "SWEEP_COMPARE"
             with m.State("SWEEP_COMPARE"):
                 m.d.sync += [
                     entry.eq(stored),
-                    same.eq(Cat((stored.state == _State.PENDING) & ~stale_entry, 1, 1, 1)),
+                    begin.eq((stored.state == _State.ESTABLISHED) & stale_entry),
+                    timed.eq(counting & (((stored.state == _State.PENDING) & ~stale_entry)
+                                         | (stored.state == _State.DISCONNECTING))),
                     expired.eq(stored.ticks <= 1),
                     out_of_retries.eq(stored.retries == 0),
                 ]
@@ -561,26 +647,39 @@ class PassiveCm(wiring.Component):
                     m.next = "SWEEP_READ"
 
             with m.State("SWEEP_ACT"):
+                pending = entry.state == _State.PENDING
                 m.d.comb += write.data.eq(entry)
-                with m.If(~hit):
+                m.d.sync += send.eq(Mux(pending, _Send.REP, _Send.DREQ))
+                with m.If(begin):
+                    m.d.comb += [write.en.eq(1), write.data.state.eq(_State.DISCONNECTING),
+                                 write.data.retries.eq(entry.max_retries),
+                                 write.data.ticks.eq(_interval(entry.response_timeout)),
+                                 events["dreq_sent"].eq(1)]
+                    m.next = "SEND"
+                with m.Elif(~timed):
                     sweep_next()
                 with m.Elif(~expired):
                     m.d.comb += [write.en.eq(1), write.data.ticks.eq(entry.ticks - 1)]
                     sweep_next()
                 with m.Elif(out_of_retries):
                     m.d.comb += [write.en.eq(1), write.data.state.eq(_State.FREE),
-                                 events["expired"].eq(1)]
-                    m.next = "CLOSE"
+                                 events["expired"].eq(pending),
+                                 events["dreq_expired"].eq(~pending)]
+                    with m.If(pending):
+                        m.next = "CLOSE"
+                    with m.Else():
+                        sweep_next()
                 with m.Else():
                     m.d.comb += [write.en.eq(1), write.data.retries.eq(entry.retries - 1),
                                  write.data.ticks.eq(_interval(entry.response_timeout)),
-                                 events["rep_retransmitted"].eq(1)]
+                                 events["rep_retransmitted"].eq(pending),
+                                 events["dreq_retransmitted"].eq(~pending)]
                     m.next = "SEND"
             with m.State("SWEEP_NEXT"):         # after a REP or a close
                 sweep_next()
 
         with m.If(closed_valid):                   # after the FSM: a QP freed wins
-            m.d.sync += stale.bit_select(closed, 1).eq(1)
+            m.d.sync += [stale.bit_select(closed, 1).eq(1), close_due.eq(1)]
 
         for name, strobe in events.items():
             m.d.comb += getattr(self.o_counters, name).eq(event_counter(m, strobe, name))
