@@ -96,10 +96,13 @@ class NetworkCore(wiring.Component):
     takes the IB CM's MADs (UDP port 4791, destination QP 1; see
     :mod:`~gateware.cm.qp1`), each valid one counted in ``counters.qp1``, and
     answers a host's ``rdma_connect`` on the rdma_cm port 17185
-    (:class:`~gateware.cm.passive.PassiveCm`: REQ → REP or REJ, RTU; counted in
-    ``counters.ib_cm``): the QP it sets up is the connection manager's, taken and
-    freed as OPEN_QP's and CLOSE_QP's are, and served by STATUS, starts, CLOSE_QP
-    and the lease as any. The REP's comm IDs start at a free-running counter that
+    (:class:`~gateware.cm.passive.PassiveCm`: REQ → REP or REJ, RTU; DREQ → DREP;
+    counted in ``counters.ib_cm``): the QP it sets up is the connection manager's,
+    taken (the first free QP after the last one an IB open took, so a host that
+    reconnects gets another) and freed as OPEN_QP's and CLOSE_QP's are, and served by
+    STATUS, starts, CLOSE_QP and the lease as any. The host's DREQ frees it; freed
+    by CLOSE_QP, close-all or the lease, its host gets a DREQ, retransmitted until
+    DREP. The REP's comm IDs start at a free-running counter that
     reset does not clear, XOR the MAC's low 32 bits, sampled after reset.
 
     Parameters

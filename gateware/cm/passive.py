@@ -1,7 +1,7 @@
 """The passive side of the InfiniBand CM: a host opens a connection to the endpoint
-with ``rdma_connect`` (REQ), the endpoint answers REP, the host completes it with RTU
-(IBTA vol. 1, chapter 12, as Linux's ``ib_cm`` and ``rdma_cm`` apply it; CM_PROTOCOL.md,
-"Standard RDMA CM").
+with ``rdma_connect`` (REQ), the endpoint answers REP, the host completes it with RTU;
+either side ends it with DREQ, answered with DREP (IBTA vol. 1, chapter 12, as Linux's
+``ib_cm`` and ``rdma_cm`` apply it; CM_PROTOCOL.md, "Standard RDMA CM").
 
 :class:`PassiveCm` sits between QP1's receiver and transmitter (``gateware.cm.qp1``)
 and asks the QP table's owner for a QP through its allocation port:
@@ -20,13 +20,15 @@ and asks the QP table's owner for a QP through its allocation port:
     per request, any number of cycles after it was taken; :class:`PassiveCm` takes
     no other MAD meanwhile and keeps ``i_opened.ready`` high only while it waits.
 ``o_close`` (QP index)
-    The QP of a connection the host never completed (no RTU after the REP's retries):
-    the table owner frees it as for CLOSE_QP. No answer.
+    The QP of a connection the host never completed (no RTU after the REP's retries,
+    or its REJ) or ended (its DREQ): the table owner frees it as for CLOSE_QP. No
+    answer. Not offered for a QP the owner freed meanwhile.
 ``i_closed`` (QP index, always ready)
     Every QP the table owner frees on its own (CLOSE_QP, close-all, lease; those of
-    ``o_close`` may come back here too): its connection leaves the table, so no REP,
-    duplicate answer or ``o_close`` ever names a QP that may since belong to someone
-    else. The QP's next ``i_opened`` makes its entry live again.
+    ``o_close`` may come back here too): its connection is no longer served, so no
+    REP, duplicate answer or ``o_close`` ever names a QP that may since belong to
+    someone else; an established one is disconnected (DREQ, below). The QP's next
+    ``i_opened`` makes its entry live again.
 
 Each MAD is served whole before the next is taken (``i.ready`` is high only while
 idle); the receiver before it holds one more.
@@ -59,18 +61,41 @@ idle); the receiver before it holds one more.
 - RTU (0x0014) and REJ (0x0012) are looked up by both comm IDs and the source address.
   RTU establishes a pending connection (repeated: no change); REJ of a pending
   connection (the host gave up) closes its QP at once. Unknown: dropped and counted.
+- DREQ (0x0015, the host's ``rdma_disconnect``) is looked up by both comm IDs; it
+  ends a connection only if it also comes from the connection's host (IPv4 source)
+  and names the endpoint's QPN as Remote QPN: the QP goes to ``o_close`` (unless the
+  owner freed it already), the entry leaves, then a DREP goes out (the DREQ's TID,
+  the comm IDs swapped, to its source). With the IDs of a connection but another
+  source or QPN: ignored and counted (spoofed). Of no connection (e.g. the host's
+  repeat after a lost DREP): answered with DREP all the same (IBTA 12.9.6, as Linux's
+  ``cm_issue_drep``) and counted.
+- When the owner frees an established connection's QP (``i_closed``), the endpoint
+  sends the host a DREQ: Local and Remote Comm ID the connection's, Remote QPN the
+  host's QPN (the REQ's Local QPN), TID ``0x15 << 32`` | its Local Comm ID. It is
+  sent again on the REP's timer (the REQ's Local CM Response Timeout: Linux's
+  passive side times its own DREQ with that cm_id timeout), at most Max CM Retries
+  times, until a DREP (looked up as an RTU) or the host's own DREQ (answered with
+  DREP); after the last wait the entry leaves. A connection still pending when its
+  QP is freed gets no DREQ. The entry stays until then, keyed by its comm IDs, but
+  its QP is free: when the owner hands the QP out again before the DREP, the new
+  connection's entry replaces it (no DREQ of the old one goes out after that, and its
+  late DREP finds nothing). A DREP of no disconnect: dropped and counted.
 - Any other attribute is dropped and counted.
 
 The table has one entry per QP (``qps``), indexed by QP index: a connection's entry
-lives from its ``i_opened`` until its QP is closed (``o_close`` or ``i_closed``) or
-handed out again; an established connection's stays while its QP is open, to answer a
-repeated REQ. Lookups and the timer sweep read one entry every three
-cycles from a memory with a registered read port; each ms tick starts a sweep of the
-whole table when the block is idle next. Nothing runs a compare across the table.
+lives from its ``i_opened`` until its QP is closed (``o_close`` or ``i_closed``), its
+disconnect ends, or its QP is handed out again; an established connection's stays
+while its QP is open, to answer a repeated REQ. Lookups and the sweep read one entry
+every three cycles from a memory with a registered read port; each ms tick (which
+counts the timers down) and each ``i_closed`` (which starts disconnects) starts a
+sweep of the whole table when the block is idle next. Nothing runs a compare across
+the table.
 
 ``o_counters`` (:meth:`PassiveCm.counters_layout`) counts REPs sent first, repeated
 for a duplicate REQ and retransmitted; connections established and expired; REJs
-sent by reason; MADs dropped by reason (``attribute``, ``unknown``).
+sent by reason; DREQs of the host served, spoofed and unknown; the endpoint's DREQs
+sent, retransmitted and unanswered; DREPs taken and unknown; MADs dropped by reason
+(``attribute``, ``unknown``).
 """
 
 from amaranth import *
@@ -224,9 +249,12 @@ class PassiveCm(wiring.Component):
     Latency (cycles from the clock edge that takes the MAD or answer to the one after
     which the result is offered): a REQ's REJ 3; a duplicate REQ's REP 3 + 3 × (i + 1),
     found in entry i; ``o_open`` for a new REQ after the whole table, 3 + 3 × ``qps``;
-    a new REP 2 after ``i_opened``. A retransmitted REP (or an ``o_close``) of entry i
-    is offered 3 × i + 5 cycles after the ms tick that ends its wait when the block is
-    idle then (ticks every ``ms_cycles`` cycles from reset).
+    a new REP 2 after ``i_opened``. A retransmitted REP or DREQ (or an ``o_close``) of
+    entry i is offered 3 × i + 5 cycles after the ms tick that ends its wait when the
+    block is idle then (ticks every ``ms_cycles`` cycles from reset); a DREQ 3 × i + 6
+    cycles after the ``i_closed`` that starts it, likewise. A host's DREQ found in
+    entry i: its ``o_close`` 2 + 3 × (i + 1) after it is taken, the DREP the cycle after
+    the close is taken; of no connection: the DREP 2 + 3 × ``qps`` after it is taken.
 
     Parameters
     ----------
@@ -243,9 +271,15 @@ class PassiveCm(wiring.Component):
         connections established by RTU, ``expired`` after the retries, closed by the
         host's REJ (``rejected_by_host``); REJs sent by cause (``rej_service`` 8,
         ``rej_transport`` 9, ``rej_address`` and ``rej_version`` 28, ``rej_mtu`` 26,
-        ``rej_no_qp`` 3, ``rej_denied`` 28); MADs dropped: another attribute than REQ,
-        RTU, REJ (``attribute``), an RTU or REJ of no pending or established
-        connection (``unknown``)."""
+        ``rej_no_qp`` 3, ``rej_denied`` 28); the host's DREQs: of a connection, its QP
+        freed and DREP sent (``dreq_received``), with a connection's comm IDs from
+        another source or naming another QPN, ignored (``dreq_spoofed``), of no
+        connection, DREP sent (``dreq_unknown``); the endpoint's DREQs: first
+        (``dreq_sent``), again on timeout (``dreq_retransmitted``), given up after the
+        retries (``dreq_expired``); DREPs that end a disconnect (``drep_received``) and
+        DREPs of none, dropped (``drep_unknown``); MADs dropped: another attribute than
+        REQ, RTU, REJ, DREQ, DREP (``attribute``), an RTU or REJ of no pending or
+        established connection (``unknown``)."""
         return counters_layout(
             "rep_sent", "rep_repeated", "rep_retransmitted", "established", "expired",
             "rejected_by_host", "rej_service", "rej_transport", "rej_address", "rej_version",

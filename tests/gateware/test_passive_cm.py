@@ -743,3 +743,29 @@ def test_the_owner_frees_the_qp_before_the_dreqs_close():
         await settle(ctx, 4 * MS)
     bench.run(main)
     assert bench.closes == []
+
+
+def test_disconnect_latency():
+    bench = Bench()
+    found = []
+
+    async def main(ctx):
+        rep = await established(bench, ctx)
+        closed = bench.cycle
+        await put_item(ctx, bench.dut.i_closed, 2)
+        await bench.reply(ctx, cycles=100)
+        found.append(bench.sent[-1][0] - closed)
+        await bench.put(ctx, dreq_mad(rep, comm_id=0x5))                # unknown
+        await bench.reply(ctx)
+        found.append(bench.sent[-1][0] - bench.taken[-1])
+        await bench.put(ctx, req_mad(comm_id=0x77, tid=1))
+        new = parse(await bench.reply(ctx), "REP")[1]
+        await bench.put(ctx, rtu(new, comm_id=0x77))
+        await settle(ctx)
+        await bench.put(ctx, dreq_mad(new, comm_id=0x77, remote_qpn=FIRST_QPN))
+        await bench.reply(ctx)
+        found.extend([bench.closes[-1][0] - bench.taken[-1], bench.sent[-1][0] - bench.taken[-1]])
+    bench.run(main)
+    # the DREQ of entry 2 after i_closed; an unknown DREQ's DREP after all entries; a
+    # DREQ found in entry 0: its close, then its DREP a cycle after the close is taken
+    assert found == [3 * 2 + 6, 2 + 3 * QPS, 2 + 3 * (0 + 1), 2 + 3 * (0 + 1) + 1]

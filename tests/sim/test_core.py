@@ -61,6 +61,11 @@ TESTCASES = {
         "only_the_qps_host_steers_it",
         "a_host_that_restarts_closes_all_its_qps",
         "rdma_connect_opens_a_qp_that_a_cm_start_writes_into",
+        "rdma_disconnect_is_answered_with_drep_and_frees_the_qp",
+        "a_dreq_from_another_host_is_ignored",
+        "close_qp_of_an_rdma_cm_qp_sends_a_dreq",
+        "lost_rep_lost_rtu_and_a_duplicate_req",
+        "sixteen_qps_connected_back_to_back_with_rdma_cm",
     ],
     "connectx_bench": [
         "sixteen_qps_of_64_byte_messages_acknowledged_at_once",
