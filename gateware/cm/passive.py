@@ -570,13 +570,11 @@ class PassiveCm(wiring.Component):
                             m.next = "IDLE"
                     with m.Elif(is_dreq):
                         # DREP; the QP freed first, unless the owner freed it already
+                        # (a disconnecting entry's QP always is: CLOSE skips it)
                         m.d.comb += [write.en.eq(1), write.data.state.eq(_State.FREE),
                                      events["dreq_received"].eq(1)]
                         m.d.sync += [send.eq(_Send.DREP), then_send.eq(1)]
-                        with m.If(entry.state == _State.DISCONNECTING):
-                            m.next = "SEND"
-                        with m.Else():
-                            m.next = "CLOSE"
+                        m.next = "CLOSE"
                     with m.Else():                  # DREP
                         with m.If(entry.state == _State.DISCONNECTING):
                             m.d.comb += [write.en.eq(1), write.data.state.eq(_State.FREE),

@@ -871,12 +871,15 @@ def test_an_ib_open_takes_another_qp_than_the_one_freed_last():
         assert await bench.ib_open(ctx, hosts[4]) == 1      # the only one free
         await close(ctx, 3)
         await close(ctx, 2)
-        request = protocol.open_qp(hosts[5].info)
+        request = protocol.open_qp(hosts[5].info)          # the lowest, though freed last
         check_open(bench, await bench.exchange(ctx, request, hosts[5]), request, hosts[5], 2,
                    PathMtu.MTU_4096)
+        # the next after the last IB open's (2) is the QP freed last: the one after it
+        await bench.exchange(ctx, protocol.close_qp(256 + 2, hosts[5].ip), hosts[5])
+        assert await bench.ib_open(ctx, hosts[2]) == 3
 
     bench.run(steps)
-    assert (bench.counters["opened"], bench.counters["closed"]) == (7, 4)
+    assert (bench.counters["opened"], bench.counters["closed"]) == (8, 5)
 
 
 def test_ib_opens_refused_no_qp_when_full_and_denied_outside_the_access_list():

@@ -614,11 +614,17 @@ def test_owner_frees_qp_dreq_retransmitted_then_given_up():
     interval = 2 * MS                       # Local CM Response Timeout 9: 2 ms
 
     async def main(ctx):
-        rep = await established(bench, ctx, response_timeout=9, max_cm_retries=2)
+        # the RTU lost once: the REP's retries spent do not count for the DREQ's
+        await bench.put(ctx, req_mad(response_timeout=9, max_cm_retries=2))
+        rep = parse(await bench.reply(ctx), "REP")[1]
+        await bench.reply(ctx, cycles=3 * interval)
+        await bench.put(ctx, rtu(rep))
         await settle(ctx, 3 * MS)
         await put_item(ctx, bench.dut.i_closed, 2)      # e.g. CLOSE_QP
         await bench.reply(ctx, cycles=100)
         assert bench.sent[-1][1:] == (HOST, 1, HOST_COMM_ID & 0x3FFF, expected_dreq(rep))
+        await settle(ctx, 10)
+        await put_item(ctx, bench.dut.i_closed, 0)      # a free QP: its sweep counts nothing
         await bench.reply(ctx, 2, cycles=3 * interval)
         await settle(ctx, 4 * interval)
         counters = bench.counters(ctx)
@@ -630,11 +636,11 @@ def test_owner_frees_qp_dreq_retransmitted_then_given_up():
         await settle(ctx)
         assert bench.counters(ctx)["drep_unknown"] == 1
     bench.run(main)
-    assert bench.closes == [] and len(bench.sent) == 4
-    (first, *_), (second, *_), (third, *_) = bench.sent[1:]
+    assert bench.closes == [] and len(bench.sent) == 5
+    (first, *_), (second, *_), (third, *_) = bench.sent[2:]
     assert second == (first // MS + 2) * MS + 3 * 2 + 5
     assert third - second == interval
-    assert len({sent[1:] for sent in bench.sent[1:]}) == 1, "a retransmitted DREQ differs"
+    assert len({sent[1:] for sent in bench.sent[2:]}) == 1, "a retransmitted DREQ differs"
 
 
 def test_drep_ends_the_endpoints_disconnect():
