@@ -67,8 +67,8 @@ idle); the receiver before it holds one more.
   owner freed it already), the entry leaves, then a DREP goes out (the DREQ's TID,
   the comm IDs swapped, to its source). With the IDs of a connection but another
   source or QPN: ignored and counted (spoofed). Of no connection (e.g. the host's
-  repeat after a lost DREP): answered with DREP all the same (IBTA 12.9.6, as Linux's
-  ``cm_issue_drep``) and counted.
+  repeat after a lost DREP): answered with DREP all the same (as IBTA asks and Linux's
+  ``cm_issue_drep`` does) and counted.
 - When the owner frees an established connection's QP (``i_closed``), the endpoint
   sends the host a DREQ: Local and Remote Comm ID the connection's, Remote QPN the
   host's QPN (the REQ's Local QPN), TID ``0x15 << 32`` | its Local Comm ID. It is
@@ -588,7 +588,7 @@ class PassiveCm(wiring.Component):
                 with m.Elif(index == last_qp):
                     with m.If(is_req):
                         m.next = "OPEN"
-                    with m.Elif(is_dreq):           # answered all the same (IBTA 12.9.6)
+                    with m.Elif(is_dreq):           # answered all the same (IBTA)
                         m.d.comb += events["dreq_unknown"].eq(1)
                         m.d.sync += send.eq(_Send.DREP)
                         m.next = "SEND"
