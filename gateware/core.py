@@ -96,10 +96,13 @@ class NetworkCore(wiring.Component):
     takes the IB CM's MADs (UDP port 4791, destination QP 1; see
     :mod:`~gateware.cm.qp1`), each valid one counted in ``counters.qp1``, and
     answers a host's ``rdma_connect`` on the rdma_cm port 17185
-    (:class:`~gateware.cm.passive.PassiveCm`: REQ → REP or REJ, RTU; counted in
-    ``counters.ib_cm``): the QP it sets up is the connection manager's, taken and
-    freed as OPEN_QP's and CLOSE_QP's are, and served by STATUS, starts, CLOSE_QP
-    and the lease as any. The REP's comm IDs start at a free-running counter that
+    (:class:`~gateware.cm.passive.PassiveCm`: REQ → REP or REJ, RTU; DREQ → DREP;
+    counted in ``counters.ib_cm``): the QP it sets up is the connection manager's,
+    taken (the first free QP after the last one an IB open took, so a host that
+    reconnects gets another) and freed as OPEN_QP's and CLOSE_QP's are, and served by
+    STATUS, starts, CLOSE_QP and the lease as any. The host's DREQ frees it; freed
+    by CLOSE_QP, close-all or the lease, its host gets a DREQ, retransmitted until
+    DREP. The REP's comm IDs start at a free-running counter that
     reset does not clear, XOR the MAC's low 32 bits, sampled after reset.
 
     Parameters
@@ -111,6 +114,9 @@ class NetworkCore(wiring.Component):
         ms tick) and DCQCN timers (the VCU118 top builds the core at 250 MHz).
     arp_retry_interval, arp_lifetime : int or None
         ARP timers in cycles (default: 1 s and 60 s at ``clock_hz``).
+    ib_cm_ms : int or None
+        Cycles of the IB CM's millisecond, the unit of its REP and DREQ timers
+        (default: 1 ms at ``clock_hz``).
     rx_depth : int
         Beats of the receive FIFO (holds the frame being received; 512 beats
         take a 9000-byte jumbo frame with room to spare).
@@ -142,7 +148,8 @@ class NetworkCore(wiring.Component):
 
     def __init__(self, *, mac="02:00:00:00:00:02", ip="10.77.0.2", netmask="255.255.255.0",
                  gateway="0.0.0.0", clock_hz=CMAC_CLOCK_HZ, arp_retry_interval=None,
-                 arp_lifetime=None, arp_retries=3, rx_depth=512, echo_depth=256, qps=16,
+                 arp_lifetime=None, arp_retries=3, ib_cm_ms=None, rx_depth=512,
+                 echo_depth=256, qps=16,
                  retransmit_beats=2048, messages=128, generator_runs=4,
                  path_mtu=PathMtu.MTU_4096, qp_timeout=14, retry_count=7, rnr_retry=7,
                  cm_lease=None, roce_priority=ROCE_PRIORITY, pause_quantum_cycles=None,
@@ -162,7 +169,7 @@ class NetworkCore(wiring.Component):
             "rnr_retry": rnr_retry, **access_list(ip, netmask),
             "lease_tick": lease_tick(60 * clock_hz if cm_lease is None else cm_lease)})
         self._tick = ticks_at(clock_hz)
-        self._ms_cycles = round(clock_hz / 1000)
+        self._ms_cycles = ib_cm_ms or round(clock_hz / 1000)
         self._pause_defaults = PAUSE_CONFIG.const({
             "roce_priority": roce_priority,
             "quantum_cycles": pause_quantum_cycles or quantum_cycles_at(clock_hz)})

@@ -47,11 +47,12 @@ __all__ = ["NetworkBench", "EventCoreBench", "CLOCK_PERIOD_PS", "MIN_FRAME", "CO
 #: 322.265625 MHz, the CMAC's user clock, rounded to an even number of picoseconds.
 CLOCK_PERIOD_PS = 3104
 
-#: The core as the benches build it: ARP timers (in cycles) small enough that
-#: retries and expiry fit in a short simulation, and retransmit rings of 512
-#: beats (32 KiB) per QP, so that a quarter of a ring is a few packets.
+#: The core as the benches build it: ARP timers (in cycles) and the IB CM's millisecond
+#: (10,000 cycles, 31 µs: its REP and DREQ retransmissions) small enough that retries
+#: and expiry fit in a short simulation, and retransmit rings of 512 beats (32 KiB) per
+#: QP, so that a quarter of a ring is a few packets.
 CORE_PARAMS = {"arp_retry_interval": 3000, "arp_lifetime": 40_000, "arp_retries": 3,
-               "retransmit_beats": 512}
+               "ib_cm_ms": 10_000, "retransmit_beats": 512}
 
 #: The example EventCore as the benches build it (tests/sim/event_source_bench.py and
 #: ``python -m sim.netdev --source example``, one build for both): the core with fewer

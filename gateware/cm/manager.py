@@ -146,9 +146,14 @@ class ConnectionManager(wiring.Component):
     - ``i_ib_open`` (:data:`~gateware.cm.passive.CM_OPEN`) is served as an OPEN_QP
       from the request's host: a host outside the access list is refused
       :attr:`~gateware.cm.passive.OpenRefusal.DENIED` (counted ``access``), no QP
-      free :attr:`~gateware.cm.passive.OpenRefusal.NO_QP` (``no_qp``); else the
-      lowest free QP is taken (never an open QP of the same host QP, as a repeated
-      OPEN_QP would) and set on ``o_qp_write`` with the request's remote QPN, PSN
+      free :attr:`~gateware.cm.passive.OpenRefusal.NO_QP` (``no_qp``); else a free QP
+      is taken (never an open QP of the same host QP, as a repeated OPEN_QP would):
+      the first free one after the QP the last IB open took, round the table, and the
+      QP freed last only when no other is free, so that a host that closed a
+      connection and connects again gets another QP (CM_PROTOCOL.md) while its own
+      may still be in TimeWait (OPEN_QP keeps the lowest free QP). The choice is
+      made during the scan, one QP per cycle, from a rank registered beside each QP
+      read. The QP is set on ``o_qp_write`` with the request's remote QPN, PSN
       (``next_psn``: the endpoint's first), path MTU, rkey, ACK timeout, retry and RNR
       retry counts and the UDP source port OPEN_QP gives it; its entry holds the host
       and the buffer address (``base``; ``length`` is not kept), so STATUS, starts,
@@ -370,6 +375,18 @@ class ConnectionManager(wiring.Component):
         matched = Signal()
         free = Signal()                     # a free QP was seen; ``free_index`` is the lowest
         free_index = Signal(QP_INDEX_BITS)
+        # An IB open's QP: the first free one from ``rover`` (the QP after the last IB
+        # open's) on, else the lowest; the QP freed last only when no other is free.
+        # ``probe``'s rank among those, registered beside it; the best one seen so far.
+        rover = Signal(range(qps + 1))
+        freed_last = Signal(range(qps + 1), init=qps)
+        probe_rank = Signal(2)
+        best_rank = Signal(2)
+        best_index = Signal(QP_INDEX_BITS)
+        chosen = Signal(QP_INDEX_BITS)      # the QP an open takes
+        m.d.comb += chosen.eq(Mux(ib, best_index, free_index))
+        with m.If(self.o_qp_close.valid & self.o_qp_close.ready):
+            m.d.sync += freed_last.eq(index)
         first_beat = Signal(init=1)
         read = entry_read.data
         m.d.sync += [
@@ -475,7 +492,7 @@ class ConnectionManager(wiring.Component):
             with m.State("DECODE"):
                 kind = request.flags.request
                 m.d.sync += [index.eq(named), scan.eq(0), probe.eq(qps), matched.eq(0),
-                             free.eq(0)]
+                             free.eq(0), best_rank.eq(0)]
                 m.next = "IDLE"
                 with m.If(~allowed):
                     m.d.comb += counts["access"].eq(1)
@@ -518,12 +535,16 @@ class ConnectionManager(wiring.Component):
 
             with m.State("SCAN"):
                 # One QP per cycle: read ``scan``, check ``probe`` (read the cycle before).
-                m.d.sync += [scan.eq(scan + 1), probe.eq(scan)]
+                m.d.sync += [scan.eq(scan + 1), probe.eq(scan),
+                             probe_rank.eq(Mux(scan == freed_last, 1,
+                                               Mux(scan >= rover, 3, 2)))]
                 with m.If(probe != qps):
                     with m.If(entry.open & entry_requester & ~ib):
                         m.d.sync += [matched.eq(1), index.eq(probe), found.eq(entry)]
                     with m.If(~entry.open & ~free):
                         m.d.sync += [free.eq(1), free_index.eq(probe)]
+                    with m.If(~entry.open & (probe_rank > best_rank)):
+                        m.d.sync += [best_rank.eq(probe_rank), best_index.eq(probe)]
                 with m.If(matched | (probe == qps - 1)):
                     m.d.sync += scanning.eq(0)
                     m.next = "SCANNED"
@@ -557,21 +578,23 @@ class ConnectionManager(wiring.Component):
                     reply_or_ib(Ack.NO_QP, OpenRefusal.NO_QP)
                 with m.Else():
                     m.d.comb += [
-                        entry_write.addr.eq(free_index),
+                        entry_write.addr.eq(chosen),
                         entry_write.data.eq(new),
                         entry_write.en.eq(1),
                         counts["opened"].eq(1),
                     ]
+                    with m.If(ib):
+                        m.d.sync += rover.eq(chosen + 1)
                     m.d.sync += [
-                        index.eq(free_index),
+                        index.eq(chosen),
                         found.eq(new),
-                        write.qp.eq(free_index),
+                        write.qp.eq(chosen),
                         write.state.remote_qpn.eq(new.host_qpn),
                         write.state.next_psn.eq(new.psn),
                         write.state.rkey.eq(request.loc.rkey),
                         write.state.remote_ip.eq(new.host_ip),
                         write.state.path_mtu.eq(new.path_mtu),
-                        write.state.src_port.eq(free_index),
+                        write.state.src_port.eq(chosen),
                         write.state.timeout.eq(Mux(ib, ib_timers.timeout,
                                                    self.i_config.timeout)),
                         write.state.retry_count.eq(Mux(ib, ib_timers.retry_count,

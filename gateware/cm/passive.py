@@ -1,7 +1,7 @@
 """The passive side of the InfiniBand CM: a host opens a connection to the endpoint
-with ``rdma_connect`` (REQ), the endpoint answers REP, the host completes it with RTU
-(IBTA vol. 1, chapter 12, as Linux's ``ib_cm`` and ``rdma_cm`` apply it; CM_PROTOCOL.md,
-"Standard RDMA CM").
+with ``rdma_connect`` (REQ), the endpoint answers REP, the host completes it with RTU;
+either side ends it with DREQ, answered with DREP (IBTA vol. 1, chapter 12, as Linux's
+``ib_cm`` and ``rdma_cm`` apply it; CM_PROTOCOL.md, "Standard RDMA CM").
 
 :class:`PassiveCm` sits between QP1's receiver and transmitter (``gateware.cm.qp1``)
 and asks the QP table's owner for a QP through its allocation port:
@@ -20,13 +20,15 @@ and asks the QP table's owner for a QP through its allocation port:
     per request, any number of cycles after it was taken; :class:`PassiveCm` takes
     no other MAD meanwhile and keeps ``i_opened.ready`` high only while it waits.
 ``o_close`` (QP index)
-    The QP of a connection the host never completed (no RTU after the REP's retries):
-    the table owner frees it as for CLOSE_QP. No answer.
+    The QP of a connection the host never completed (no RTU after the REP's retries,
+    or its REJ) or ended (its DREQ): the table owner frees it as for CLOSE_QP. No
+    answer. Not offered for a QP the owner freed meanwhile.
 ``i_closed`` (QP index, always ready)
     Every QP the table owner frees on its own (CLOSE_QP, close-all, lease; those of
-    ``o_close`` may come back here too): its connection leaves the table, so no REP,
-    duplicate answer or ``o_close`` ever names a QP that may since belong to someone
-    else. The QP's next ``i_opened`` makes its entry live again.
+    ``o_close`` may come back here too): its connection is no longer served, so no
+    REP, duplicate answer or ``o_close`` ever names a QP that may since belong to
+    someone else; an established one is disconnected (DREQ, below). The QP's next
+    ``i_opened`` makes its entry live again.
 
 Each MAD is served whole before the next is taken (``i.ready`` is high only while
 idle); the receiver before it holds one more.
@@ -59,18 +61,41 @@ idle); the receiver before it holds one more.
 - RTU (0x0014) and REJ (0x0012) are looked up by both comm IDs and the source address.
   RTU establishes a pending connection (repeated: no change); REJ of a pending
   connection (the host gave up) closes its QP at once. Unknown: dropped and counted.
+- DREQ (0x0015, the host's ``rdma_disconnect``) is looked up by both comm IDs; it
+  ends a connection only if it also comes from the connection's host (IPv4 source)
+  and names the endpoint's QPN as Remote QPN: the QP goes to ``o_close`` (unless the
+  owner freed it already), the entry leaves, then a DREP goes out (the DREQ's TID,
+  the comm IDs swapped, to its source). With the IDs of a connection but another
+  source or QPN: ignored and counted (spoofed). Of no connection (e.g. the host's
+  repeat after a lost DREP): answered with DREP all the same (as IBTA asks and Linux's
+  ``cm_issue_drep`` does) and counted.
+- When the owner frees an established connection's QP (``i_closed``), the endpoint
+  sends the host a DREQ: Local and Remote Comm ID the connection's, Remote QPN the
+  host's QPN (the REQ's Local QPN), TID ``0x15 << 32`` | its Local Comm ID. It is
+  sent again on the REP's timer (the REQ's Local CM Response Timeout: Linux's
+  passive side times its own DREQ with that cm_id timeout), at most Max CM Retries
+  times, until a DREP (looked up as an RTU) or the host's own DREQ (answered with
+  DREP); after the last wait the entry leaves. A connection still pending when its
+  QP is freed gets no DREQ. The entry stays until then, keyed by its comm IDs, but
+  its QP is free: when the owner hands the QP out again before the DREP, the new
+  connection's entry replaces it (no DREQ of the old one goes out after that, and its
+  late DREP finds nothing). A DREP of no disconnect: dropped and counted.
 - Any other attribute is dropped and counted.
 
 The table has one entry per QP (``qps``), indexed by QP index: a connection's entry
-lives from its ``i_opened`` until its QP is closed (``o_close`` or ``i_closed``) or
-handed out again; an established connection's stays while its QP is open, to answer a
-repeated REQ. Lookups and the timer sweep read one entry every three
-cycles from a memory with a registered read port; each ms tick starts a sweep of the
-whole table when the block is idle next. Nothing runs a compare across the table.
+lives from its ``i_opened`` until its QP is closed (``o_close`` or ``i_closed``), its
+disconnect ends, or its QP is handed out again; an established connection's stays
+while its QP is open, to answer a repeated REQ. Lookups and the sweep read one entry
+every three cycles from a memory with a registered read port; each ms tick (which
+counts the timers down) and each ``i_closed`` (which starts disconnects) starts a
+sweep of the whole table when the block is idle next. Nothing runs a compare across
+the table.
 
 ``o_counters`` (:meth:`PassiveCm.counters_layout`) counts REPs sent first, repeated
 for a duplicate REQ and retransmitted; connections established and expired; REJs
-sent by reason; MADs dropped by reason (``attribute``, ``unknown``).
+sent by reason; DREQs of the host served, spoofed and unknown; the endpoint's DREQs
+sent, retransmitted and unanswered; DREPs taken and unknown; MADs dropped by reason
+(``attribute``, ``unknown``).
 """
 
 from amaranth import *
@@ -80,6 +105,8 @@ from amaranth.lib.wiring import In, Out
 from ..counters import counters_layout, event_counter
 from ..headers import (
     CM_CLASS_VERSION,
+    CM_DREP,
+    CM_DREQ,
     CM_REJ,
     CM_REP,
     CM_REQ,
@@ -111,6 +138,8 @@ RDMA_PS_TCP = 0x0106
 TARGET_ACK_DELAY = 15
 #: The version of the private data after the cma_hdr (REQ) and of the REP's.
 PRIVATE_VERSION = 1
+#: The high 32 bits of the TID of the endpoint's DREQ (the low 32: its Local Comm ID).
+DREQ_TID_HIGH = Const(0x0000_0015, 32)
 
 
 class OpenRefusal(enum.Enum, shape=1):
@@ -181,6 +210,15 @@ class _State(enum.Enum, shape=2):
     FREE = 0
     PENDING = 1                 # REP sent, waiting for RTU
     ESTABLISHED = 2
+    DISCONNECTING = 3           # its QP freed by the table owner; DREQ sent, waiting for DREP
+
+
+class _Send(enum.Enum, shape=2):
+    """What goes out: built from the entry (REP, DREQ) or from the MAD served (REJ, DREP)."""
+    REP = 0
+    DREQ = 1
+    REJ = 2
+    DREP = 3
 
 
 #: One connection in the table (entry i holds QP index i's).
@@ -191,8 +229,10 @@ _ENTRY = data.StructLayout({
     "remote_comm_id": 32,
     "peer_ip": 32,
     "peer_qp": 24,
+    "host_qpn": 24,             # the REQ's Local QPN: a DREQ's Remote QPN
     "psn": 24,                  # the REP's Starting PSN
     "response_timeout": 5,      # the REQ's Local CM Response Timeout
+    "max_retries": 4,           # the REQ's Max CM Retries
     "retries": 4,               # retransmissions left
     "ticks": 24,                # ms ticks left before the next retransmission
 })
@@ -209,9 +249,12 @@ class PassiveCm(wiring.Component):
     Latency (cycles from the clock edge that takes the MAD or answer to the one after
     which the result is offered): a REQ's REJ 3; a duplicate REQ's REP 3 + 3 × (i + 1),
     found in entry i; ``o_open`` for a new REQ after the whole table, 3 + 3 × ``qps``;
-    a new REP 2 after ``i_opened``. A retransmitted REP (or an ``o_close``) of entry i
-    is offered 3 × i + 5 cycles after the ms tick that ends its wait when the block is
-    idle then (ticks every ``ms_cycles`` cycles from reset).
+    a new REP 2 after ``i_opened``. A retransmitted REP or DREQ (or an ``o_close``) of
+    entry i is offered 3 × i + 5 cycles after the ms tick that ends its wait when the
+    block is idle then (ticks every ``ms_cycles`` cycles from reset); a DREQ 3 × i + 6
+    cycles after the ``i_closed`` that starts it, likewise. A host's DREQ found in
+    entry i: its ``o_close`` 2 + 3 × (i + 1) after it is taken, the DREP the cycle after
+    the close is taken; of no connection: the DREP 2 + 3 × ``qps`` after it is taken.
 
     Parameters
     ----------
@@ -228,13 +271,21 @@ class PassiveCm(wiring.Component):
         connections established by RTU, ``expired`` after the retries, closed by the
         host's REJ (``rejected_by_host``); REJs sent by cause (``rej_service`` 8,
         ``rej_transport`` 9, ``rej_address`` and ``rej_version`` 28, ``rej_mtu`` 26,
-        ``rej_no_qp`` 3, ``rej_denied`` 28); MADs dropped: another attribute than REQ,
-        RTU, REJ (``attribute``), an RTU or REJ of no pending or established
-        connection (``unknown``)."""
+        ``rej_no_qp`` 3, ``rej_denied`` 28); the host's DREQs: of a connection, its QP
+        freed and DREP sent (``dreq_received``), with a connection's comm IDs from
+        another source or naming another QPN, ignored (``dreq_spoofed``), of no
+        connection, DREP sent (``dreq_unknown``); the endpoint's DREQs: first
+        (``dreq_sent``), again on timeout (``dreq_retransmitted``), given up after the
+        retries (``dreq_expired``); DREPs that end a disconnect (``drep_received``) and
+        DREPs of none, dropped (``drep_unknown``); MADs dropped: another attribute than
+        REQ, RTU, REJ, DREQ, DREP (``attribute``), an RTU or REJ of no pending or
+        established connection (``unknown``)."""
         return counters_layout(
             "rep_sent", "rep_repeated", "rep_retransmitted", "established", "expired",
             "rejected_by_host", "rej_service", "rej_transport", "rej_address", "rej_version",
-            "rej_mtu", "rej_no_qp", "rej_denied", "attribute", "unknown")
+            "rej_mtu", "rej_no_qp", "rej_denied", "attribute", "unknown",
+            "dreq_received", "dreq_spoofed", "dreq_unknown", "dreq_sent", "dreq_retransmitted",
+            "dreq_expired", "drep_received", "drep_unknown")
 
     def __init__(self, *, qps, port=CM_PORT):
         self._qps = check_qp_count(qps)
@@ -279,7 +330,9 @@ class PassiveCm(wiring.Component):
         tick = Signal()
         m.d.comb += tick.eq((tick_count == 0) & (config.ms_cycles != 0))
         m.d.sync += tick_count.eq(Mux(tick_count == 0, config.ms_cycles - 1, tick_count - 1))
-        sweep_due = Signal()
+        sweep_due = Signal()                # a tick: the sweep counts the timers down
+        close_due = Signal()                # a QP freed: the sweep starts its disconnect
+        counting = Signal()                 # the sweep running counts the timers down
         with m.If(tick):
             m.d.sync += sweep_due.eq(1)
 
@@ -295,7 +348,8 @@ class PassiveCm(wiring.Component):
         # The MAD being served.
         rx = Signal(QP1_RECEIVED)
         req = data.View(CM_REQ, rx.mad.data)
-        rtu = data.View(CM_RTU, rx.mad.data)       # RTU and REJ: comm IDs at the same place
+        rtu = data.View(CM_RTU, rx.mad.data)       # RTU, REJ, DREQ, DREP: comm IDs alike
+        dreq = data.View(CM_DREQ, rx.mad.data)
         private = data.View(REQ_PRIVATE, req.private_data)
 
         # Checks of a REQ, registered.
@@ -324,8 +378,11 @@ class PassiveCm(wiring.Component):
         is_req = Signal()                           # the attribute, decoded as it is taken
         is_rtu = Signal()
         is_rej = Signal()
+        is_dreq = Signal()
+        is_drep = Signal()
         sweeping = Signal()
-        send_rej = Signal()
+        send = Signal(_Send)                        # what ``o`` offers
+        then_send = Signal()                        # CLOSE goes on to SEND (a DREQ's DREP)
 
         # The REP of ``entry``, the REJ of the REQ in ``rx``.
         rep = Signal(CM_REP)
@@ -350,6 +407,18 @@ class PassiveCm(wiring.Component):
             rej.message_rejected.eq(0),
             rej.reason.eq(reason),
         ]
+        # The DREQ of ``entry``, the DREP of the DREQ in ``rx``.
+        disconnect = Signal(CM_DREQ)
+        m.d.comb += [
+            disconnect.local_comm_id.eq(entry.local_comm_id),
+            disconnect.remote_comm_id.eq(entry.remote_comm_id),
+            disconnect.remote_qpn.eq(entry.host_qpn),
+        ]
+        drep = Signal(CM_DREP)
+        m.d.comb += [
+            drep.local_comm_id.eq(dreq.remote_comm_id),
+            drep.remote_comm_id.eq(dreq.local_comm_id),
+        ]
         header = self.o.payload.mad.header
         m.d.comb += [
             header.base_version.eq(MAD_BASE_VERSION),
@@ -357,20 +426,23 @@ class PassiveCm(wiring.Component):
             header.class_version.eq(CM_CLASS_VERSION),
             header.method.eq(METHOD_SEND),
         ]
-        with m.If(send_rej):
+        with m.If((send == _Send.REJ) | (send == _Send.DREP)):   # to the MAD's source
             m.d.comb += [
                 header.transaction_id.eq(rx.mad.header.transaction_id),
-                header.attribute_id.eq(CmAttribute.REJ),
-                self.o.payload.mad.data.eq(rej),
+                header.attribute_id.eq(Mux(send == _Send.REJ, CmAttribute.REJ,
+                                           CmAttribute.DREP)),
+                self.o.payload.mad.data.eq(Mux(send == _Send.REJ, rej, drep)),
                 self.o.payload.dst_ip.eq(rx.src_ip),
                 self.o.payload.dest_qp.eq(rx.src_qp),
                 self.o.payload.flow.eq(req.local_comm_id[:14]),
             ]
-        with m.Else():
+        with m.Else():                                          # to the entry's host
             m.d.comb += [
-                header.transaction_id.eq(entry.tid),
-                header.attribute_id.eq(CmAttribute.REP),
-                self.o.payload.mad.data.eq(rep),
+                header.transaction_id.eq(Mux(send == _Send.REP, entry.tid,
+                                             Cat(entry.local_comm_id, DREQ_TID_HIGH))),
+                header.attribute_id.eq(Mux(send == _Send.REP, CmAttribute.REP,
+                                           CmAttribute.DREQ)),
+                self.o.payload.mad.data.eq(Mux(send == _Send.REP, rep, disconnect)),
                 self.o.payload.dst_ip.eq(entry.peer_ip),
                 self.o.payload.dest_qp.eq(entry.peer_qp),
                 self.o.payload.flow.eq(entry.remote_comm_id[:14]),
@@ -395,8 +467,9 @@ class PassiveCm(wiring.Component):
         # Lookup compare: the entry read against the MAD's comm IDs and source, each
         # field's equality registered, then their AND.
         stored = read.data
-        same = Signal(4)
-        m.d.comb += hit.eq(same.all())
+        same = Signal(5)
+        ids_hit = Signal()                          # a DREQ's comm IDs match (source aside)
+        m.d.comb += [hit.eq(same.all()), ids_hit.eq(same[0] & same[1] & same[3])]
         # QPs freed by the table owner: their entries are dead until handed out again.
         # (i_closed registered first: its decoder does not follow the port's driver.)
         stale = Signal(self._qps)
@@ -408,11 +481,13 @@ class PassiveCm(wiring.Component):
 
         expired = Signal()
         out_of_retries = Signal()
+        timed = Signal()                            # the entry swept has a timer running
+        begin = Signal()                            # the entry swept starts its disconnect
 
         events = {name: Signal(name=f"event_{name}") for name in self.counters_layout().members}
 
         def reject(reason_code, counter):
-            m.d.sync += [send_rej.eq(1), reason.eq(reason_code)]
+            m.d.sync += [send.eq(_Send.REJ), reason.eq(reason_code)]
             m.d.comb += events[counter].eq(1)
 
         def offer(state, port, then):
@@ -424,23 +499,27 @@ class PassiveCm(wiring.Component):
 
         with m.FSM():
             with m.State("IDLE"):
-                m.d.comb += self.i.ready.eq(seeded & ~sweep_due)
-                with m.If(sweep_due & seeded):
-                    m.d.sync += [sweep_due.eq(0), sweeping.eq(1), index.eq(0)]
+                m.d.comb += self.i.ready.eq(seeded & ~sweep_due & ~close_due)
+                with m.If((sweep_due | close_due) & seeded):
+                    m.d.sync += [sweep_due.eq(0), close_due.eq(0), counting.eq(sweep_due),
+                                 sweeping.eq(1), index.eq(0), then_send.eq(0)]
                     m.next = "SWEEP_READ"
                 with m.Elif(self.i.valid & seeded):
                     taken = self.i.payload.mad.header.attribute_id
-                    m.d.sync += [rx.eq(self.i.payload), sweeping.eq(0), send_rej.eq(0),
+                    m.d.sync += [rx.eq(self.i.payload), sweeping.eq(0), send.eq(_Send.REP),
+                                 then_send.eq(0),
                                  is_req.eq(taken == CmAttribute.REQ),
                                  is_rtu.eq(taken == CmAttribute.RTU),
-                                 is_rej.eq(taken == CmAttribute.REJ)]
+                                 is_rej.eq(taken == CmAttribute.REJ),
+                                 is_dreq.eq(taken == CmAttribute.DREQ),
+                                 is_drep.eq(taken == CmAttribute.DREP)]
                     m.next = "DISPATCH"
 
             with m.State("DISPATCH"):               # the REQ checks register meanwhile
                 m.d.sync += index.eq(0)
                 with m.If(is_req):
                     m.next = "CHECK"
-                with m.Elif(is_rtu | is_rej):
+                with m.Elif(is_rtu | is_rej | is_dreq | is_drep):
                     m.next = "LOOKUP_READ"
                 with m.Else():
                     m.d.comb += events["attribute"].eq(1)
@@ -459,11 +538,14 @@ class PassiveCm(wiring.Component):
             with m.State("LOOKUP_READ"):
                 m.next = "LOOKUP_COMPARE"
             with m.State("LOOKUP_COMPARE"):
+                # REQ, RTU, REJ: a connection whose QP is open; DREQ, DREP: any.
+                live = (stored.state != _State.FREE) & (~stale_entry | is_dreq | is_drep)
                 m.d.sync += [
-                    same.eq(Cat((stored.state != _State.FREE) & ~stale_entry,
+                    same.eq(Cat(live,
                                 stored.remote_comm_id == rtu.local_comm_id,
                                 stored.peer_ip == rx.src_ip,
-                                is_req | (stored.local_comm_id == rtu.remote_comm_id))),
+                                is_req | (stored.local_comm_id == rtu.remote_comm_id),
+                                ~is_dreq | (dreq.remote_qpn == qpn))),
                     entry.eq(stored),
                 ]
                 m.next = "LOOKUP_ACT"
@@ -478,7 +560,7 @@ class PassiveCm(wiring.Component):
                             m.d.comb += write.data.eq(entry)
                             m.d.comb += write.data.state.eq(_State.ESTABLISHED)
                         m.next = "IDLE"
-                    with m.Else():                  # REJ
+                    with m.Elif(is_rej):
                         with m.If(entry.state == _State.PENDING):
                             m.d.comb += [write.en.eq(1), events["rejected_by_host"].eq(1)]
                             m.d.comb += write.data.state.eq(_State.FREE)
@@ -486,9 +568,33 @@ class PassiveCm(wiring.Component):
                         with m.Else():
                             m.d.comb += events["unknown"].eq(1)
                             m.next = "IDLE"
+                    with m.Elif(is_dreq):
+                        # DREP; the QP freed first, unless the owner freed it already
+                        # (a disconnecting entry's QP always is: CLOSE skips it)
+                        m.d.comb += [write.en.eq(1), write.data.state.eq(_State.FREE),
+                                     events["dreq_received"].eq(1)]
+                        m.d.sync += [send.eq(_Send.DREP), then_send.eq(1)]
+                        m.next = "CLOSE"
+                    with m.Else():                  # DREP
+                        with m.If(entry.state == _State.DISCONNECTING):
+                            m.d.comb += [write.en.eq(1), write.data.state.eq(_State.FREE),
+                                         events["drep_received"].eq(1)]
+                        with m.Else():
+                            m.d.comb += events["drep_unknown"].eq(1)
+                        m.next = "IDLE"
+                with m.Elif(is_dreq & ids_hit):     # another source, or another QPN
+                    m.d.comb += events["dreq_spoofed"].eq(1)
+                    m.next = "IDLE"
                 with m.Elif(index == last_qp):
                     with m.If(is_req):
                         m.next = "OPEN"
+                    with m.Elif(is_dreq):           # answered all the same (IBTA)
+                        m.d.comb += events["dreq_unknown"].eq(1)
+                        m.d.sync += send.eq(_Send.DREP)
+                        m.next = "SEND"
+                    with m.Elif(is_drep):
+                        m.d.comb += events["drep_unknown"].eq(1)
+                        m.next = "IDLE"
                     with m.Else():
                         m.d.comb += events["unknown"].eq(1)
                         m.next = "IDLE"
@@ -512,8 +618,10 @@ class PassiveCm(wiring.Component):
                             entry.remote_comm_id.eq(req.local_comm_id),
                             entry.peer_ip.eq(rx.src_ip),
                             entry.peer_qp.eq(rx.src_qp),
+                            entry.host_qpn.eq(req.local_qpn),
                             entry.psn.eq(psn),
                             entry.response_timeout.eq(req.local_cm_response_timeout),
+                            entry.max_retries.eq(req.max_cm_retries),
                             entry.retries.eq(req.max_cm_retries),
                             entry.ticks.eq(_interval(req.local_cm_response_timeout)),
                             comm_id.eq(Mux(next_comm_id == 0, 1, next_comm_id)),
@@ -539,15 +647,25 @@ class PassiveCm(wiring.Component):
                 with m.Else():
                     m.next = "IDLE"
 
-            offer("CLOSE", self.o_close, "AFTER_SEND")
+            # The QP of ``index`` freed, unless the owner freed it meanwhile.
+            with m.State("CLOSE"):
+                m.d.comb += self.o_close.valid.eq(~stale_entry)
+                with m.If(self.o_close.ready | stale_entry):
+                    with m.If(then_send):
+                        m.next = "SEND"
+                    with m.Else():
+                        m.next = "AFTER_SEND"
 
-            # The timer sweep: every pending entry counts one tick down.
+            # The sweep: an established connection whose QP the owner freed starts its
+            # disconnect; on a tick, every pending or disconnecting entry counts one down.
             with m.State("SWEEP_READ"):
                 m.next = "SWEEP_COMPARE"
             with m.State("SWEEP_COMPARE"):
                 m.d.sync += [
                     entry.eq(stored),
-                    same.eq(Cat((stored.state == _State.PENDING) & ~stale_entry, 1, 1, 1)),
+                    begin.eq((stored.state == _State.ESTABLISHED) & stale_entry),
+                    timed.eq(counting & (((stored.state == _State.PENDING) & ~stale_entry)
+                                         | (stored.state == _State.DISCONNECTING))),
                     expired.eq(stored.ticks <= 1),
                     out_of_retries.eq(stored.retries == 0),
                 ]
@@ -561,26 +679,39 @@ class PassiveCm(wiring.Component):
                     m.next = "SWEEP_READ"
 
             with m.State("SWEEP_ACT"):
+                pending = entry.state == _State.PENDING
                 m.d.comb += write.data.eq(entry)
-                with m.If(~hit):
+                m.d.sync += send.eq(Mux(pending, _Send.REP, _Send.DREQ))
+                with m.If(begin):
+                    m.d.comb += [write.en.eq(1), write.data.state.eq(_State.DISCONNECTING),
+                                 write.data.retries.eq(entry.max_retries),
+                                 write.data.ticks.eq(_interval(entry.response_timeout)),
+                                 events["dreq_sent"].eq(1)]
+                    m.next = "SEND"
+                with m.Elif(~timed):
                     sweep_next()
                 with m.Elif(~expired):
                     m.d.comb += [write.en.eq(1), write.data.ticks.eq(entry.ticks - 1)]
                     sweep_next()
                 with m.Elif(out_of_retries):
                     m.d.comb += [write.en.eq(1), write.data.state.eq(_State.FREE),
-                                 events["expired"].eq(1)]
-                    m.next = "CLOSE"
+                                 events["expired"].eq(pending),
+                                 events["dreq_expired"].eq(~pending)]
+                    with m.If(pending):
+                        m.next = "CLOSE"
+                    with m.Else():
+                        sweep_next()
                 with m.Else():
                     m.d.comb += [write.en.eq(1), write.data.retries.eq(entry.retries - 1),
                                  write.data.ticks.eq(_interval(entry.response_timeout)),
-                                 events["rep_retransmitted"].eq(1)]
+                                 events["rep_retransmitted"].eq(pending),
+                                 events["dreq_retransmitted"].eq(~pending)]
                     m.next = "SEND"
             with m.State("SWEEP_NEXT"):         # after a REP or a close
                 sweep_next()
 
         with m.If(closed_valid):                   # after the FSM: a QP freed wins
-            m.d.sync += stale.bit_select(closed, 1).eq(1)
+            m.d.sync += [stale.bit_select(closed, 1).eq(1), close_due.eq(1)]
 
         for name, strobe in events.items():
             m.d.comb += getattr(self.o_counters, name).eq(event_counter(m, strobe, name))

@@ -813,7 +813,7 @@ def ib_write(host, index, *, mtu=PathMtu.MTU_1024, timers=(18, 7, 6)):
 
 
 def test_a_qp_opened_on_the_ib_side_is_a_qp_as_any():
-    """An IB open takes the lowest free QP and sets it from the request (PSN, MTU,
+    """An IB open takes the first free QP and sets it from the request (PSN, MTU,
     timers), with an OPENED event; STATUS, a start and CLOSE_QP from its host serve it
     as an OPEN_QP's, and the close is reported on o_ib_closed; a UDP OPEN_QP takes the
     next QP; an IB open of the same host QP again takes another QP."""
@@ -848,6 +848,38 @@ def test_a_qp_opened_on_the_ib_side_is_a_qp_as_any():
     bench.run(steps)
     assert {name: value for name, value in bench.counters.items() if value} == {
         "opened": 3, "closed": 1, "starts": 1, "spoofed": 1}
+
+
+def test_an_ib_open_takes_another_qp_than_the_one_freed_last():
+    """IB opens take the first free QP after the one they took last (wrapping round),
+    the QP freed last only when no other is free; a UDP OPEN_QP takes the lowest."""
+    bench = Bench(qps=4, seed=26)
+    hosts = [Host(f"10.77.0.{index + 1}", 0x50 + index) for index in range(6)]
+
+    async def close(ctx, qp):
+        await bench.ib_close(ctx, qp)
+        await wait_for(ctx, lambda: bench.ib_closed[-1:] == [qp], 100)
+
+    async def steps(bench, ctx):
+        assert await bench.ib_open(ctx, hosts[0]) == 0
+        await close(ctx, 0)
+        assert await bench.ib_open(ctx, hosts[0]) == 1      # the host connects again
+        assert await bench.ib_open(ctx, hosts[1]) == 2
+        await close(ctx, 1)
+        assert await bench.ib_open(ctx, hosts[2]) == 3
+        assert await bench.ib_open(ctx, hosts[3]) == 0      # round; 1 was freed last
+        assert await bench.ib_open(ctx, hosts[4]) == 1      # the only one free
+        await close(ctx, 3)
+        await close(ctx, 2)
+        request = protocol.open_qp(hosts[5].info)          # the lowest, though freed last
+        check_open(bench, await bench.exchange(ctx, request, hosts[5]), request, hosts[5], 2,
+                   PathMtu.MTU_4096)
+        # the next after the last IB open's (2) is the QP freed last: the one after it
+        await bench.exchange(ctx, protocol.close_qp(256 + 2, hosts[5].ip), hosts[5])
+        assert await bench.ib_open(ctx, hosts[2]) == 3
+
+    bench.run(steps)
+    assert (bench.counters["opened"], bench.counters["closed"]) == (8, 5)
 
 
 def test_ib_opens_refused_no_qp_when_full_and_denied_outside_the_access_list():

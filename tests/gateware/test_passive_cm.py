@@ -3,8 +3,11 @@
 IB CM model (sim.models.ib_cm, struct from the IBTA tables): REP field by field, RTU,
 REP retransmission timing and its exact bytes, duplicate REQs, every REJ reason,
 retries exhausted, the host's REJ, QPs the owner frees, one QP, latencies, bad input
-dropped and counted with the next good REQ served; MADs taken with random gaps in
-ready and checked to be held until taken."""
+dropped and counted with the next good REQ served; disconnects both ways (the host's
+DREQ answered with DREP and its QP freed, spoofed and unknown DREQs, the endpoint's
+DREQ when the owner frees a QP, its retransmission and its DREP, a QP handed out again
+meanwhile), DREQ and DREP compared byte for byte with the model's; MADs taken with
+random gaps in ready and checked to be held until taken."""
 
 import ipaddress
 import random
@@ -340,7 +343,7 @@ def test_bad_input_dropped_then_serves():
 
     async def main(ctx):
         await bench.put(ctx, message_mad("MRA", local_comm_id=HOST_COMM_ID))
-        await bench.put(ctx, message_mad("DREQ", local_comm_id=HOST_COMM_ID))
+        await bench.put(ctx, ib_cm.mad(0x0019, bytes(ib_cm.CM_BYTES), transaction_id=TID))
         await bench.put(ctx, message_mad("RTU", local_comm_id=HOST_COMM_ID,
                                          remote_comm_id=SEED))
         await bench.put(ctx, req_mad())
@@ -471,3 +474,304 @@ def test_parameters():
     with pytest.raises(ValueError, match="Port"):
         PassiveCm(qps=4, port=1 << 16)
     assert PassiveCm(qps=4, port=4791).service_id == 0x0106_12B7
+
+
+ENDPOINT_QPN = FIRST_QPN + 2            # the QP the bench's owner hands out first
+HOST_QPN = 0x00_0123                    # req_mad's Local QPN
+
+
+def dreq_mad(rep, *, tid=0x0D0D, comm_id=HOST_COMM_ID, remote_qpn=ENDPOINT_QPN):
+    """The host's DREQ of the connection ``rep`` answered (rdma_disconnect)."""
+    return message_mad("DREQ", tid=tid, local_comm_id=comm_id,
+                       remote_comm_id=rep["local_comm_id"], remote_qpn=remote_qpn)
+
+
+def expected_drep(dreq):
+    """The DREP the model answers a DREQ's MAD with: its TID, the comm IDs swapped."""
+    header, message = ib_cm.parse_mad(dreq)
+    fields = ib_cm.parse_cm_message("DREQ", message)
+    return message_mad("DREP", tid=header.transaction_id,
+                       local_comm_id=fields["remote_comm_id"],
+                       remote_comm_id=fields["local_comm_id"])
+
+
+def expected_dreq(rep, *, comm_id=HOST_COMM_ID, host_qpn=HOST_QPN):
+    """The endpoint's DREQ of the connection ``rep`` opened: TID 0x15 << 32 | its comm ID."""
+    return message_mad("DREQ", tid=0x15 << 32 | rep["local_comm_id"],
+                       local_comm_id=rep["local_comm_id"], remote_comm_id=comm_id,
+                       remote_qpn=host_qpn)
+
+
+async def established(bench, ctx, **req):
+    """REQ, REP, RTU: the REP's fields."""
+    await bench.put(ctx, req_mad(**req))
+    rep = parse(await bench.reply(ctx), "REP")[1]
+    await bench.put(ctx, rtu(rep, comm_id=req.get("comm_id", HOST_COMM_ID)))
+    await settle(ctx)
+    return rep
+
+
+async def settle(ctx, cycles=40):
+    for _ in range(cycles):
+        await ctx.tick()
+
+
+def test_host_dreq_drep_and_qp_freed():
+    bench = Bench()
+
+    async def main(ctx):
+        rep = await established(bench, ctx)
+        dreq = dreq_mad(rep)
+        await bench.put(ctx, dreq)
+        sent = await bench.reply(ctx)
+        assert sent[1:] == (HOST, 1, HOST_COMM_ID & 0x3FFF, expected_drep(dreq))
+        assert [qp for _, qp in bench.closes] == [2]
+        assert bench.closes[0][0] < sent[0], "the DREP went before the QP was freed"
+        # the host's DREQ again (its DREP lost): DREP again, nothing else freed
+        await bench.put(ctx, dreq)
+        assert (await bench.reply(ctx))[1:] == sent[1:]
+        # the connection is gone: its RTU and its REQ find nothing
+        await bench.put(ctx, rtu(rep))
+        await settle(ctx)
+        counters = bench.counters(ctx)
+        assert (counters["dreq_received"], counters["dreq_unknown"], counters["unknown"],
+                counters["dreq_spoofed"]) == (1, 1, 1, 0)
+        await bench.put(ctx, req_mad(tid=3))
+        check_rep(await bench.reply(ctx), qp=0, tid=3)
+        assert counters["rep_repeated"] == 0
+    bench.run(main)
+    assert len(bench.closes) == 1 and len(bench.opens) == 2
+
+
+def test_host_dreq_of_a_pending_connection():
+    bench = Bench()
+
+    async def main(ctx):
+        await bench.put(ctx, req_mad())
+        rep = check_rep(await bench.reply(ctx), qp=2)
+        dreq = dreq_mad(rep)
+        await bench.put(ctx, dreq)
+        assert (await bench.reply(ctx))[4] == expected_drep(dreq)
+        await settle(ctx, 4 * 2 ** (20 - 8) // 2)
+        assert bench.counters(ctx)["dreq_received"] == 1
+    bench.run(main)
+    assert [qp for _, qp in bench.closes] == [2] and len(bench.sent) == 2
+
+
+@pytest.mark.parametrize("case", ["other host", "other qpn", "other comm id"])
+def test_spoofed_dreq_ignored(case):
+    bench = Bench()
+
+    async def main(ctx):
+        rep = await established(bench, ctx)
+        host, dreq = HOST, dreq_mad(rep)
+        if case == "other host":
+            host = OTHER_HOST
+        elif case == "other qpn":
+            dreq = dreq_mad(rep, remote_qpn=ENDPOINT_QPN + 1)
+        else:
+            dreq = dreq_mad(rep, comm_id=HOST_COMM_ID + 1)
+        await bench.put(ctx, dreq, host=host)
+        await settle(ctx)
+        counters = bench.counters(ctx)
+        if case == "other comm id":     # no connection: answered as IBTA asks
+            assert (counters["dreq_unknown"], counters["dreq_spoofed"]) == (1, 0)
+            assert bench.sent[-1][1:] == (HOST, 1, (HOST_COMM_ID + 1) & 0x3FFF,
+                                          expected_drep(dreq))
+        else:
+            assert (counters["dreq_spoofed"], counters["dreq_unknown"]) == (1, 0)
+            assert len(bench.sent) == 1
+        assert bench.closes == [] and counters["dreq_received"] == 0
+        # the connection stands: a repeated REQ gets its REP, its host's DREQ ends it
+        await bench.put(ctx, req_mad())
+        assert (await bench.reply(ctx))[1:] == bench.sent[0][1:]
+        await bench.put(ctx, dreq_mad(rep))
+        await bench.reply(ctx)
+        assert [qp for _, qp in bench.closes] == [2]
+    bench.run(main)
+
+
+def test_unknown_dreq_answered_unknown_drep_dropped():
+    bench = Bench()
+
+    async def main(ctx):
+        dreq = message_mad("DREQ", tid=0x77, local_comm_id=0x4444, remote_comm_id=0x5555,
+                           remote_qpn=ENDPOINT_QPN)
+        await bench.put(ctx, dreq, host=OTHER_HOST)
+        assert (await bench.reply(ctx))[1:] == (OTHER_HOST, 1, 0x4444 & 0x3FFF,
+                                                expected_drep(dreq))
+        await bench.put(ctx, message_mad("DREP", local_comm_id=0x4444, remote_comm_id=SEED))
+        await settle(ctx)
+        counters = bench.counters(ctx)
+        assert (counters["dreq_unknown"], counters["drep_unknown"], counters["unknown"],
+                counters["attribute"]) == (1, 1, 0, 0)
+    bench.run(main)
+    assert len(bench.sent) == 1 and bench.closes == [] and bench.opens == []
+
+
+def test_owner_frees_qp_dreq_retransmitted_then_given_up():
+    bench = Bench()
+    interval = 2 * MS                       # Local CM Response Timeout 9: 2 ms
+
+    async def main(ctx):
+        # the RTU lost once: the REP's retries spent do not count for the DREQ's
+        await bench.put(ctx, req_mad(response_timeout=9, max_cm_retries=2))
+        rep = parse(await bench.reply(ctx), "REP")[1]
+        await bench.reply(ctx, cycles=3 * interval)
+        await bench.put(ctx, rtu(rep))
+        await settle(ctx, 3 * MS)
+        await put_item(ctx, bench.dut.i_closed, 2)      # e.g. CLOSE_QP
+        await bench.reply(ctx, cycles=100)
+        assert bench.sent[-1][1:] == (HOST, 1, HOST_COMM_ID & 0x3FFF, expected_dreq(rep))
+        await settle(ctx, 10)
+        await put_item(ctx, bench.dut.i_closed, 0)      # a free QP: its sweep counts nothing
+        await bench.reply(ctx, 2, cycles=3 * interval)
+        await settle(ctx, 4 * interval)
+        counters = bench.counters(ctx)
+        assert (counters["dreq_sent"], counters["dreq_retransmitted"],
+                counters["dreq_expired"], counters["expired"]) == (1, 2, 1, 0)
+        # gone: its DREP finds nothing
+        await bench.put(ctx, message_mad("DREP", local_comm_id=HOST_COMM_ID,
+                                         remote_comm_id=rep["local_comm_id"]))
+        await settle(ctx)
+        assert bench.counters(ctx)["drep_unknown"] == 1
+    bench.run(main)
+    assert bench.closes == [] and len(bench.sent) == 5
+    (first, *_), (second, *_), (third, *_) = bench.sent[2:]
+    assert second == (first // MS + 2) * MS + 3 * 2 + 5
+    assert third - second == interval
+    assert len({sent[1:] for sent in bench.sent[2:]}) == 1, "a retransmitted DREQ differs"
+
+
+def test_drep_ends_the_endpoints_disconnect():
+    bench = Bench()
+    interval = 2 * MS
+
+    async def main(ctx):
+        rep = await established(bench, ctx, response_timeout=9, max_cm_retries=3)
+        await put_item(ctx, bench.dut.i_closed, 2)
+        await bench.reply(ctx, cycles=100)
+        drep = message_mad("DREP", local_comm_id=HOST_COMM_ID,
+                           remote_comm_id=rep["local_comm_id"])
+        await bench.put(ctx, drep, host=OTHER_HOST)        # not from its host: dropped
+        await settle(ctx)
+        await bench.put(ctx, drep)
+        await settle(ctx, 5 * interval)
+        await bench.put(ctx, drep)                          # again: no disconnect left
+        await settle(ctx)
+        counters = bench.counters(ctx)
+        assert (counters["dreq_sent"], counters["drep_received"], counters["drep_unknown"],
+                counters["dreq_retransmitted"]) == (1, 1, 2, 0)
+    bench.run(main)
+    assert bench.closes == [] and len(bench.sent) == 2
+
+
+def test_dreqs_cross():
+    """The host's DREQ while the endpoint's waits for DREP: DREP, no second close."""
+    bench = Bench()
+
+    async def main(ctx):
+        rep = await established(bench, ctx, response_timeout=9, max_cm_retries=3)
+        await put_item(ctx, bench.dut.i_closed, 2)
+        await bench.reply(ctx, cycles=100)
+        dreq = dreq_mad(rep)
+        await bench.put(ctx, dreq)
+        assert (await bench.reply(ctx))[4] == expected_drep(dreq)
+        await settle(ctx, 5 * 2 * MS)
+        counters = bench.counters(ctx)
+        assert (counters["dreq_sent"], counters["dreq_received"],
+                counters["dreq_retransmitted"]) == (1, 1, 0)
+    bench.run(main)
+    assert bench.closes == [] and len(bench.sent) == 3
+
+
+def test_pending_connection_freed_gets_no_dreq():
+    bench = Bench()
+
+    async def main(ctx):
+        await bench.put(ctx, req_mad(response_timeout=9, max_cm_retries=3))
+        await bench.reply(ctx)
+        await put_item(ctx, bench.dut.i_closed, 2)
+        await settle(ctx, 10 * MS)
+        assert bench.counters(ctx)["dreq_sent"] == 0
+    bench.run(main)
+    assert len(bench.sent) == 1
+
+
+def test_qp_handed_out_again_during_a_disconnect():
+    """The owner hands the freed QP to a new connection while the old one's DREQ waits
+    for DREP: the new connection's entry replaces it; no DREQ of the old goes out after,
+    the old one's DREP finds nothing, the new connection is served and disconnected."""
+    bench = Bench(free=(2, 2))
+    interval = 2 * MS
+
+    async def main(ctx):
+        rep = await established(bench, ctx, response_timeout=9, max_cm_retries=3)
+        await put_item(ctx, bench.dut.i_closed, 2)
+        await bench.reply(ctx, cycles=100)
+        assert bench.sent[-1][4] == expected_dreq(rep)
+        new = await established(bench, ctx, comm_id=0x99, tid=6, response_timeout=9,
+                                max_cm_retries=3)
+        check_rep(bench.sent[-1], qp=2, comm_id=0x99, tid=6)
+        await settle(ctx, 6 * interval)
+        assert len(bench.sent) == 3, "the old connection's DREQ went out again"
+        await bench.put(ctx, message_mad("DREP", local_comm_id=HOST_COMM_ID,
+                                         remote_comm_id=rep["local_comm_id"]))
+        await bench.put(ctx, dreq_mad(rep))             # the old one's DREQ: unknown
+        assert (await bench.reply(ctx))[4] == expected_drep(dreq_mad(rep))
+        await bench.put(ctx, dreq_mad(new, comm_id=0x99))
+        assert (await bench.reply(ctx))[4] == expected_drep(dreq_mad(new, comm_id=0x99))
+        counters = bench.counters(ctx)
+        assert (counters["drep_unknown"], counters["drep_received"], counters["dreq_unknown"],
+                counters["dreq_received"], counters["dreq_sent"],
+                counters["established"]) == (1, 0, 1, 1, 1, 2)
+    bench.run(main)
+    assert [qp for _, qp in bench.closes] == [2]
+
+
+def test_the_owner_frees_the_qp_before_the_dreqs_close():
+    """A QP the owner freed before the host's DREQ finds it: DREP, and no o_close."""
+    bench = Bench()
+
+    async def main(ctx):
+        rep = await established(bench, ctx)
+        ctx.set(bench.dut.i_closed.valid, 1)
+        ctx.set(bench.dut.i_closed.payload, 2)
+        dreq = dreq_mad(rep)
+        ctx.set(bench.dut.i.payload, record(dreq))
+        ctx.set(bench.dut.i.valid, 1)
+        await ctx.tick()
+        ctx.set(bench.dut.i_closed.valid, 0)
+        await ctx.tick().until(bench.dut.i.ready)
+        ctx.set(bench.dut.i.valid, 0)
+        await wait_for(ctx, lambda: any(sent[4] == expected_drep(dreq)
+                                        for sent in bench.sent), 200)
+        await settle(ctx, 4 * MS)
+    bench.run(main)
+    assert bench.closes == []
+
+
+def test_disconnect_latency():
+    bench = Bench()
+    found = []
+
+    async def main(ctx):
+        rep = await established(bench, ctx)
+        closed = bench.cycle
+        await put_item(ctx, bench.dut.i_closed, 2)
+        await bench.reply(ctx, cycles=100)
+        found.append(bench.sent[-1][0] - closed)
+        await bench.put(ctx, dreq_mad(rep, comm_id=0x5))                # unknown
+        await bench.reply(ctx)
+        found.append(bench.sent[-1][0] - bench.taken[-1])
+        await bench.put(ctx, req_mad(comm_id=0x77, tid=1))
+        new = parse(await bench.reply(ctx), "REP")[1]
+        await bench.put(ctx, rtu(new, comm_id=0x77))
+        await settle(ctx)
+        await bench.put(ctx, dreq_mad(new, comm_id=0x77, remote_qpn=FIRST_QPN))
+        await bench.reply(ctx)
+        found.extend([bench.closes[-1][0] - bench.taken[-1], bench.sent[-1][0] - bench.taken[-1]])
+    bench.run(main)
+    # the DREQ of entry 2 after i_closed; an unknown DREQ's DREP after all entries; a
+    # DREQ found in entry 0: its close, then its DREP a cycle after the close is taken
+    assert found == [3 * 2 + 6, 2 + 3 * QPS, 2 + 3 * (0 + 1), 2 + 3 * (0 + 1) + 1]

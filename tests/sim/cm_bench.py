@@ -23,6 +23,7 @@ from host.protocol import Ack, Datagram, QpInfo, Status
 from sim import tshark
 from sim.models import ib_cm
 from sim.models.rocev2 import Message, generator_payload
+from sim.testbench import CORE_PARAMS
 
 VERB_NAMES = {(True, False): "RDMA_WRITE", (True, True): "RDMA_WRITE_WITH_IMMEDIATE",
               (False, False): "SEND", (False, True): "SEND_WITH_IMMEDIATE"}
@@ -337,14 +338,69 @@ def connect_request(host, comm_id, **fields):
     """The REQ of the peer's ``rdma_connect`` for ``host`` (its QP, PSN and buffer)."""
     return ib_cm.connect_request(comm_id=comm_id, port=protocol.CM_PORT, src_ip=PEER_IP,
                                  dst_ip=OUR_IP, qpn=host.qpn, psn=host.psn, rkey=host.rkey,
-                                 base=host.base, length=1 << 16, **fields)
+                                 base=host.base, length=1 << 16,
+                                 **{"path_mtu": ib_cm_mtu(host.path_mtu), **fields})
 
 
-def gsi_to_core(kind, message, *, transaction_id):
-    """A CM MAD of ``kind`` from the peer's QP1 to the core's, as rdma_cm frames it."""
+def gsi_to_core(kind, message, *, transaction_id, src_ip=PEER_IP):
+    """A CM MAD of ``kind`` from a host's QP1 to the core's, as rdma_cm frames it."""
     mad = ib_cm.mad(kind, message, transaction_id=transaction_id)
-    return ib_cm.gsi_frame(mad, src_ip=PEER_IP, dst_ip=OUR_IP, src_mac=PEER_MAC,
+    return ib_cm.gsi_frame(mad, src_ip=src_ip, dst_ip=OUR_IP, src_mac=PEER_MAC,
                            dst_mac=OUR_MAC, sport=0xC0DE)
+
+
+def ib_cm_mtu(size):
+    """The IBTA path MTU code of ``size`` bytes (256: 1 ... 4096: 5)."""
+    return size.bit_length() - 8
+
+
+async def recv_cm(bench, kind, *, timeout_cycles=20_000):
+    """The next frame from the core: a GSI packet to the peer's QP1 carrying a CM MAD of
+    ``kind``; its MAD header and the fields of its message."""
+    gsi = ib_cm.parse_gsi_frame(await bench.recv(timeout_cycles=timeout_cycles))
+    assert gsi.icrc_ok, gsi
+    assert (gsi.src_ip, gsi.dst_ip, gsi.dport, gsi.opcode, gsi.dest_qp, gsi.qkey,
+            gsi.src_qp) == (OUR_IP, PEER_IP, ib_cm.ROCEV2_PORT, ib_cm.UD_SEND_ONLY, 1,
+                            ib_cm.GSI_QKEY, 1), gsi
+    header, message = ib_cm.parse_mad(gsi.datagram)
+    assert (header.attribute_id, header.method) == (ib_cm.ATTRIBUTE_IDS[kind], 0x03), header
+    return header, ib_cm.parse_cm_message(kind, message), gsi.datagram
+
+
+async def rdma_connect(bench, host, *, comm_id, tid, rtu=True, **fields):
+    """REQ, REP (checked), RTU: the REP's fields."""
+    await bench.send(gsi_to_core("REQ", connect_request(host, comm_id, **fields),
+                                 transaction_id=tid))
+    header, rep, _ = await recv_cm(bench, "REP")
+    assert header.transaction_id == tid, header
+    qpn = rep["local_qpn"]
+    assert rep["remote_comm_id"] == comm_id and rep["local_comm_id"] != 0, rep
+    assert protocol.FIRST_QPN <= qpn < protocol.FIRST_QPN + 16, rep
+    assert ib_cm.parse_accept_private(rep["private_data"]) == (1, qpn)
+    if rtu:
+        await send_rtu(bench, rep, comm_id=comm_id, tid=tid)
+    return rep
+
+
+async def send_rtu(bench, rep, *, comm_id, tid):
+    rtu = ib_cm.cm_message("RTU", local_comm_id=comm_id, remote_comm_id=rep["local_comm_id"])
+    await bench.send(gsi_to_core("RTU", rtu, transaction_id=tid))
+
+
+def connected_qp(run, host, rep):
+    """The endpoint's Qp of a connection, with a responder model as the host's QP."""
+    index = rep["local_qpn"] - protocol.FIRST_QPN
+    qp = Qp(index, remote_qpn=host.qpn, psn=host.psn, rkey=host.rkey, path_mtu=host.path_mtu,
+            src_port=0xC000 + index, memory_base=host.base, timeout=14)
+    run.attach_peer(qp, memory_size=1 << 16)
+    return qp
+
+
+def dreq_message(rep, comm_id):
+    """The host's DREQ (rdma_disconnect) of the connection ``rep`` answered."""
+    return ib_cm.cm_message("DREQ", local_comm_id=comm_id,
+                            remote_comm_id=rep["local_comm_id"],
+                            remote_qpn=rep["local_qpn"])
 
 
 @cocotb.test()
@@ -358,37 +414,15 @@ async def rdma_connect_opens_a_qp_that_a_cm_start_writes_into(dut):
     bench = await start(dut, seed=13)
     run = RoceRun(bench)
     host = Host(0x4D2, psn=0xABCDE, rkey=0x1122_3344, base=0x7F00_1234_0000, path_mtu=1024)
-    tid, comm_id = 0x0123_4567_89AB_CDEF, 0x8765_4321
-    req = connect_request(host, comm_id)
-    await bench.send(gsi_to_core("REQ", req, transaction_id=tid))
-    gsi = ib_cm.parse_gsi_frame(await bench.recv())
-    assert gsi.icrc_ok, gsi
-    assert (gsi.src_ip, gsi.dst_ip, gsi.dport, gsi.opcode, gsi.dest_qp, gsi.qkey,
-            gsi.src_qp) == (OUR_IP, PEER_IP, ib_cm.ROCEV2_PORT, ib_cm.UD_SEND_ONLY, 1,
-                            ib_cm.GSI_QKEY, 1), gsi
-    header, message = ib_cm.parse_mad(gsi.datagram)
-    assert (header.attribute_id, header.transaction_id, header.method) == (
-        ib_cm.ATTRIBUTE_IDS["REP"], tid, 0x03), header
-    rep = ib_cm.parse_cm_message("REP", message)
-    qpn = rep["local_qpn"]
-    assert rep["remote_comm_id"] == comm_id and rep["local_comm_id"] != 0, rep
-    assert protocol.FIRST_QPN <= qpn < protocol.FIRST_QPN + 16, rep
-    assert ib_cm.parse_accept_private(rep["private_data"]) == (1, qpn)
-    rtu = ib_cm.cm_message("RTU", local_comm_id=comm_id,
-                           remote_comm_id=rep["local_comm_id"])
-    await bench.send(gsi_to_core("RTU", rtu, transaction_id=tid))
+    rep = await rdma_connect(bench, host, comm_id=0x8765_4321, tid=0x0123_4567_89AB_CDEF)
     await bench.idle(300)
     counters = bench.counters()
     assert (counters["ib_cm"]["rep_sent"], counters["ib_cm"]["established"]) == (1, 1), \
         counters["ib_cm"]
     assert counters["cm"]["opened"] == 1, counters["cm"]
-
-    index = qpn - protocol.FIRST_QPN
-    qp = Qp(index, remote_qpn=host.qpn, psn=host.psn, rkey=host.rkey, path_mtu=host.path_mtu,
-            src_port=0xC000 + index, memory_base=host.base, timeout=14)
+    qp = connected_qp(run, host, rep)
     got = await status(bench, qp)
     assert got.open and not got.running and not got.error, got
-    run.attach_peer(qp, memory_size=1 << 16)
     await start_run(run, qp, host, length=3000, count=4, write=True, immediate=False)
     await run.finish()
     await check_status(bench, qp, messages=4)
@@ -495,4 +529,169 @@ async def every_cm_frame_sent_is_the_models_and_wireshark_dissects_it(dut):
         assert message in packet.shownames, (what, sorted(packet.shownames)[:20])
         for name, value in wanted.items():
             assert packet.shown.get(name) == value, (what, name, packet.shown.get(name))
+#: The bench's clock cycles per ms tick of the IB CM's timers.
+MS_CYCLES = CORE_PARAMS["ib_cm_ms"]
+
+
+@cocotb.test()
+async def rdma_disconnect_is_answered_with_drep_and_frees_the_qp(dut):
+    """The host's DREQ of an established connection: a DREP (the model's for that DREQ,
+    byte for byte), the QP closed (STATUS); the DREQ again (its DREP lost): another
+    DREP; the host connects again at once and gets another QP."""
+    bench = await start(dut, seed=41)
+    run = RoceRun(bench)
+    host = Host(0x5A1, psn=0x1234, rkey=0x600D, base=0x7F00_0000_0000, path_mtu=1024)
+    rep = await rdma_connect(bench, host, comm_id=0x1111_0001, tid=0x51)
+    qp = connected_qp(run, host, rep)
+    await start_run(run, qp, host, length=2000, count=2, write=True, immediate=False)
+    await run.finish()
+    dreq = ib_cm.mad("DREQ", dreq_message(rep, 0x1111_0001), transaction_id=0xD1)
+    drep = ib_cm.mad("DREP", ib_cm.cm_message("DREP", local_comm_id=rep["local_comm_id"],
+                                              remote_comm_id=0x1111_0001),
+                     transaction_id=0xD1)
+    for _ in range(2):
+        await bench.send(ib_cm.gsi_frame(dreq, src_ip=PEER_IP, dst_ip=OUR_IP,
+                                         src_mac=PEER_MAC, dst_mac=OUR_MAC, sport=0xC0DE))
+        assert (await recv_cm(bench, "DREP"))[2] == drep
+    got = await status(bench, qp)
+    assert not got.open, got
+    again = await rdma_connect(bench, host, comm_id=0x1111_0002, tid=0x52)
+    assert again["local_qpn"] != rep["local_qpn"], again
+    assert again["local_comm_id"] != rep["local_comm_id"], again
+    await bench.idle(300)
+    counters = bench.counters()
+    assert (counters["ib_cm"]["dreq_received"], counters["ib_cm"]["dreq_unknown"],
+            counters["ib_cm"]["established"]) == (1, 1, 2), counters["ib_cm"]
+    assert (counters["cm"]["opened"], counters["cm"]["closed"]) == (2, 1), counters["cm"]
+    assert not bench.received
+    bench.close()
+
+
+@cocotb.test()
+async def a_dreq_from_another_host_is_ignored(dut):
+    """A DREQ with a connection's comm IDs and QPN from another address: no answer, the
+    QP stays open and a run on it lands; counted as spoofed."""
+    bench = await start(dut, seed=43)
+    run = RoceRun(bench)
+    host = Host(0x5A2, psn=0x4321, rkey=0x600E, base=0x7F00_0001_0000, path_mtu=1024)
+    rep = await rdma_connect(bench, host, comm_id=0x2222_0001, tid=0x61)
+    await bench.send(gsi_to_core("DREQ", dreq_message(rep, 0x2222_0001),
+                                 transaction_id=0xD2, src_ip="10.77.0.7"))
+    await bench.idle(2000)
+    assert not bench.received
+    assert bench.counters()["ib_cm"]["dreq_spoofed"] == 1, bench.counters()["ib_cm"]
+    qp = connected_qp(run, host, rep)
+    await start_run(run, qp, host, length=1500, count=3, write=True, immediate=False)
+    await run.finish()
+    await check_status(bench, qp, messages=3)
+    bench.close()
+
+
+@cocotb.test()
+async def close_qp_of_an_rdma_cm_qp_sends_a_dreq(dut):
+    """CLOSE_QP (UDP CM) of a QP that rdma_connect set up: the endpoint sends the host a
+    DREQ (the model's, byte for byte: TID 0x15 << 32 | its comm ID, the host's QPN as
+    Remote QPN) and, with the REQ's Local CM Response Timeout 8 (one IB CM millisecond),
+    again at the next ms tick without DREP; the host's DREP ends it."""
+    bench = await start(dut, seed=47)
+    host = Host(0x5A3, psn=0x777, rkey=0x600F, base=0x7F00_0002_0000, path_mtu=1024)
+    rep = await rdma_connect(bench, host, comm_id=0x3333_0001, tid=0x71,
+                             local_cm_response_timeout=8, max_cm_retries=3)
+    request = protocol.close_qp(rep["local_qpn"], PEER_IP)
+    raw = await cm(bench, request)
+    assert Datagram.decode(raw).ack == Ack.ACK
+    expected = ib_cm.mad("DREQ", ib_cm.cm_message(
+        "DREQ", local_comm_id=rep["local_comm_id"], remote_comm_id=0x3333_0001,
+        remote_qpn=host.qpn), transaction_id=0x15 << 32 | rep["local_comm_id"])
+    assert (await recv_cm(bench, "DREQ"))[2] == expected
+    assert (await recv_cm(bench, "DREQ", timeout_cycles=MS_CYCLES + 1000))[2] == expected
+    drep = ib_cm.cm_message("DREP", local_comm_id=0x3333_0001,
+                            remote_comm_id=rep["local_comm_id"])
+    await bench.send(gsi_to_core("DREP", drep,
+                                 transaction_id=0x15 << 32 | rep["local_comm_id"]))
+    await bench.idle(20_000)
+    assert not bench.received
+    counters = bench.counters()["ib_cm"]
+    assert (counters["dreq_sent"], counters["dreq_retransmitted"],
+            counters["drep_received"]) == (1, 1, 1), counters
+    bench.close()
+
+
+@cocotb.test()
+async def lost_rep_lost_rtu_and_a_duplicate_req(dut):
+    """A REP lost and another connection's RTU lost: with the REQs' Local CM Response
+    Timeout 8 (one IB CM millisecond) both REPs come again, the same bytes, at the next ms tick; the
+    host takes the one and answers the other with another RTU, and both connections
+    are established; a repeated REQ gets the same REP and no second QP."""
+    bench = await start(dut, seed=53)
+    hosts = [Host(0x5B0 + index, psn=0x100 * index + 1, rkey=0x7000 + index,
+                  base=0x7F00_0100_0000 * (index + 1), path_mtu=1024) for index in range(3)]
+    req = connect_request(hosts[0], 0x4444_0001, local_cm_response_timeout=8, max_cm_retries=3)
+    await bench.send(gsi_to_core("REQ", req, transaction_id=0x81))
+    first = await recv_cm(bench, "REP")                 # lost
+    rep = await rdma_connect(bench, hosts[1], comm_id=0x4444_0002, tid=0x82, rtu=False,
+                             local_cm_response_timeout=8, max_cm_retries=3)   # RTU lost
+    again = {}
+    for _ in range(2):
+        _, fields, raw = await recv_cm(bench, "REP", timeout_cycles=MS_CYCLES + 1000)
+        again[fields["remote_comm_id"]] = raw, fields
+    assert again[0x4444_0001][0] == first[2]
+    assert again[0x4444_0002][1] == rep
+    await send_rtu(bench, first[1], comm_id=0x4444_0001, tid=0x81)
+    await send_rtu(bench, rep, comm_id=0x4444_0002, tid=0x82)
+    # duplicate REQ
+    req = connect_request(hosts[2], 0x4444_0003)
+    await bench.send(gsi_to_core("REQ", req, transaction_id=0x83))
+    once = await recv_cm(bench, "REP")
+    await bench.send(gsi_to_core("REQ", req, transaction_id=0x83))
+    twice = await recv_cm(bench, "REP")
+    assert once[2] == twice[2]
+    await send_rtu(bench, once[1], comm_id=0x4444_0003, tid=0x83)
+    await bench.idle(20_000)
+    assert not bench.received
+    counters = bench.counters()
+    assert (counters["ib_cm"]["rep_sent"], counters["ib_cm"]["rep_retransmitted"],
+            counters["ib_cm"]["rep_repeated"], counters["ib_cm"]["established"],
+            counters["ib_cm"]["expired"]) == (3, 2, 1, 3, 0), counters["ib_cm"]
+    assert counters["cm"]["opened"] == 3, counters["cm"]
+    bench.close()
+
+
+@cocotb.test()
+async def sixteen_qps_connected_back_to_back_with_rdma_cm(dut):
+    """Sixteen REQs back to back on the wire, then their sixteen RTUs back to back: none
+    is lost (QP1's queue holds them while the passive CM serves one at a time), each REQ
+    is answered with a REP of its own QP (all sixteen QPNs) and established; a
+    seventeenth is rejected with reason 3 (no resources); every QP shows open in STATUS."""
+    bench = await start(dut, seed=59)
+    hosts = [Host(0x600 + index, psn=index + 1, rkey=0x8000 + index,
+                  base=0x7F00_0000_0000 + (index << 24), path_mtu=1024) for index in range(16)]
+    for index, host in enumerate(hosts):
+        bench.queue(gsi_to_core("REQ", connect_request(host, 0x5555_0000 + index),
+                                transaction_id=0x900 + index))
+    reps = {}
+    for _ in hosts:
+        header, rep, _ = await recv_cm(bench, "REP")
+        assert header.transaction_id == 0x900 + rep["remote_comm_id"] - 0x5555_0000, header
+        reps[rep["remote_comm_id"]] = rep
+    assert sorted(reps) == [0x5555_0000 + index for index in range(16)], sorted(reps)
+    qpns = [rep["local_qpn"] for rep in reps.values()]
+    assert sorted(qpns) == [protocol.FIRST_QPN + index for index in range(16)], qpns
+    for comm_id, rep in reps.items():
+        bench.queue(gsi_to_core("RTU", ib_cm.cm_message(
+            "RTU", local_comm_id=comm_id, remote_comm_id=rep["local_comm_id"]),
+            transaction_id=0x900 + comm_id - 0x5555_0000))
+    host = Host(0x6FF, psn=1, rkey=1, base=0, path_mtu=1024)
+    await bench.send(gsi_to_core("REQ", connect_request(host, 0x5555_00FF), transaction_id=0x9FF))
+    header, rej, _ = await recv_cm(bench, "REJ")
+    assert (header.transaction_id, rej["remote_comm_id"], rej["reason"]) == (
+        0x9FF, 0x5555_00FF, 3), rej
+    for qpn in qpns:
+        raw = await cm(bench, protocol.status(qpn))
+        assert Status.from_reply(raw).open, qpn
+    counters = bench.counters()
+    assert (counters["ib_cm"]["established"], counters["ib_cm"]["rej_no_qp"]) == (16, 1), \
+        counters["ib_cm"]
+    assert (counters["qp1"]["received"], counters["qp1"]["busy"]) == (33, 0), counters["qp1"]
+    assert not bench.received
     bench.close()

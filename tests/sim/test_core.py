@@ -66,6 +66,11 @@ TESTCASES = {
         "a_host_that_restarts_closes_all_its_qps",
         "rdma_connect_opens_a_qp_that_a_cm_start_writes_into",
         "every_cm_frame_sent_is_the_models_and_wireshark_dissects_it",
+        "rdma_disconnect_is_answered_with_drep_and_frees_the_qp",
+        "a_dreq_from_another_host_is_ignored",
+        "close_qp_of_an_rdma_cm_qp_sends_a_dreq",
+        "lost_rep_lost_rtu_and_a_duplicate_req",
+        "sixteen_qps_connected_back_to_back_with_rdma_cm",
     ],
     "connectx_bench": [
         "sixteen_qps_of_64_byte_messages_acknowledged_at_once",
