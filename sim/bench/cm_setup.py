@@ -28,8 +28,9 @@ QPS = 16
 PEERS = {
     "idle": "one REQ at a time to an idle endpoint (REP awaited, RTU, 200 idle cycles)",
     "window": "the next REQ as each REP comes (one outstanding), RTU at once",
-    "back_to_back": "16 REQs back to back, RTU at once; the REQs dropped as busy sent "
-                    "again once the CM is idle, and all RTUs while one was dropped",
+    "back_to_back": "16 REQs back to back, RTU at once; any REQ dropped as busy (QP1's "
+                    "queue full) sent again once the CM is idle, and all RTUs while one "
+                    "was dropped",
 }
 
 

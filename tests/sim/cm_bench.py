@@ -597,6 +597,10 @@ async def close_qp_of_an_rdma_cm_qp_sends_a_dreq(dut):
     host = Host(0x5A3, psn=0x777, rkey=0x600F, base=0x7F00_0002_0000, path_mtu=1024)
     rep = await rdma_connect(bench, host, comm_id=0x3333_0001, tid=0x71,
                              local_cm_response_timeout=8, max_cm_retries=3)
+    # The RTU taken first: a QP freed while its connection is still pending (REP sent,
+    # no RTU) makes no DREQ.
+    await bench.idle(300)
+    assert bench.counters()["ib_cm"]["established"] == 1, bench.counters()["ib_cm"]
     request = protocol.close_qp(rep["local_qpn"], PEER_IP)
     raw = await cm(bench, request)
     assert Datagram.decode(raw).ack == Ack.ACK
