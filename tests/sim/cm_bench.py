@@ -462,9 +462,10 @@ async def every_cm_frame_sent_is_the_models_and_wireshark_dissects_it(dut):
     """Every kind of CM MAD the endpoint sends: the REP of a REQ (the second one's within
     1 µs of the core's clock from the REQ's last beat to the REP's first), the REJ of each cause
     (8, 9, 26, 28 for the cma_hdr and for the private data version) and, once all 16
-    QPs are connected, REJ 3. Each frame is byte for byte the IB CM model's (its
-    generated fields read from it) and Wireshark dissects it as that message, with no
-    malformed or error items."""
+    QPs are connected, REJ 3; the DREP to a host's DREQ, and the DREQ of a QP closed with
+    CLOSE_QP. Each frame is byte for byte the IB CM model's (its generated fields read
+    from it) and Wireshark dissects it as that message, with no malformed or error
+    items."""
     bench = await start(dut, seed=37)
     bench.record_timing()
     sent = []               # (what, frame, Wireshark's message, fields it must show)
@@ -481,9 +482,11 @@ async def every_cm_frame_sent_is_the_models_and_wireshark_dissects_it(dut):
 
     hosts = [Host(0x600 + index, psn=0x1000 + index, rkey=0xAB00 + index,
                   base=0x10_0000 * (index + 1), path_mtu=1024) for index in range(17)]
+    reps = []
     for index, host in enumerate(hosts[:16]):
         comm_id = 0x3000_0000 + index
         frame, rep = await exchange("REQ", connect_request(host, comm_id), 0x77_0000 + index)
+        reps.append(rep)
         qpn = protocol.FIRST_QPN + index
         assert frame == gsi_from_core(
             "REP", frame, local_comm_id=rep["local_comm_id"], remote_comm_id=comm_id,
@@ -515,9 +518,29 @@ async def every_cm_frame_sent_is_the_models_and_wireshark_dissects_it(dut):
         sent.append((f"REJ {reason} ({what})", frame, "CM ConnectReject",
                      {"infiniband.cm.rej.reason": f"0x{reason:04x}",
                       "infiniband.cm.rej.remotecommid": f"0x{comm_id:08x}"}))
+
+    # The host of connection 0 disconnects; connection 1's QP is closed over UDP.
+    comm_id, local = 0x3000_0000, reps[0]["local_comm_id"]
+    frame, _ = await exchange("DREQ", dreq_message(reps[0], comm_id), 0x99_0000)
+    assert frame == gsi_from_core("DREP", frame, local_comm_id=local, remote_comm_id=comm_id)
+    sent.append(("DREP", frame, "CM DisconnectReply",
+                 {"infiniband.cm.drsp.localcommid": f"0x{local:08x}",
+                  "infiniband.cm.drsp.remotecommid": f"0x{comm_id:08x}"}))
+    comm_id, local = 0x3000_0001, reps[1]["local_comm_id"]
+    assert Datagram.decode(await cm(bench, protocol.close_qp(reps[1]["local_qpn"], PEER_IP))
+                           ).ack == Ack.ACK
+    frame = await bench.recv()
+    assert frame == gsi_from_core("DREQ", frame, local_comm_id=local, remote_comm_id=comm_id,
+                                  remote_qpn=hosts[1].qpn)
+    sent.append(("DREQ", frame, "CM DisconnectRequest",
+                 {"infiniband.cm.dreq.localcommid": f"0x{local:08x}",
+                  "infiniband.cm.req.remoteqpneecn": f"0x{hosts[1].qpn:06x}"}))
+    drep = ib_cm.cm_message("DREP", local_comm_id=comm_id, remote_comm_id=local)
+    await bench.send(gsi_to_core("DREP", drep, transaction_id=0x15 << 32 | local))
     await bench.idle(300)
     counters = bench.counters()["ib_cm"]
-    assert (counters["rep_sent"], counters["established"]) == (16, 16), counters
+    assert (counters["rep_sent"], counters["established"], counters["dreq_received"],
+            counters["dreq_sent"], counters["drep_received"]) == (16, 16, 1, 1, 1), counters
     assert not bench.received, [Ether(frame).summary() for frame in bench.received]
 
     packets = tshark.dissect([frame for _, frame, _, _ in sent],
