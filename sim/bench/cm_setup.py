@@ -12,17 +12,12 @@ to the last REP's first beat out.
 """
 
 import argparse
-import json
-import os
 import sys
-import tempfile
-from pathlib import Path
 
-from gateware.core import CMAC_CLOCK_HZ, NetworkCore
+from gateware.core import CMAC_CLOCK_HZ
 from sim.bench import report
+from sim.bench.core_runs import core_design, run_for_results
 from sim.bench.report import Column, Table
-from sim.runner import BUILD, build, run, simulator
-from sim.testbench import CORE_PARAMS
 
 QPS = 16
 PEERS = {
@@ -35,13 +30,7 @@ PEERS = {
 
 
 def measure(design):
-    with tempfile.TemporaryDirectory() as directory:
-        results = Path(directory) / "cm_setup.json"
-        run(design, module="cm_setup_runs", test_dir=Path(__file__).parent,
-            testcase="connection_setup",
-            params={"pcap": str(BUILD / "pcap" / "bench-cm_setup.pcap"),
-                    "results": str(results)})
-        return json.loads(results.read_text())
+    return run_for_results(design, "cm_setup_runs", "connection_setup", "cm_setup")
 
 
 def setup_table(rows, origin: report.Provenance) -> Table:
@@ -79,11 +68,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.parse_args()
     origin = report.provenance()
-    print(f"Building the core with {simulator()} (cached after the first run)...", flush=True)
-    design = build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
-    os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
-    os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
-    setup_table(measure(design), origin)
+    setup_table(measure(core_design()), origin)
     return 0
 
 

@@ -18,18 +18,18 @@ and start delimiter and 12 of inter-frame gap, at 100 Gb/s:
 import argparse
 import inspect
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
 
 from gateware.core import NetworkCore
 from sim.bench import report
+from sim.bench.core_runs import core_design
 from sim.bench.report import Column, Table
 from sim.bench.roce_goodput import LINE_BYTES_PER_CYCLE, LINE_OVERHEAD, theoretical_gbps
 from sim.models.responder import CLOCK_HZ, round_trip_cycles
 from sim.models.rocev2 import Message, message_packets, roce_frame
-from sim.runner import BUILD, build, run, simulator
+from sim.runner import BUILD, run
 from sim.testbench import CORE_PARAMS
 
 #: The retransmit ring of each QP in the VCU118 build (NetworkCore's default).
@@ -198,10 +198,7 @@ def main() -> int:
     args = parser.parse_args()
     origin = report.provenance()
     params = {**CORE_PARAMS, "retransmit_beats": args.retransmit_beats}
-    print(f"Building the core with {simulator()} (cached after the first run)...", flush=True)
-    design = build("core", lambda: NetworkCore(**params), key=repr(params))
-    os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
-    os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    design = core_design(params)
     ok = True
     if "rate" in args.tables:
         ok = rate_table(design, origin) and ok

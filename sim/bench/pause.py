@@ -11,18 +11,12 @@ gate before the timer ran. Nothing starts after it until the pause ends.
 """
 
 import argparse
-import json
-import os
 import sys
-import tempfile
-from pathlib import Path
 
-from gateware.core import NetworkCore
 from sim.bench import report
 from sim.bench.connectx import frame_length
+from sim.bench.core_runs import core_design, run_for_results
 from sim.bench.report import Column, Table
-from sim.runner import BUILD, build, run, simulator
-from sim.testbench import CORE_PARAMS
 
 ROWS = [{"length": 64, "messages": 400}, {"length": 1024, "messages": 80},
         {"length": 4096, "messages": 40}]
@@ -31,23 +25,14 @@ HOLD = 200
 
 
 def measure(design, rows):
-    with tempfile.TemporaryDirectory() as directory:
-        results = Path(directory) / "pause.json"
-        run(design, module="pause_runs", test_dir=Path(__file__).parent,
-            testcase="pause_response",
-            params={"pcap": str(BUILD / "pcap" / "bench-pause.pcap"), "rows": rows,
-                    "results": str(results)})
-        return json.loads(results.read_text())
+    return run_for_results(design, "pause_runs", "pause_response", "pause", {"rows": rows})
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.parse_args()
     origin = report.provenance()
-    print(f"Building the core with {simulator()} (cached after the first run)...", flush=True)
-    design = build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
-    os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
-    os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    design = core_design()
     rows = [{**row, "kind": kind, "injections": INJECTIONS, "hold": HOLD}
             for kind in ("PAUSE", "PFC") for row in ROWS]
     table = Table("pause", [
