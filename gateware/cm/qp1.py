@@ -238,8 +238,8 @@ class Qp1Receiver(wiring.Component):
         m.d.comb += [
             verdict.done.eq(accepted & datagram.p.last),
             verdict.icrc.eq(payload[_wire_bits(_COVERED, ICRC_BYTES)]),
-            verdict.length.eq((meta.udp.length != UDP.length + GSI_PAYLOAD_BYTES) |
-                              (index != beats - 1)),
+            # (the UDP length was checked as the datagram came in: here its beats)
+            verdict.length.eq(index != beats - 1),
             verdict.opcode.eq(bth.opcode != OPCODE_UD_SEND_ONLY),
             verdict.version.eq(bth.version != 0),
             verdict.qp.eq(bth.dest_qp != GSI_QPN),
