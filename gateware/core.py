@@ -6,9 +6,9 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 
 from .arp.layer import ARP_COUNTERS, ArpLayer
 from .cm.datagram import CM_PORT
+from .cm.ib_cm import IbCm
 from .cm.lease import lease_tick
 from .cm.manager import CM_CONFIG, ConnectionManager, access_list
-from .cm.passive import PassiveCm
 from .cm.qp1 import QP1_COUNTERS, Qp1Receiver, Qp1Split, Qp1Transmitter
 from .config import NetworkConfig, config_value
 from .counters import COUNTER_BITS
@@ -96,7 +96,7 @@ class NetworkCore(wiring.Component):
     takes the IB CM's MADs (UDP port 4791, destination QP 1; see
     :mod:`~gateware.cm.qp1`), each valid one counted in ``counters.qp1``, and
     answers a host's ``rdma_connect`` on the rdma_cm port 17185
-    (:class:`~gateware.cm.passive.PassiveCm`: REQ → REP or REJ, RTU; DREQ → DREP;
+    (:class:`~gateware.cm.ib_cm.IbCm`: REQ → REP or REJ, RTU; DREQ → DREP;
     counted in ``counters.ib_cm``): the QP it sets up is the connection manager's,
     taken (the first free QP after the last one an IB open took, so a host that
     reconnects gets another) and freed as OPEN_QP's and CLOSE_QP's are, and served by
@@ -207,7 +207,7 @@ class NetworkCore(wiring.Component):
             "generator": GeneratorPool.counters_layout(),
             "mac_control": MacControl.counters_layout(),
             "qp1": QP1_COUNTERS,
-            "ib_cm": PassiveCm.counters_layout(),
+            "ib_cm": IbCm.counters_layout(),
         })
 
     def elaborate(self, platform):
@@ -234,7 +234,7 @@ class NetworkCore(wiring.Component):
         m.submodules.ack_rx = ack_rx = AckReceiver(qps=self._qps, width=width)
         m.submodules.qp1_rx = qp1_rx = Qp1Receiver(width=width)
         m.submodules.qp1_tx = qp1_tx = Qp1Transmitter(width=width)
-        m.submodules.ib_cm = ib_cm = PassiveCm(qps=self._qps, port=CM_PORT)
+        m.submodules.ib_cm = ib_cm = IbCm(qps=self._qps, port=CM_PORT)
         m.submodules.udp_echo = udp_echo = UdpEcho(depth=self._echo_depth, width=width)
         m.submodules.generator = generator = GeneratorPool(
             qps=self._qps, runs=self._generator_runs, width=width)

@@ -137,16 +137,16 @@ class ConnectionManager(wiring.Component):
     ``i_qp_write`` (user logic) is passed to ``o_qp_write`` while no
     datagram is being served; QPs set that way are not known to the CM.
 
-    The IB side (:class:`~gateware.cm.passive.PassiveCm`, the host's ``rdma_connect``)
+    The IB side (:class:`~gateware.cm.ib_cm.IbCm`, the host's ``rdma_connect``)
     opens and frees QPs of the same table through its allocation port, served between
     datagrams as they are (taken before a waiting datagram, but never two in a row
     while datagrams wait), one cycle after ``i_ib_open`` or ``i_ib_close`` shows a
     request:
 
-    - ``i_ib_open`` (:data:`~gateware.cm.passive.CM_OPEN`) is served as an OPEN_QP
+    - ``i_ib_open`` (:data:`~gateware.cm.ib_cm.CM_OPEN`) is served as an OPEN_QP
       from the request's host: a host outside the access list is refused
-      :attr:`~gateware.cm.passive.OpenRefusal.DENIED` (counted ``access``), no QP
-      free :attr:`~gateware.cm.passive.OpenRefusal.NO_QP` (``no_qp``); else a free QP
+      :attr:`~gateware.cm.ib_cm.OpenRefusal.DENIED` (counted ``access``), no QP
+      free :attr:`~gateware.cm.ib_cm.OpenRefusal.NO_QP` (``no_qp``); else a free QP
       is taken (never an open QP of the same host QP, as a repeated OPEN_QP would):
       the first free one after the QP the last IB open took, round the table, and the
       QP freed last only when no other is free, so that a host that closed a

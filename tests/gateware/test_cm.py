@@ -9,9 +9,9 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
+from gateware.cm.ib_cm import OpenRefusal
 from gateware.cm.lease import LEASE_SWEEPS
 from gateware.cm.manager import CLOSE_ALL_QPN, ConnectionManager, access_list
-from gateware.cm.passive import OpenRefusal
 from gateware.config import parse_ipv4
 from gateware.roce.requests import CompletionStatus, ConnectionEvent, PathMtu, Verb
 from host import protocol

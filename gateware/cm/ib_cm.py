@@ -1,9 +1,9 @@
-"""The passive side of the InfiniBand CM: a host opens a connection to the endpoint
+"""The InfiniBand CM: hosts open connections to the endpoint with ``rdma_connect`` (REQ),
 with ``rdma_connect`` (REQ), the endpoint answers REP, the host completes it with RTU;
 either side ends it with DREQ, answered with DREP (IBTA vol. 1, chapter 12, as Linux's
 ``ib_cm`` and ``rdma_cm`` apply it; CM_PROTOCOL.md, "Standard RDMA CM").
 
-:class:`PassiveCm` sits between QP1's receiver and transmitter (``gateware.cm.qp1``)
+:class:`IbCm` sits between QP1's receiver and transmitter (``gateware.cm.qp1``)
 and asks the QP table's owner for a QP through its allocation port:
 
 ``o_open`` (:data:`CM_OPEN`)
@@ -17,7 +17,7 @@ and asks the QP table's owner for a QP through its allocation port:
 ``i_opened`` (:data:`CM_OPENED`)
     The answer to the one ``o_open`` request outstanding: ``accepted`` and the QP
     index, or ``accepted`` = 0 and why (:class:`OpenRefusal`). Exactly one answer
-    per request, any number of cycles after it was taken; :class:`PassiveCm` takes
+    per request, any number of cycles after it was taken; :class:`IbCm` takes
     no other MAD meanwhile and keeps ``i_opened.ready`` high only while it waits.
 ``o_close`` (QP index)
     The QP of a connection the host never completed (no RTU after the REP's retries,
@@ -91,7 +91,7 @@ counts the timers down) and each ``i_closed`` (which starts disconnects) starts 
 sweep of the whole table when the block is idle next. Nothing runs a compare across
 the table.
 
-``o_counters`` (:meth:`PassiveCm.counters_layout`) counts REPs sent first, repeated
+``o_counters`` (:meth:`IbCm.counters_layout`) counts REPs sent first, repeated
 for a duplicate REQ and retransmitted; connections established and expired; REJs
 sent by reason; DREQs of the host served, spoofed and unknown; the endpoint's DREQs
 sent, retransmitted and unanswered; DREPs taken and unknown; MADs dropped by reason
@@ -129,7 +129,7 @@ from ..roce.requests import (
 from .datagram import CM_PORT
 from .qp1 import QP1_RECEIVED, QP1_SEND
 
-__all__ = ["PassiveCm", "CM_OPEN", "CM_OPENED", "OpenRefusal", "PASSIVE_CM_CONFIG",
+__all__ = ["IbCm", "CM_OPEN", "CM_OPENED", "OpenRefusal", "IB_CM_CONFIG",
            "REQ_PRIVATE", "REP_PRIVATE", "RejectReason", "RDMA_PS_TCP", "TARGET_ACK_DELAY"]
 
 #: rdma_cm's TCP port space: service ID = RDMA_PS_TCP << 16 | port.
@@ -198,7 +198,7 @@ CM_OPENED = data.StructLayout({
 })
 
 #: What the passive CM is told at run time.
-PASSIVE_CM_CONFIG = data.StructLayout({
+IB_CM_CONFIG = data.StructLayout({
     "mac": 48,                  # the endpoint's MAC: its CA GUID is the EUI-64 of it
     "ip": 32,                   # the endpoint's IPv4 address: the cma_hdr's destination
     "max_mtu": PathMtu,         # the largest path MTU a REQ may ask for
@@ -242,7 +242,7 @@ def _interval(response_timeout):
     return Mux(response_timeout > 8, Const(1, 24) << (response_timeout - 8)[:5], 1)[:24]
 
 
-class PassiveCm(wiring.Component):
+class IbCm(wiring.Component):
     """The endpoint's side of connections hosts open with ``rdma_connect`` (see the
     module's description for the protocol and the allocation port).
 
@@ -299,7 +299,7 @@ class PassiveCm(wiring.Component):
             "i_opened": In(stream.Signature(CM_OPENED)),
             "o_close": Out(stream.Signature(QP_INDEX_BITS)),
             "i_closed": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
-            "i_config": In(PASSIVE_CM_CONFIG),
+            "i_config": In(IB_CM_CONFIG),
             "i_seed": In(32),
             "o_counters": Out(self.counters_layout()),
         })

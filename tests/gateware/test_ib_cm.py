@@ -1,5 +1,5 @@
 # amaranth: UnusedElaboratable=no
-"""The passive IB CM (gateware.cm.passive) against REQs, RTUs and REJs built with the
+"""The passive IB CM (gateware.cm.ib_cm) against REQs, RTUs and REJs built with the
 IB CM model (sim.models.ib_cm, struct from the IBTA tables): REP field by field, RTU,
 REP retransmission timing and its exact bytes, duplicate REQs, every REJ reason,
 retries exhausted, the host's REJ, QPs the owner frees, one QP, latencies, bad input
@@ -15,7 +15,7 @@ import random
 import pytest
 from amaranth.lib import data
 
-from gateware.cm.passive import OpenRefusal, PassiveCm
+from gateware.cm.ib_cm import IbCm, OpenRefusal
 from gateware.headers import MAD
 from gateware.roce.requests import FIRST_QPN, PathMtu
 from sim.models import ib_cm
@@ -71,7 +71,7 @@ class Bench:
 
     def __init__(self, *, free=(2, 0, 1, 3), refusal=OpenRefusal.NO_QP,
                  max_mtu=PathMtu.MTU_4096, qps=QPS):
-        self.dut = PassiveCm(qps=qps, port=PORT)
+        self.dut = IbCm(qps=qps, port=PORT)
         self.free = list(free)
         self.refusal = refusal
         self.max_mtu = max_mtu
@@ -161,7 +161,7 @@ class Bench:
     def counters(self, ctx):
         counters = ctx.get(self.dut.o_counters)
         return {name: int(getattr(counters, name))
-                for name in PassiveCm.counters_layout().members}
+                for name in IbCm.counters_layout().members}
 
 
 def parse(sent, kind):
@@ -470,10 +470,10 @@ def test_comm_ids_from_the_seed():
 
 def test_parameters():
     with pytest.raises(ValueError, match="QP count"):
-        PassiveCm(qps=0)
+        IbCm(qps=0)
     with pytest.raises(ValueError, match="Port"):
-        PassiveCm(qps=4, port=1 << 16)
-    assert PassiveCm(qps=4, port=4791).service_id == 0x0106_12B7
+        IbCm(qps=4, port=1 << 16)
+    assert IbCm(qps=4, port=4791).service_id == 0x0106_12B7
 
 
 ENDPOINT_QPN = FIRST_QPN + 2            # the QP the bench's owner hands out first
