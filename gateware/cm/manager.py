@@ -43,7 +43,7 @@ from .datagram import (
     Request,
 )
 from .lease import LEASE_SWEEPS, LeaseTicker
-from .passive import CM_OPEN, CM_OPENED, OpenRefusal
+from .ib_cm import CM_OPEN, CM_OPENED, OpenRefusal
 
 __all__ = ["ConnectionManager", "CM_CONFIG", "CM_ENTRY", "CLOSE_ALL_QPN", "access_list"]
 
