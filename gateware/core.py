@@ -66,6 +66,10 @@ TOS_ECT0 = DSCP_ROCE << 2 | 0b10
 ECN_ECT0 = 0b10
 ECN_NOT_ECT = 0b00
 
+#: The CM Response Timeouts of the endpoint's REQ (CONNECT): 2^(18 - 8) ms, about a
+#: second, between its REQs, and the time it gives the host to answer one.
+IB_CM_REQ_TIMEOUT = 18
+
 
 class NetworkCore(wiring.Component):
     """The RoCEv2 endpoint over Ethernet, ARP, IPv4, ICMP echo and UDP on the
@@ -364,6 +368,8 @@ class NetworkCore(wiring.Component):
         connect(m, cm.o_ib_opened, ib_cm.i_opened)
         connect(m, ib_cm.o_close, cm.i_ib_close)
         connect(m, cm.o_ib_closed, ib_cm.i_closed)
+        connect(m, cm.o_ib_connect, ib_cm.i_connect)
+        connect(m, ib_cm.o_connected, cm.i_ib_connected)
         seed = Signal(32, reset_less=True)
         m.d.sync += seed.eq(seed + 1)
         m.d.comb += [
@@ -371,6 +377,7 @@ class NetworkCore(wiring.Component):
             ib_cm.i_config.ip.eq(config.ip),
             ib_cm.i_config.max_mtu.eq(PathMtu.MTU_4096),
             ib_cm.i_config.ms_cycles.eq(self._ms_cycles),
+            ib_cm.i_config.req_timeout.eq(IB_CM_REQ_TIMEOUT),
             ib_cm.i_seed.eq(seed ^ config.mac[:32]),
             qp1_tx.i_tos.eq(Cat(C(ECN_NOT_ECT, 2), roce_config.tos[2:])),
         ]
