@@ -266,7 +266,11 @@ class NetworkBench:
         if not reply:
             await self.idle(timeout_cycles // 10 if settle_cycles is None else settle_cycles)
             return None
+        return await self.cm_reply(host_ip=host_ip, sport=sport, timeout_cycles=timeout_cycles)
 
+    async def cm_reply(self, *, host_ip, sport=50000, timeout_cycles=5000):
+        """The UDP payload of the connection manager's next reply (to ``host_ip``, UDP
+        port ``sport``)."""
         async def wait():
             while not self.cm_replies:
                 self._cm_arrival.clear()

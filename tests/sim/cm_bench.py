@@ -8,7 +8,9 @@ RoceRun does the checking).
 """
 
 import random
+from ipaddress import IPv4Address
 from pathlib import Path
+from types import SimpleNamespace
 
 import cocotb
 from roce_bench import OUR_IP, OUR_MAC, PARAMS, PEER_IP, PEER_MAC, Qp, RoceRun, start
@@ -720,5 +722,105 @@ async def sixteen_qps_connected_back_to_back_with_rdma_cm(dut):
     assert (counters["ib_cm"]["established"], counters["ib_cm"]["rej_no_qp"]) == (16, 1), \
         counters["ib_cm"]
     assert (counters["qp1"]["received"], counters["qp1"]["busy"]) == (33, 0), counters["qp1"]
+    assert not bench.received
+    bench.close()
+
+
+LISTEN_PORT = 7471
+
+
+def connect_datagram(port, *, mtu=protocol.PathMtu.MTU_1024):
+    """CONNECT (request 6): the peer asks the endpoint to open an rdma_cm connection to
+    its listener on ``port``, from its own address, with path MTU ``mtu``."""
+    raw = bytearray(Datagram(loc=QpInfo(ip=PEER_IP), txmeta=protocol.TxMeta(mtu=mtu),
+                             length=port).encode())
+    raw[0] = 0x01 | 6 << 1          # info_valid, request CONNECT
+    return bytes(raw)
+
+
+def connect_reply(port, ack, *, qpn=0, psn=0, count=0, mtu=protocol.PathMtu.MTU_1024):
+    """The endpoint's answer to :func:`connect_datagram`, from the datagram's fields
+    (``struct``-level: CM_PROTOCOL.md's table)."""
+    raw = bytearray(Datagram(ack=ack, loc=QpInfo(qpn, psn, ip=OUR_IP),
+                             rem=QpInfo(ip=PEER_IP), count=count,
+                             txmeta=protocol.TxMeta(mtu=mtu if ack == Ack.ACK else 0)
+                             ).encode())
+    raw[0] = 0x01 | 6 << 1 | 1 << 4 | int(ack) << 5
+    return bytes(raw)
+
+
+@cocotb.test()
+async def the_endpoint_connects_to_a_listening_host(dut):
+    """CONNECT on UDP 17185: the endpoint's REQ reaches the host's QP1 (byte for byte
+    the model's, built from the IBTA fields), a repeated CONNECT meanwhile takes no
+    second QP; the host's REP (its QPN, PSN and buffer) is answered with RTU, then
+    CONNECT/ACK; a CONNECT again gets the same ACK; a WRITE run started over UDP lands
+    byte for byte in the host's buffer. A CONNECT to a port the host rejects (REJ 8)
+    is answered CONNECT/NAK 8 and the QP it held is free again."""
+    bench = await start(dut, seed=41)
+    run = RoceRun(bench)
+    await bench.cm_request(connect_datagram(LISTEN_PORT), host_ip=PEER_IP, reply=False,
+                           settle_cycles=10)
+    header, req, mad = await recv_cm(bench, "REQ")
+    index = req["local_qpn"] - protocol.FIRST_QPN
+    comm_id = req["local_comm_id"]
+    mapped = 0xFFFF_0000_0000
+    assert mad == ib_cm.mad("REQ", ib_cm.cm_message(
+        "REQ", local_comm_id=comm_id, service_id=ib_cm.service_id(LISTEN_PORT),
+        local_ca_guid=ib_cm.ca_guid(OUR_MAC), local_qpn=protocol.FIRST_QPN + index,
+        remote_cm_response_timeout=18, starting_psn=req["starting_psn"],
+        local_cm_response_timeout=18, retry_count=7, partition_key=0xFFFF, path_mtu=3,
+        rnr_retry_count=7, max_cm_retries=4, primary_local_lid=0xFFFF,
+        primary_remote_lid=0xFFFF, primary_local_gid=mapped | int(IPv4Address(OUR_IP)),
+        primary_remote_gid=mapped | int(IPv4Address(PEER_IP)), primary_hop_limit=64,
+        primary_local_ack_timeout=17,
+        private_data=ib_cm.cma_header(src_ip=OUR_IP, dst_ip=PEER_IP, port=0xC000 | index)
+        + ib_cm.accept_private(protocol.FIRST_QPN + index)),
+        transaction_id=0x10 << 32 | comm_id)
+    assert header.transaction_id == 0x10 << 32 | comm_id
+    await bench.cm_request(connect_datagram(LISTEN_PORT), host_ip=PEER_IP, reply=False,
+                           settle_cycles=300)
+    assert not bench.cm_replies and not bench.received
+
+    host = Host(0x5A5, psn=0x31415, rkey=0xCAFE_F00D, base=0x7E00_0000_0000, path_mtu=1024)
+    rep = ib_cm.cm_message(
+        "REP", local_comm_id=0x600D_0001, remote_comm_id=comm_id, local_qpn=host.qpn,
+        starting_psn=host.psn, target_ack_delay=15, rnr_retry_count=7,
+        local_ca_guid=0x5254_00FF_FE12_3456,
+        private_data=ib_cm.connect_private(rkey=host.rkey, base=host.base, length=1 << 16))
+    await bench.send(gsi_to_core("REP", rep, transaction_id=header.transaction_id))
+    rtu_header, rtu, _ = await recv_cm(bench, "RTU")
+    assert (rtu_header.transaction_id, rtu["local_comm_id"], rtu["remote_comm_id"]) == \
+        (header.transaction_id, comm_id, 0x600D_0001)
+    reply = await bench.cm_reply(host_ip=PEER_IP, timeout_cycles=2000)
+    psn = Datagram.decode(reply).loc.psn
+    assert psn == host.psn
+    assert reply == connect_reply(LISTEN_PORT, Ack.ACK, qpn=protocol.FIRST_QPN + index,
+                                  psn=psn)
+    again = await bench.cm_request(connect_datagram(LISTEN_PORT), host_ip=PEER_IP)
+    assert again == reply
+
+    qp = connected_qp(run, host, {"local_qpn": protocol.FIRST_QPN + index})
+    await start_run(run, qp, host, length=2500, count=3, write=True, immediate=True)
+    await run.finish()
+    await check_status(bench, qp, messages=3)
+
+    await bench.cm_request(connect_datagram(LISTEN_PORT + 1), host_ip=PEER_IP, reply=False,
+                           settle_cycles=10)
+    header, req, _ = await recv_cm(bench, "REQ")
+    rejected = req["local_qpn"] - protocol.FIRST_QPN
+    assert rejected != index
+    rej = ib_cm.cm_message("REJ", local_comm_id=0x600D_0002,
+                           remote_comm_id=req["local_comm_id"], message_rejected=0, reason=8)
+    await bench.send(gsi_to_core("REJ", rej, transaction_id=header.transaction_id))
+    reply = await bench.cm_reply(host_ip=PEER_IP, timeout_cycles=2000)
+    assert reply == connect_reply(LISTEN_PORT + 1, Ack.NAK, count=8)
+    got = await status(bench, SimpleNamespace(qpn=protocol.FIRST_QPN + rejected))
+    assert not got.open, got
+    counters = bench.counters()
+    assert (counters["ib_cm"]["req_sent"], counters["ib_cm"]["connected"],
+            counters["ib_cm"]["req_rejected"], counters["cm"]["connects"],
+            counters["cm"]["connected"], counters["cm"]["connect_failed"]) == \
+        (2, 1, 1, 2, 1, 1), counters
     assert not bench.received
     bench.close()

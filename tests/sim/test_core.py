@@ -71,6 +71,7 @@ TESTCASES = {
         "close_qp_of_an_rdma_cm_qp_sends_a_dreq",
         "lost_rep_lost_rtu_and_a_duplicate_req",
         "sixteen_qps_connected_back_to_back_with_rdma_cm",
+        "the_endpoint_connects_to_a_listening_host",
     ],
     "connectx_bench": [
         "sixteen_qps_of_64_byte_messages_acknowledged_at_once",
