@@ -8,7 +8,7 @@ from .arp.layer import ARP_COUNTERS, ArpLayer
 from .cm.datagram import CM_PORT
 from .cm.ib_cm import IbCm
 from .cm.lease import lease_tick
-from .cm.manager import CM_CONFIG, ConnectionManager, access_list
+from .cm.manager import CM_CONFIG, CONNECT_REQUEST, ConnectionManager, access_list
 from .cm.qp1 import QP1_COUNTERS, Qp1Receiver, Qp1Split, Qp1Transmitter
 from .config import NetworkConfig, config_value
 from .counters import COUNTER_BITS
@@ -106,8 +106,12 @@ class NetworkCore(wiring.Component):
     reconnects gets another) and freed as OPEN_QP's and CLOSE_QP's are, and served by
     STATUS, starts, CLOSE_QP and the lease as any. The host's DREQ frees it; freed
     by CLOSE_QP, close-all or the lease, its host gets a DREQ, retransmitted until
-    DREP. The REP's comm IDs start at a free-running counter that
-    reset does not clear, XOR the MAC's low 32 bits, sampled after reset.
+    DREP. The other way round, a host's CONNECT datagram or user logic's ``connect``
+    makes the endpoint open a connection to a host's rdma_cm listener (its REQ every
+    2^(:data:`IB_CM_REQ_TIMEOUT` - 8) ms, five times at most; the REP answered with
+    RTU), reported by CONNECT/ACK or NAK and a ``connection`` event. The comm IDs
+    start at a free-running counter that reset does not clear, XOR the MAC's low 32
+    bits, sampled after reset.
 
     Parameters
     ----------
@@ -195,6 +199,7 @@ class NetworkCore(wiring.Component):
             "qp_status_select": In(QP_INDEX_BITS),
             "qp_status": Out(QP_STATUS),
             "connection": Out(stream.Signature(CONNECTION_EVENT)),
+            "connect": In(stream.Signature(CONNECT_REQUEST)),
         })
 
     @staticmethod
@@ -321,6 +326,7 @@ class NetworkCore(wiring.Component):
         connect(m, cm.o_stop, generator.i_stop)
         connect(m, cm.o_credit, generator.i_credit)
         connect(m, cm.o_connection, flipped(self.connection))
+        connect(m, flipped(self.connect), cm.i_connect)
         m.d.comb += [
             generator.query_qp.eq(cm.run_qp),
             cm.run.eq(generator.query),

@@ -1,5 +1,6 @@
-"""The InfiniBand CM: hosts open connections to the endpoint with ``rdma_connect`` (REQ),
-with ``rdma_connect`` (REQ), the endpoint answers REP, the host completes it with RTU;
+"""The InfiniBand CM, both sides of it: a host opens a connection to the endpoint with
+``rdma_connect`` (REQ), the endpoint answers REP, the host completes it with RTU; or
+the endpoint opens one to a host that listens (its REQ, the host's REP, its RTU);
 either side ends it with DREQ, answered with DREP (IBTA vol. 1, chapter 12, as Linux's
 ``ib_cm`` and ``rdma_cm`` apply it; CM_PROTOCOL.md, "Standard RDMA CM").
 
@@ -29,6 +30,16 @@ and asks the QP table's owner for a QP through its allocation port:
     REP, duplicate answer or ``o_close`` ever names a QP that may since belong to
     someone else; an established one is disconnected (DREQ, below). The QP's next
     ``i_opened`` makes its entry live again.
+``i_connect`` (:data:`CM_CONNECT`)
+    A connection the endpoint opens (the table owner's CONNECT): the QP the owner
+    holds for it, the host's IPv4 address and rdma_cm port, the path MTU. Queued
+    (``qps`` of them: one per QP, so never refused); the REQ goes out when the block is
+    idle next.
+``o_connected`` (:data:`CM_CONNECTED`)
+    Once for each ``i_connect`` whose QP the owner did not free meanwhile: established
+    (the RTU sent), with what the owner sets the QP from (the host's QPN, the REP's
+    Starting PSN as the endpoint's first, the RNR retry count and the host buffer of
+    the REP's private data), or not, with the REJ reason (4 when no REP came).
 
 Each MAD is served whole before the next is taken (``i.ready`` is high only while
 idle); the receiver before it holds one more.
@@ -76,10 +87,34 @@ idle); the receiver before it holds one more.
   passive side times its own DREQ with that cm_id timeout), at most Max CM Retries
   times, until a DREP (looked up as an RTU) or the host's own DREQ (answered with
   DREP); after the last wait the entry leaves. A connection still pending when its
-  QP is freed gets no DREQ. The entry stays until then, keyed by its comm IDs, but
-  its QP is free: when the owner hands the QP out again before the DREP, the new
-  connection's entry replaces it (no DREQ of the old one goes out after that, and its
-  late DREP finds nothing). A DREP of no disconnect: dropped and counted.
+  QP is freed gets no DREQ (but a REJ, below). The entry stays until then, keyed by
+  its comm IDs, but its QP is free: when the owner hands the QP out again before the
+  DREP, the new connection's entry replaces it (no DREQ of the old one goes out after
+  that, and its late DREP finds nothing). A DREP of no disconnect: dropped and counted.
+- The endpoint's REQ (``i_connect``): TID ``0x10 << 32`` | its Local Comm ID (from the
+  counter above), the service ID of the host's port, the CA GUID, the QP's QPN, a
+  Starting PSN from the LFSR (the PSN the endpoint would receive), RC, Remote and Local
+  CM Response Timeout ``i_config.req_timeout``, retry and RNR retry counts 7, P_Key
+  0xFFFF, the path MTU, Max CM Retries :data:`REQ_RETRIES`, the path as rdma_cm fills it
+  over RoCE (permissive LIDs, the IPv4-mapped addresses as GIDs, hop limit 64, Local ACK
+  Timeout :data:`LOCAL_ACK_TIMEOUT`), and as private data the ``cma_hdr`` (version 0,
+  IPv4, the QP's UDP source port, the endpoint's and the host's addresses) then
+  :data:`REP_PRIVATE`'s 8 bytes (version 1, the QPN). It is sent again every
+  ``2^max(req_timeout - 8, 0)`` ms without answer, at most :data:`REQ_RETRIES` times;
+  after the last wait the entry leaves and ``o_connected`` reports reason 4.
+- The host's REP, MRA and REJ of the endpoint's REQ are looked up by the REQ's comm ID
+  (their Remote Comm ID) and the source address. REP: the host's comm ID and QPN enter
+  the entry, established; the RTU goes out (the REQ's TID), then ``o_connected``
+  (accepted). A REP whose private data (:data:`ACCEPT_PRIVATE`: the 24 bytes of a
+  REQ's user part) has another version is answered with REJ 28 (Message Rejected REP)
+  and reported so. A REP again for an established connection (the RTU was lost) gets
+  the RTU again. MRA of the REQ: its next retransmission waits the MRA's service
+  timeout and the REQ's own more (as Linux's ``cm_mra_handler``). REJ of the REQ
+  (Message Rejected REQ): the entry leaves, ``o_connected`` reports its reason.
+  Established, the connection is served as a passive one: DREQ both ways.
+- A pending connection (REP sent) whose QP the owner frees gets REJ 28 (Message
+  Rejected REP, the comm IDs, the REQ's TID), as Linux's ``cm_destroy_id`` sends in
+  that state; an unanswered REQ of the endpoint's is dropped, unreported.
 - Any other attribute is dropped and counted.
 
 The table has one entry per QP (``qps``), indexed by QP index: a connection's entry
@@ -94,8 +129,9 @@ the table.
 ``o_counters`` (:meth:`IbCm.counters_layout`) counts REPs sent first, repeated
 for a duplicate REQ and retransmitted; connections established and expired; REJs
 sent by reason; DREQs of the host served, spoofed and unknown; the endpoint's DREQs
-sent, retransmitted and unanswered; DREPs taken and unknown; MADs dropped by reason
-(``attribute``, ``unknown``).
+sent, retransmitted and unanswered; DREPs taken and unknown; the endpoint's REQs sent,
+retransmitted, unanswered and rejected, MRAs taken, connections it opened, RTUs sent
+again; MADs dropped by reason (``attribute``, ``unknown``).
 """
 
 from amaranth import *
@@ -339,9 +375,15 @@ class IbCm(wiring.Component):
         connection, DREP sent (``dreq_unknown``); the endpoint's DREQs: first
         (``dreq_sent``), again on timeout (``dreq_retransmitted``), given up after the
         retries (``dreq_expired``); DREPs that end a disconnect (``drep_received``) and
-        DREPs of none, dropped (``drep_unknown``); MADs dropped: another attribute than
-        REQ, RTU, REJ, DREQ, DREP (``attribute``), an RTU or REJ of no pending or
-        established connection (``unknown``)."""
+        DREPs of none, dropped (``drep_unknown``); a pending connection whose QP the
+        owner freed, REJ 28 sent (``rej_freed``); the endpoint's REQs: first
+        (``req_sent``), again on timeout (``req_retransmitted``), unanswered after the
+        retries (``req_expired``), rejected by the host (``req_rejected``); MRAs of them
+        (``mra_received``); connections the endpoint opened (``connected``); RTUs sent
+        again for a repeated REP (``rtu_repeated``); REPs whose private data has another
+        version, REJ 28 sent (``rej_accept_version``); MADs dropped: another attribute
+        than REQ, MRA, REJ, REP, RTU, DREQ, DREP (``attribute``), an RTU, REJ, REP or MRA
+        of no connection in a state to take it (``unknown``)."""
         return counters_layout(
             "rep_sent", "rep_repeated", "rep_retransmitted", "established", "expired",
             "rejected_by_host", "rej_service", "rej_transport", "rej_address", "rej_version",

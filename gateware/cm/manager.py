@@ -46,7 +46,8 @@ from .datagram import (
 from .ib_cm import CM_CONNECT, CM_CONNECTED, CM_OPEN, CM_OPENED, OpenRefusal, RejectReason
 from .lease import LEASE_SWEEPS, LeaseTicker
 
-__all__ = ["ConnectionManager", "CM_CONFIG", "CM_ENTRY", "CLOSE_ALL_QPN", "access_list"]
+__all__ = ["ConnectionManager", "CM_CONFIG", "CM_ENTRY", "CLOSE_ALL_QPN", "CONNECT_REQUEST",
+           "access_list"]
 
 #: How the connection manager sets up the QPs it opens, whom it serves, and how
 #: long a QP lives without word from its host.
@@ -90,6 +91,15 @@ CM_ENTRY = data.StructLayout({
 CONNECT_REPLY = data.StructLayout({
     "port": 16,
     "loc": CM_QP_INFO.size,
+    "user": 1,                  # asked by user logic: the answer is the event alone
+})
+
+#: A connection user logic asks the endpoint to open (``i_connect``): the host, its
+#: rdma_cm port and the path MTU, as a CONNECT datagram from that host gives them.
+CONNECT_REQUEST = data.StructLayout({
+    "remote_ip": 32,
+    "port": 16,
+    "path_mtu": PathMtu,
 })
 
 class ConnectionManager(wiring.Component):
@@ -175,12 +185,39 @@ class ConnectionManager(wiring.Component):
     - ``o_ib_closed`` names every QP the CM frees (CLOSE_QP, close-all, lease, an IB
       close), in the cycle ``o_qp_close`` takes it.
 
+    CONNECT (extension, request 6: the endpoint opens an rdma_cm connection to a host
+    that listens), only from the source that loc_ip names: path MTU txmeta bits 7:4, 1
+    to 5 (else NAK, ``count`` 26, counted ``malformed``), the host's rdma_cm port in
+    ``length``. The scan looks the (source, port) up among the QPs CONNECT took: one
+    connected is answered ACK again, one still connecting not at all (its answer comes
+    when it is done). Else a free QP is taken as an IB open takes one (no QP free: NAK,
+    ``count`` 3, counted ``no_qp``): its entry holds the host, the port and the MTU,
+    ``connecting``, and where the answer goes (the reply port and the request's loc_*,
+    in a memory by QP); ``o_ib_connect`` asks the IB CM for the REQ. No reply yet.
+    ``i_ib_connected`` (the IB CM's result, served as its requests are) then, if the QP
+    is still held for it: established, the QP is set on ``o_qp_write`` (the host's QPN,
+    the REP's Starting PSN as first PSN, the rkey, the QP's MTU, the REP's RNR retry
+    count, ``i_config``'s timeout and retry count), the OPENED event goes out (with the
+    port and the buffer's length) and CONNECT/ACK (loc_* the endpoint's QPN, first PSN
+    and address, rem_* the request's loc_*, txmeta the MTU); refused, the QP is freed,
+    a FAILED event (the host, port and reason) and CONNECT/NAK with the REJ reason in
+    ``count`` (4: no answer); the refusals before a QP is taken (MTU, no QP) make a
+    FAILED event too (QP 0). Counted: ``connects`` (QPs taken), ``connected``,
+    ``connect_failed`` (every refusal).
+
+    ``i_connect`` (:data:`CONNECT_REQUEST`, user logic) asks for a connection as a
+    CONNECT from the host it names does (the access list aside), served as datagrams
+    are (never two in a row while datagrams wait); its answer is the event alone
+    (OPENED with the QP, or FAILED with the reason), no datagram. One for a host and
+    port already connected or connecting makes none.
+
     Connection events (:data:`~gateware.roce.requests.CONNECTION_EVENT`) tell user
-    logic which QPs the CM holds: OPENED when an OPEN_QP or an IB open takes a QP, in
+    logic which QPs the CM holds: OPENED when an OPEN_QP, an IB open or a CONNECT's
+    answer sets a QP, in
     the cycle ``o_qp_write`` takes its state (a repeated OPEN_QP answered again makes
-    none), CLOSED for each QP a CLOSE_QP (close-all included) or an IB close frees and
-    EXPIRED for each QP
-    the lease frees, in the cycle ``o_qp_close`` takes the QP. They wait in a queue of
+    none), CLOSED for each QP a CLOSE_QP (close-all included) or an IB close frees,
+    EXPIRED for each QP the lease frees, in the cycle ``o_qp_close`` takes the QP, and
+    FAILED for each CONNECT the host refused or left unanswered. They wait in a queue of
     ``events`` (a :class:`~amaranth.lib.fifo.SyncFIFOBuffered`) for ``o_connection``;
     an event that finds it full is dropped and counted (``events_lost``), so user
     logic that takes none never stalls the CM.
@@ -199,6 +236,7 @@ class ConnectionManager(wiring.Component):
             "i_ip": In(32),
             "i_config": In(CM_CONFIG),
             "i_qp_write": In(stream.Signature(QP_WRITE)),
+            "i_connect": In(stream.Signature(CONNECT_REQUEST)),
             "o": Out(packet_signature(UDP_TX_META, width=width)),
             "o_qp_write": Out(stream.Signature(QP_WRITE)),
             "o_qp_close": Out(stream.Signature(QP_INDEX_BITS)),
@@ -271,6 +309,7 @@ class ConnectionManager(wiring.Component):
         replies_write = replies.write_port()
         replies_read = replies.read_port()
         outcome = Signal(CM_CONNECTED)      # the IB CM's answer to a CONNECT being served
+        user = Signal()                     # the CONNECT served is user logic's: no reply
         opened_length = Signal(64)          # the buffer size an OPENED event tells
         entry_source = Signal()             # its host's address is the datagram's source
 
@@ -386,6 +425,20 @@ class ConnectionManager(wiring.Component):
                 m.d.sync += [ib_answer.accepted.eq(0), ib_answer.refusal.eq(refusal)]
             m.next = "IB_REPLY"
 
+        def connect_failed(reason, qp=0):
+            """A CONNECT refused for ``reason``: CONNECT/NAK with it, a FAILED event."""
+            m.d.comb += [
+                counts["connect_failed"].eq(1),
+                events.w_en.eq(1),
+                event.qp.eq(qp),
+                event.event.eq(ConnectionEvent.FAILED),
+                event.state.remote_ip.eq(request.loc.ip),
+                event.port.eq(request.length[:16]),
+                event.reason.eq(reason),
+            ]
+            answer(Ack.NAK)
+            m.d.sync += reply.count.eq(reason)
+
         def reply_or_ib(ack, refusal):
             """Refuse a datagram with ``ack``, the IB side with ``refusal``. (The reply is
             set either way: its register does not wait on ``ib``.)"""
@@ -448,10 +501,32 @@ class ConnectionManager(wiring.Component):
                 # The IB side's requests (a close first), but never two in a row while
                 # datagrams wait.
                 with m.Elif(~self.i_qp_write.valid & ib_valid & ~(ib & parse.o.valid)):
-                    m.d.sync += ib.eq(1)
+                    m.d.sync += [ib.eq(1), user.eq(0)]
                     m.next = "IB_TAKE"
+                # User logic's connects, but never two in a row while datagrams wait.
+                with m.Elif(~self.i_qp_write.valid & self.i_connect.valid
+                            & ~(user & parse.o.valid)):
+                    asked = self.i_connect.p
+                    m.d.comb += self.i_connect.ready.eq(1)
+                    m.d.sync += [
+                        user.eq(1),
+                        ib.eq(0),
+                        swept_last.eq(0),
+                        request.eq(0),
+                        request.flags.info_valid.eq(1),
+                        request.flags.request.eq(Request.CONNECT),
+                        request.loc.ip.eq(asked.remote_ip),
+                        request.length.eq(asked.port),
+                        request.txmeta.path_mtu.eq(asked.path_mtu),
+                        source_ip.eq(asked.remote_ip),
+                        allowed.eq(1),
+                        good_length.eq(1),
+                        loc_is_source.eq(1),
+                        close_all.eq(0),
+                    ]
+                    m.next = "DECODE"
                 with m.Elif(~self.i_qp_write.valid & parse.o.valid):
-                    m.d.sync += [swept_last.eq(0), ib.eq(0), opened_length.eq(0)]
+                    m.d.sync += [swept_last.eq(0), ib.eq(0), user.eq(0), opened_length.eq(0)]
                     m.next = "RECEIVE"
 
             with m.State("RECEIVE"):
@@ -546,8 +621,7 @@ class ConnectionManager(wiring.Component):
                         m.d.comb += counts["spoofed"].eq(1)
                     with m.Elif((asked_mtu == 0) | (asked_mtu > PathMtu.MTU_4096.value)):
                         m.d.comb += counts["malformed"].eq(1)
-                        answer(Ack.NAK)
-                        m.d.sync += reply.count.eq(RejectReason.INVALID_MTU)
+                        connect_failed(RejectReason.INVALID_MTU)
                     with m.Else():
                         m.d.sync += scanning.eq(1)
                         m.next = "SCAN"
@@ -614,8 +688,7 @@ class ConnectionManager(wiring.Component):
                         answer(Ack.ACK, found)
                 with m.Elif(is_connect & ~free):
                     m.d.comb += counts["no_qp"].eq(1)
-                    answer(Ack.NAK)
-                    m.d.sync += reply.count.eq(RejectReason.NO_RESOURCES)
+                    connect_failed(RejectReason.NO_RESOURCES)
                 with m.Elif(is_connect):
                     # The QP held for the connection; the IB CM sends the REQ.
                     m.d.comb += [
@@ -631,6 +704,7 @@ class ConnectionManager(wiring.Component):
                         replies_write.data.port.eq(Mux(request.reply_port != 0,
                                                        request.reply_port, source_port)),
                         replies_write.data.loc.eq(request.loc),
+                        replies_write.data.user.eq(user),
                         replies_write.en.eq(1),
                         counts["connects"].eq(1),
                     ]
@@ -698,7 +772,9 @@ class ConnectionManager(wiring.Component):
                     request.flags.request.eq(Request.CONNECT),
                     request.loc.eq(echo.loc),
                     request.reply_port.eq(echo.port),
+                    request.length.eq(entry.rdma_port),
                     source_ip.eq(entry.host_ip),
+                    user.eq(echo.user),
                 ]
                 m.next = "CONCLUDE"
             with m.State("CONCLUDE"):
@@ -732,18 +808,8 @@ class ConnectionManager(wiring.Component):
                     ]
                     m.next = "SET_QP"
                 with m.Else():
-                    m.d.comb += [
-                        entry_write.data.eq(0),
-                        entry_write.en.eq(1),
-                        counts["connect_failed"].eq(1),
-                        events.w_en.eq(1),
-                        event.event.eq(ConnectionEvent.FAILED),
-                        event.state.remote_ip.eq(entry.host_ip),
-                        event.port.eq(entry.rdma_port),
-                        event.reason.eq(outcome.reason),
-                    ]
-                    answer(Ack.NAK)
-                    m.d.sync += reply.count.eq(outcome.reason)
+                    m.d.comb += [entry_write.data.eq(0), entry_write.en.eq(1)]
+                    connect_failed(outcome.reason, qp=index)
 
             with m.State("SET_QP"):
                 m.d.comb += self.o_qp_write.valid.eq(1)
@@ -924,9 +990,9 @@ class ConnectionManager(wiring.Component):
                 m.d.comb += [self.o_credit.valid.eq(1), counts["credits"].eq(1)]
                 m.next = "IDLE"
 
-            with m.State("REPLY"):
-                m.d.comb += emit.i.valid.eq(1)
-                with m.If(emit.i.ready):
+            with m.State("REPLY"):                # (user logic's CONNECT: its events only)
+                m.d.comb += emit.i.valid.eq(~user)
+                with m.If(emit.i.ready | user):
                     m.next = "IDLE"
 
             with m.State("IB_REPLY"):

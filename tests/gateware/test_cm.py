@@ -2,7 +2,9 @@
 QP it sets, closes, starts and stops, and every datagram it must drop."""
 
 import dataclasses
+import ipaddress
 import random
+import struct
 
 import pytest
 from scapy.layers.inet import IP, UDP
@@ -85,6 +87,8 @@ class Bench:
         self.stop_cycles = []           # the cycle of each stop
         self.credits = []               # (QP, count) of each credit
         self.ib_closed = []             # each QP o_ib_closed reports
+        self.ib_connects = []           # each o_ib_connect: (QP, host IP, port, MTU)
+        self.event_details = []         # (length, port, reason) of each event
         self.cycle = 0                  # cycles since the bench began
         self.status_of, self.run_of = fake_status, fake_run
         self.counters = {}
@@ -174,6 +178,26 @@ class Bench:
         ctx.set(self.dut.o_ib_opened.ready, 0)
         return int(answer.qp) if answer.accepted else answer.refusal
 
+    async def ib_connected(self, ctx, qp, *, reason=None, host=None, length=1 << 16):
+        """The IB CM's answer to a CONNECT on ``qp``: established with ``host``'s QPN,
+        PSN, rkey and buffer (RNR retry 6), or refused for ``reason``."""
+        answer = {"qp": qp, "accepted": 0, "reason": reason}
+        if reason is None:
+            answer = {"qp": qp, "accepted": 1, "remote_qpn": host.qpn, "next_psn": host.psn,
+                      "rnr_retry": 6, "rkey": host.rkey, "base": host.base, "length": length}
+        ctx.set(self.dut.i_ib_connected.payload, answer)
+        ctx.set(self.dut.i_ib_connected.valid, 1)
+        await ctx.tick().until(self.dut.i_ib_connected.ready)
+        ctx.set(self.dut.i_ib_connected.valid, 0)
+
+    async def user_connect(self, ctx, ip, port, mtu=PathMtu.MTU_1024):
+        """User logic's ``i_connect``."""
+        ctx.set(self.dut.i_connect.payload, {"remote_ip": parse_ipv4(ip), "port": port,
+                                             "path_mtu": mtu})
+        ctx.set(self.dut.i_connect.valid, 1)
+        await ctx.tick().until(self.dut.i_connect.ready)
+        ctx.set(self.dut.i_connect.valid, 0)
+
     async def ib_close(self, ctx, qp):
         """Free ``qp`` on the IB side's port (no answer)."""
         ctx.set(self.dut.i_ib_close.payload, qp)
@@ -204,8 +228,13 @@ class Bench:
         def event(item):
             """(QP, event, state, base); state None when all its bits are 0."""
             zero = item.state.as_value().value == 0
+            self.event_details.append((int(item.length), int(item.port), int(item.reason)))
             return (int(item.qp), item.event, None if zero else write(item)[1],
                     int(item.base))
+
+        def ib_connect(item):
+            return (int(item.qp), str(ipaddress.IPv4Address(int(item.remote_ip))),
+                    int(item.port), item.path_mtu)
 
         def start(item):
             return {"qp": int(item.qp), "verb": Verb(item.verb.value),
@@ -222,7 +251,8 @@ class Bench:
                         sink(dut.o_qp_write, self.writes, write),
                         sink(dut.o_qp_close, self.closes, int),
                         sink(dut.o_start, self.starts, start),
-                        sink(dut.o_connection, self.events, event), *extra)
+                        sink(dut.o_connection, self.events, event),
+                        sink(dut.o_ib_connect, self.ib_connects, ib_connect), *extra)
 
 
 def open_reply(request, index, psn, mtu):
@@ -1012,3 +1042,142 @@ def test_ib_requests_and_datagrams_interleaved_share_one_table():
 
     bench.run(steps, ib_side)
     assert (bench.counters["opened"], bench.counters["closed"]) == (12, 5)
+
+
+def connect_request(host, port, mtu=protocol.PathMtu.MTU_1024):
+    """CONNECT (request 6) from ``host`` for its rdma_cm listener on ``port``: the
+    datagram's bytes from CM_PROTOCOL.md's table (``struct``)."""
+    return struct.pack(">B20xI24xHBI8x", 0x01 | 6 << 1, parse_ipv4(host.ip), 0,
+                       int(mtu) << 4, port)
+
+
+def connect_reply(request, ack, *, qpn=0, psn=0, count=0, mtu=0):
+    """The endpoint's answer to ``request``: request 6, ack_valid, ``ack``; loc_* its QP
+    and address, rem_* the request's loc_* (its bytes 1-24), the MTU, ``count``."""
+    return (struct.pack(">BIIIQI", 0x01 | 6 << 1 | 1 << 4 | int(ack) << 5, qpn, psn, 0, 0,
+                        parse_ipv4(ENDPOINT_IP))
+            + request[1:25] + struct.pack(">HBIII", 0, mtu << 4, 0, count, 0))
+
+
+class Connect:
+    """A CONNECT datagram that ``Bench.exchange`` sends as is."""
+
+    def __init__(self, raw):
+        self.raw = raw
+
+    def encode(self):
+        return self.raw
+
+
+def test_connect_holds_a_qp_until_the_ib_cm_answers():
+    """CONNECT takes a QP (as an IB open) and asks the IB CM for the REQ, no reply yet;
+    a retry meanwhile takes no second QP; the IB CM's answer sets the QP from the REP
+    (the host's QPN, its PSN as ours, RNR retry 6, the QP's MTU), makes an OPENED event
+    (with the port and buffer length) and answers CONNECT/ACK; a CONNECT again gets the
+    same ACK. A refused one frees its QP, makes a FAILED event and answers NAK with the
+    reason; an MTU out of range or no QP free answers NAK at once; a CONNECT for another
+    loc_ip is dropped; an answer for a QP its host freed meanwhile changes nothing."""
+    bench = Bench(qps=3, seed=31)
+    a = Host("10.77.0.1", 0x4321, psn=0x0ABCDE, rkey=0x55AA, base=0x7F00_0000_8000,
+             port=41000)
+    b = Host("10.77.0.5", 0x99, port=40002)
+
+    async def steps(bench, ctx):
+        request = connect_request(a, 7471)
+        await bench.exchange(ctx, Connect(request), a, reply=False)
+        assert bench.ib_connects == [(0, a.ip, 7471, PathMtu.MTU_1024)]
+        await bench.exchange(ctx, Connect(request), a, reply=False)     # the host's retry
+        assert len(bench.ib_connects) == 1 and bench.writes == []
+        before = len(bench.replies)
+        await bench.ib_connected(ctx, 0, host=a)
+        await wait_for(ctx, lambda: len(bench.replies) > before, 200)
+        payload, meta = bench.replies[-1]
+        assert payload == connect_reply(request, Ack.ACK, qpn=256, psn=a.psn, mtu=3)
+        assert meta["dst_ip"] == parse_ipv4(a.ip) and meta["dst_port"] == a.port
+        write = (0, {"remote_qpn": a.qpn, "next_psn": a.psn, "rkey": a.rkey,
+                     "remote_ip": parse_ipv4(a.ip), "path_mtu": 3, "src_port": 0,
+                     "timeout": CONFIG["timeout"], "retry_count": CONFIG["retry_count"],
+                     "rnr_retry": 6})
+        assert bench.writes == [write]
+        await wait_for(ctx, lambda: bench.events, 100)
+        assert bench.events == [(0, ConnectionEvent.OPENED, write[1], a.base)]
+        assert bench.event_details == [(1 << 16, 7471, 0)]
+        assert (await bench.exchange(ctx, Connect(request), a))[0] == payload
+        reply = await bench.exchange(ctx, protocol.status(256), a)
+        assert reply[0] == expected_status(0, open_=True).reply(256)
+
+        # refused by the host: NAK 8, the QP free again (STATUS), a FAILED event
+        other = connect_request(a, 7472)
+        await bench.exchange(ctx, Connect(other), a, reply=False)
+        assert bench.ib_connects[-1] == (1, a.ip, 7472, PathMtu.MTU_1024)
+        await bench.ib_connected(ctx, 1, reason=8)
+        await wait_for(ctx, lambda: len(bench.replies) > 3, 200)
+        assert bench.replies[-1][0] == connect_reply(other, Ack.NAK, count=8)
+        await wait_for(ctx, lambda: len(bench.events) == 2, 100)
+        assert bench.events[1] == (1, ConnectionEvent.FAILED,
+                                   {**{name: 0 for name in write[1]},
+                                    "remote_ip": parse_ipv4(a.ip)}, 0)
+        assert bench.event_details[1] == (0, 7472, 8)
+        reply = await bench.exchange(ctx, protocol.status(257), a)
+        assert reply[0] == expected_status(1, open_=False).reply(257)
+
+        # at once: an MTU out of range (26); a CONNECT for another loc_ip: dropped
+        for mtu in (0, 6):
+            bad = connect_request(b, 7471, mtu=mtu)
+            assert (await bench.exchange(ctx, Connect(bad), b))[0] == \
+                connect_reply(bad, Ack.NAK, count=26)
+        await bench.exchange(ctx, Connect(connect_request(a, 7471)), b, reply=False)
+
+        # the host frees a QP still connecting: the IB CM's late answer changes nothing
+        late = connect_request(b, 7471)
+        await bench.exchange(ctx, Connect(late), b, reply=False)
+        qp = bench.ib_connects[-1][0]
+        assert qp == 2
+        await bench.exchange(ctx, protocol.close_qp(256 + qp, b.ip), b)
+        await bench.ib_connected(ctx, qp, host=b)
+        for _ in range(100):
+            await ctx.tick()
+        assert len(bench.writes) == 1
+
+        # every QP taken: NAK 3 at once
+        await bench.exchange(ctx, Connect(connect_request(b, 1)), b, reply=False)
+        await bench.exchange(ctx, Connect(connect_request(b, 2)), b, reply=False)
+        full = connect_request(b, 3)
+        assert (await bench.exchange(ctx, Connect(full), b))[0] == \
+            connect_reply(full, Ack.NAK, count=3)
+        assert bench.event_details[-1] == (0, 3, 3)
+
+    bench.run(steps)
+    assert {name: value for name, value in bench.counters.items() if value} == {
+        "connects": 5, "connected": 1, "connect_failed": 4, "malformed": 2, "spoofed": 1,
+        "closed": 1, "no_qp": 1}
+
+
+def test_user_logic_connects_and_learns_the_answer_from_events():
+    """``i_connect`` is served as a CONNECT from the host it names, answered by events
+    alone: OPENED once the IB CM has connected it, FAILED with the reason; one for a
+    host and port already connecting or connected makes nothing."""
+    bench = Bench(qps=2, seed=32)
+    a = Host("10.77.0.1", 0x4321)
+
+    async def steps(bench, ctx):
+        await bench.user_connect(ctx, a.ip, 7471)
+        await wait_for(ctx, lambda: bench.ib_connects, 100)
+        assert bench.ib_connects == [(0, a.ip, 7471, PathMtu.MTU_1024)]
+        await bench.user_connect(ctx, a.ip, 7471)           # already connecting
+        await bench.ib_connected(ctx, 0, host=a)
+        await wait_for(ctx, lambda: bench.events, 200)
+        await bench.user_connect(ctx, a.ip, 7471)           # already connected
+        await bench.user_connect(ctx, a.ip, 9000, mtu=PathMtu.MTU_4096)
+        await wait_for(ctx, lambda: len(bench.ib_connects) == 2, 200)
+        assert bench.ib_connects[1] == (1, a.ip, 9000, PathMtu.MTU_4096)
+        await bench.ib_connected(ctx, 1, reason=28)
+        await wait_for(ctx, lambda: len(bench.events) == 2, 200)
+        for _ in range(100):
+            await ctx.tick()
+
+    bench.run(steps)
+    assert [event[:2] for event in bench.events] == [(0, ConnectionEvent.OPENED),
+                                                    (1, ConnectionEvent.FAILED)]
+    assert bench.event_details == [(1 << 16, 7471, 0), (0, 9000, 28)]
+    assert bench.replies == [] and len(bench.writes) == 1
