@@ -432,18 +432,19 @@ async def rdma_connect_opens_a_qp_that_a_cm_start_writes_into(dut):
     bench.close()
 
 
-def gsi_from_core(kind, frame, **fields):
+def gsi_from_core(kind, frame, *, flow=None, **fields):
     """The model's frame of a CM message of ``kind`` (``fields``) from the core's QP1 to
     the peer's, with the TID and what the core generates per frame (BTH PSN, IPv4
-    identification and traffic class) taken from ``frame``, the MAD the core sent."""
+    identification and traffic class) taken from ``frame``, the MAD the core sent. Its
+    UDP flow: ``flow``, by default the host's comm ID (the message's Remote Comm ID)."""
     gsi = ib_cm.parse_gsi_frame(frame)
     header, _ = ib_cm.parse_mad(gsi.datagram)
     ip = Ether(frame)[IP]
-    remote_comm_id = fields["remote_comm_id"]
+    flow = fields["remote_comm_id"] if flow is None else flow
     return ib_cm.gsi_frame(
         ib_cm.mad(kind, ib_cm.cm_message(kind, **fields), transaction_id=header.transaction_id),
         src_ip=OUR_IP, dst_ip=PEER_IP, src_mac=OUR_MAC, dst_mac=PEER_MAC,
-        sport=SOURCE_PORT_BASE | remote_comm_id & 0x3FFF, psn=gsi.psn, ip_id=ip.id,
+        sport=SOURCE_PORT_BASE | flow & 0x3FFF, psn=gsi.psn, ip_id=ip.id,
         tos=ip.tos, ttl=ip.ttl)
 
 
@@ -464,10 +465,11 @@ async def every_cm_frame_sent_is_the_models_and_wireshark_dissects_it(dut):
     """Every kind of CM MAD the endpoint sends: the REP of a REQ (the second one's within
     1 µs of the core's clock from the REQ's last beat to the REP's first), the REJ of each cause
     (8, 9, 26, 28 for the cma_hdr and for the private data version) and, once all 16
-    QPs are connected, REJ 3; the DREP to a host's DREQ, and the DREQ of a QP closed with
-    CLOSE_QP. Each frame is byte for byte the IB CM model's (its generated fields read
-    from it) and Wireshark dissects it as that message, with no malformed or error
-    items."""
+    QPs are connected, REJ 3; the DREP to a host's DREQ, the DREQ of a QP closed with
+    CLOSE_QP, the REJ 28 of a connection whose QP is closed before its RTU; the REQ of a
+    CONNECT, the REJ 28 of a REP with private data version 2, the RTU of a good one.
+    Each frame is byte for byte the IB CM model's (its generated fields read from it)
+    and Wireshark dissects it as that message, with no malformed or error items."""
     bench = await start(dut, seed=37)
     bench.record_timing()
     sent = []               # (what, frame, Wireshark's message, fields it must show)
@@ -540,9 +542,58 @@ async def every_cm_frame_sent_is_the_models_and_wireshark_dissects_it(dut):
     drep = ib_cm.cm_message("DREP", local_comm_id=comm_id, remote_comm_id=local)
     await bench.send(gsi_to_core("DREP", drep, transaction_id=0x15 << 32 | local))
     await bench.idle(300)
+
+    # A connection whose QP is closed before its RTU: REJ 28 of the REP.
+    comm_id = 0x5000_0000
+    _, rep = await exchange("REQ", connect_request(hosts[16], comm_id), 0xAA_0000)
+    local = rep["local_comm_id"]
+    assert Datagram.decode(await cm(bench, protocol.close_qp(rep["local_qpn"], PEER_IP))
+                           ).ack == Ack.ACK
+    frame = await bench.recv()
+    assert frame == gsi_from_core("REJ", frame, local_comm_id=local, remote_comm_id=comm_id,
+                                  message_rejected=1, reason=28)
+    sent.append(("REJ 28 (a pending connection's QP closed)", frame, "CM ConnectReject",
+                 {"infiniband.cm.rej.reason": "0x001c",
+                  "infiniband.cm.rej.localcommid": f"0x{local:08x}"}))
+
+    # The endpoint connects (CONNECT): its REQ; a REP of private data version 2, REJ 28
+    # of it; CONNECT again, its REQ, the REP, its RTU.
+    for version in (2, 1):
+        await bench.cm_request(connect_datagram(LISTEN_PORT), host_ip=PEER_IP, reply=False,
+                               settle_cycles=10)
+        frame = await bench.recv()
+        _, req = reply_message(frame)
+        req = ib_cm.parse_cm_message("REQ", req)
+        local, qpn = req["local_comm_id"], req["local_qpn"]
+        assert frame == gsi_from_core(
+            "REQ", frame, flow=local, **expected_req_fields(req, LISTEN_PORT))
+        if version == 2:
+            sent.append(("REQ", frame, "CM ConnectRequest",
+                         {"infiniband.cm.req.localqpn": f"0x{qpn:06x}",
+                          "infiniband.cm.req.ip_cm.dip4": PEER_IP,
+                          "infiniband.cm.req.ip_cm.sip4": OUR_IP}))
+        rep = ib_cm.cm_message(
+            "REP", local_comm_id=0x6000_0000 + version, remote_comm_id=local,
+            local_qpn=0x777, starting_psn=0x4242, rnr_retry_count=7,
+            private_data=ib_cm.connect_private(rkey=1, base=1 << 30, length=1 << 16,
+                                               version=version))
+        frame, _ = await exchange("REP", rep, 0x10 << 32 | local)
+        kind = "REJ" if version == 2 else "RTU"
+        fields = {"message_rejected": 1, "reason": 28} if version == 2 else {}
+        assert frame == gsi_from_core(kind, frame, local_comm_id=local,
+                                      remote_comm_id=0x6000_0000 + version, **fields)
+        sent.append((f"{kind} of the host's REP", frame,
+                     "CM ConnectReject" if version == 2 else "CM ReadyToUse",
+                     {f"infiniband.cm.{kind.lower()}.remotecommid":
+                      f"0x{0x6000_0000 + version:08x}"}))
+        reply = Datagram.decode(await bench.cm_reply(host_ip=PEER_IP, timeout_cycles=2000))
+        assert (reply.ack, reply.count) == ((Ack.NAK, 28) if version == 2 else (Ack.ACK, 0))
+
     counters = bench.counters()["ib_cm"]
     assert (counters["rep_sent"], counters["established"], counters["dreq_received"],
-            counters["dreq_sent"], counters["drep_received"]) == (16, 16, 1, 1, 1), counters
+            counters["dreq_sent"], counters["drep_received"], counters["rej_freed"],
+            counters["req_sent"], counters["rej_accept_version"], counters["connected"]) == \
+        (17, 16, 1, 1, 1, 1, 2, 1, 1), counters
     assert not bench.received, [Ether(frame).summary() for frame in bench.received]
 
     packets = tshark.dissect([frame for _, frame, _, _ in sent],
@@ -729,6 +780,25 @@ async def sixteen_qps_connected_back_to_back_with_rdma_cm(dut):
 LISTEN_PORT = 7471
 
 
+def expected_req_fields(req, port, *, path_mtu=3):
+    """The fields of the endpoint's REQ to the peer's listener on ``port`` (its comm
+    ID, QPN and Starting PSN from ``req``, the REQ it sent), from the IBTA tables."""
+    qpn = req["local_qpn"]
+    mapped = 0xFFFF_0000_0000
+    return dict(
+        local_comm_id=req["local_comm_id"], service_id=ib_cm.service_id(port),
+        local_ca_guid=ib_cm.ca_guid(OUR_MAC), local_qpn=qpn,
+        remote_cm_response_timeout=18, starting_psn=req["starting_psn"],
+        local_cm_response_timeout=18, retry_count=7, partition_key=0xFFFF,
+        path_mtu=path_mtu, rnr_retry_count=7, max_cm_retries=4, primary_local_lid=0xFFFF,
+        primary_remote_lid=0xFFFF, primary_local_gid=mapped | int(IPv4Address(OUR_IP)),
+        primary_remote_gid=mapped | int(IPv4Address(PEER_IP)), primary_hop_limit=64,
+        primary_local_ack_timeout=17,
+        private_data=ib_cm.cma_header(src_ip=OUR_IP, dst_ip=PEER_IP,
+                                      port=0xC000 | qpn - protocol.FIRST_QPN)
+        + ib_cm.accept_private(qpn))
+
+
 def connect_datagram(port, *, mtu=protocol.PathMtu.MTU_1024):
     """CONNECT (request 6): the peer asks the endpoint to open an rdma_cm connection to
     its listener on ``port``, from its own address, with path MTU ``mtu``."""
@@ -764,19 +834,8 @@ async def the_endpoint_connects_to_a_listening_host(dut):
     header, req, mad = await recv_cm(bench, "REQ")
     index = req["local_qpn"] - protocol.FIRST_QPN
     comm_id = req["local_comm_id"]
-    mapped = 0xFFFF_0000_0000
-    assert mad == ib_cm.mad("REQ", ib_cm.cm_message(
-        "REQ", local_comm_id=comm_id, service_id=ib_cm.service_id(LISTEN_PORT),
-        local_ca_guid=ib_cm.ca_guid(OUR_MAC), local_qpn=protocol.FIRST_QPN + index,
-        remote_cm_response_timeout=18, starting_psn=req["starting_psn"],
-        local_cm_response_timeout=18, retry_count=7, partition_key=0xFFFF, path_mtu=3,
-        rnr_retry_count=7, max_cm_retries=4, primary_local_lid=0xFFFF,
-        primary_remote_lid=0xFFFF, primary_local_gid=mapped | int(IPv4Address(OUR_IP)),
-        primary_remote_gid=mapped | int(IPv4Address(PEER_IP)), primary_hop_limit=64,
-        primary_local_ack_timeout=17,
-        private_data=ib_cm.cma_header(src_ip=OUR_IP, dst_ip=PEER_IP, port=0xC000 | index)
-        + ib_cm.accept_private(protocol.FIRST_QPN + index)),
-        transaction_id=0x10 << 32 | comm_id)
+    assert mad == ib_cm.mad("REQ", ib_cm.cm_message("REQ", **expected_req_fields(
+        req, LISTEN_PORT)), transaction_id=0x10 << 32 | comm_id)
     assert header.transaction_id == 0x10 << 32 | comm_id
     await bench.cm_request(connect_datagram(LISTEN_PORT), host_ip=PEER_IP, reply=False,
                            settle_cycles=300)
