@@ -302,8 +302,8 @@ class ConnectionManager(wiring.Component):
         # with the decisions.
         entry_read = entries.read_port(domain="comb")
         entry = Signal(CM_ENTRY)
-        entry_requester = Signal()          # its host is the request's (address and QPN;
-                                            # CONNECT: address and rdma_cm port)
+        entry_requester = Signal()          # its host is the request's (address and QPN)
+        entry_connects = Signal()           # it is CONNECT's to the request's host and port
         # Where each CONNECT's answer goes, by QP.
         m.submodules.replies = replies = memory.Memory(shape=CONNECT_REPLY, depth=qps, init=[])
         replies_write = replies.write_port()
@@ -467,10 +467,10 @@ class ConnectionManager(wiring.Component):
         read = entry_read.data
         m.d.sync += [
             entry.eq(read),
-            entry_requester.eq((read.host_ip == request.loc.ip)
-                               & Mux(is_connect,
-                                     read.connect & (read.rdma_port == request.length[:16]),
-                                     ~read.connect & (read.host_qpn == request.loc.qpn[:24]))),
+            entry_requester.eq((read.host_ip == request.loc.ip) & ~read.connect
+                               & (read.host_qpn == request.loc.qpn[:24])),
+            entry_connects.eq((read.host_ip == request.loc.ip) & read.connect
+                              & (read.rdma_port == request.length[:16])),
             entry_source.eq(read.host_ip == source_ip),
         ]
         from_host = entry.open & (entry_source | ib)     # an IB close: the QP open
@@ -655,7 +655,8 @@ class ConnectionManager(wiring.Component):
                              probe_rank.eq(Mux(scan == freed_last, 1,
                                                Mux(scan >= rover, 3, 2)))]
                 with m.If(probe != qps):
-                    with m.If(entry.open & entry_requester & ~ib):
+                    with m.If(entry.open & Mux(is_connect, entry_connects, entry_requester)
+                              & ~ib):
                         m.d.sync += [matched.eq(1), index.eq(probe), found.eq(entry)]
                     with m.If(~entry.open & ~free):
                         m.d.sync += [free.eq(1), free_index.eq(probe)]
