@@ -100,8 +100,9 @@ def source_address(endpoint: str) -> str:
 class Listener(CmId):
     """A listening rdma_cm ID (``listen_id``) bound to ``host_ip``, rdma_cm port
     ``port`` (RDMA_PS_TCP); :meth:`connect` has the endpoint connect to it, after
-    which ``cmid`` is the connection's ID (for :meth:`disconnect`). ``timeout``:
-    seconds for the whole connect and for each rdma_cm event."""
+    which ``cmid`` is the connection's ID (for
+    :meth:`~host.rdma_connect.CmId.disconnect`). ``timeout``: seconds for the whole
+    connect and for each rdma_cm event."""
 
     def __init__(self, host_ip: str, port: int, timeout: float):
         import pyverbs.cm_enums as ce
