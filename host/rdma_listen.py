@@ -107,6 +107,7 @@ class Listener(CmId):
     def __init__(self, host_ip: str, port: int, timeout: float):
         import pyverbs.cm_enums as ce
         from pyverbs.cmid import AddrInfo
+        from pyverbs.pyverbs_error import PyverbsError
 
         super().__init__(f"the endpoint's connection to {host_ip} rdma_cm port {port}",
                          timeout)
@@ -114,14 +115,21 @@ class Listener(CmId):
         self.port = port
         self.listen_id: Any = self.cmid
         self.connection: Any = None
-        self.req_version = self.req_qpn = None
-        info = AddrInfo(src=host_ip, src_service=str(port), port_space=ce.RDMA_PS_TCP,
-                        flags=ce.RAI_PASSIVE)
+        self.req_version: int | None = None
+        self.req_qpn: int | None = None
         try:
-            self.listen_id.bind_addr(info)
-            self.listen_id.listen()
-        finally:
-            info.close()
+            info = AddrInfo(src=host_ip, src_service=str(port), port_space=ce.RDMA_PS_TCP,
+                            flags=ce.RAI_PASSIVE)
+            try:
+                self.listen_id.bind_addr(info)
+                self.listen_id.listen()
+            finally:
+                info.close()
+        except PyverbsError as error:
+            self.close()
+            raise HostError(f"cannot listen on {host_ip} rdma_cm port {port}: {error}; is the "
+                            "port taken by another listener, rdma_ucm loaded, and an RDMA "
+                            "device bound to that address's interface (`rdma link`)?") from None
 
     @property
     def pd(self) -> Any:
@@ -240,6 +248,7 @@ class Accepted:
                  timeout: float, *, connect_port: int | None = None):
         import pyverbs.enums as e
         from pyverbs.mr import MR
+        from pyverbs.pyverbs_error import PyverbsError
 
         self.host_ip = source_address(endpoint)
         self.listener = Listener(self.host_ip, port, timeout)
@@ -253,6 +262,11 @@ class Accepted:
                 self.ack = self.listener.connect(cm, private, mtu, connect_port=connect_port)
             attr, _ = self.listener.cmid.query_qp(e.IBV_QP_STATE | e.IBV_QP_PATH_MTU
                                                   | e.IBV_QP_DEST_QPN | e.IBV_QP_RQ_PSN)
+        except PyverbsError as error:
+            self.close()
+            raise HostError(f"rdma_cm on {self.host_ip} port {port} failed: {error}; is "
+                            "rdma_ucm loaded and the RDMA device bound to the interface that "
+                            "routes to the endpoint (`rdma link`)?") from None
         except BaseException:
             self.close()
             raise

@@ -47,7 +47,7 @@ class ConnectionId(Recorder):
         self.calls.append(("create_qp", attr))
 
     def accept(self, param: ConnParam) -> None:
-        self.calls.append(("accept", param.qp_num, param.private))
+        self.calls.append(("accept", param.qpn, param.private))
         self.events.pending.append(CmEvent(9))        # the endpoint's RTU: ESTABLISHED
 
     def reject(self) -> None:
@@ -55,8 +55,10 @@ class ConnectionId(Recorder):
 
 
 class ConnParam:
+    """pyverbs' ConnParam: built with ``qp_num``, which it shows as ``qpn``."""
+
     def __init__(self, data_len: int, qp_num: int) -> None:
-        self.data_len, self.qp_num, self.private = data_len, qp_num, b""
+        self.data_len, self.qpn, self.private = data_len, qp_num, b""
 
     def set_private_data(self, data: bytes) -> None:
         self.private = bytes(data)
