@@ -137,8 +137,9 @@ class RunConfig:
                              "through the UDP CM); run qp-server again for another rdma_cm "
                              "connection")
         if self.cm == "rdma" and not self.listen and self.mtu is not None:
-            raise ValueError("--mtu needs --cm udp: rdma_cm takes the path MTU of the route "
-                             "(the interface's MTU: `ip link set <netdev> mtu 9000`)")
+            raise ValueError("--mtu needs --cm udp or --listen: rdma_connect takes the path "
+                             "MTU of the route (the interface's MTU: `ip link set <netdev> "
+                             "mtu 9000`)")
         if (self.size < 0 or self.count < 1 or self.qps < 1 or self.receives < 1
                 or self.repeat < 1 or self.check_threads < 1):
             raise ValueError("size must be >= 0 and count, qps, receives, repeat and "
