@@ -6,9 +6,9 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 
 from .arp.layer import ARP_COUNTERS, ArpLayer
 from .cm.datagram import CM_PORT
+from .cm.ib_cm import IbCm
 from .cm.lease import lease_tick
 from .cm.manager import CM_CONFIG, ConnectionManager, access_list
-from .cm.passive import PassiveCm
 from .cm.qp1 import QP1_COUNTERS, Qp1Receiver, Qp1Split, Qp1Transmitter
 from .config import NetworkConfig, config_value
 from .counters import COUNTER_BITS
@@ -66,6 +66,10 @@ TOS_ECT0 = DSCP_ROCE << 2 | 0b10
 ECN_ECT0 = 0b10
 ECN_NOT_ECT = 0b00
 
+#: The CM Response Timeouts of the endpoint's REQ (CONNECT): 2^(18 - 8) ms, about a
+#: second, between its REQs, and the time it gives the host to answer one.
+IB_CM_REQ_TIMEOUT = 18
+
 
 class NetworkCore(wiring.Component):
     """The RoCEv2 endpoint over Ethernet, ARP, IPv4, ICMP echo and UDP on the
@@ -96,7 +100,7 @@ class NetworkCore(wiring.Component):
     takes the IB CM's MADs (UDP port 4791, destination QP 1; see
     :mod:`~gateware.cm.qp1`), each valid one counted in ``counters.qp1``, and
     answers a host's ``rdma_connect`` on the rdma_cm port 17185
-    (:class:`~gateware.cm.passive.PassiveCm`: REQ → REP or REJ, RTU; DREQ → DREP;
+    (:class:`~gateware.cm.ib_cm.IbCm`: REQ → REP or REJ, RTU; DREQ → DREP;
     counted in ``counters.ib_cm``): the QP it sets up is the connection manager's,
     taken (the first free QP after the last one an IB open took, so a host that
     reconnects gets another) and freed as OPEN_QP's and CLOSE_QP's are, and served by
@@ -207,7 +211,7 @@ class NetworkCore(wiring.Component):
             "generator": GeneratorPool.counters_layout(),
             "mac_control": MacControl.counters_layout(),
             "qp1": QP1_COUNTERS,
-            "ib_cm": PassiveCm.counters_layout(),
+            "ib_cm": IbCm.counters_layout(),
         })
 
     def elaborate(self, platform):
@@ -234,7 +238,7 @@ class NetworkCore(wiring.Component):
         m.submodules.ack_rx = ack_rx = AckReceiver(qps=self._qps, width=width)
         m.submodules.qp1_rx = qp1_rx = Qp1Receiver(width=width)
         m.submodules.qp1_tx = qp1_tx = Qp1Transmitter(width=width)
-        m.submodules.ib_cm = ib_cm = PassiveCm(qps=self._qps, port=CM_PORT)
+        m.submodules.ib_cm = ib_cm = IbCm(qps=self._qps, port=CM_PORT)
         m.submodules.udp_echo = udp_echo = UdpEcho(depth=self._echo_depth, width=width)
         m.submodules.generator = generator = GeneratorPool(
             qps=self._qps, runs=self._generator_runs, width=width)
@@ -364,6 +368,8 @@ class NetworkCore(wiring.Component):
         connect(m, cm.o_ib_opened, ib_cm.i_opened)
         connect(m, ib_cm.o_close, cm.i_ib_close)
         connect(m, cm.o_ib_closed, ib_cm.i_closed)
+        connect(m, cm.o_ib_connect, ib_cm.i_connect)
+        connect(m, ib_cm.o_connected, cm.i_ib_connected)
         seed = Signal(32, reset_less=True)
         m.d.sync += seed.eq(seed + 1)
         m.d.comb += [
@@ -371,6 +377,7 @@ class NetworkCore(wiring.Component):
             ib_cm.i_config.ip.eq(config.ip),
             ib_cm.i_config.max_mtu.eq(PathMtu.MTU_4096),
             ib_cm.i_config.ms_cycles.eq(self._ms_cycles),
+            ib_cm.i_config.req_timeout.eq(IB_CM_REQ_TIMEOUT),
             ib_cm.i_seed.eq(seed ^ config.mac[:32]),
             qp1_tx.i_tos.eq(Cat(C(ECN_NOT_ECT, 2), roce_config.tos[2:])),
         ]

@@ -23,6 +23,7 @@ class Request(enum.Enum, shape=3):
     MODIFY_QP_RTS = 3
     CLOSE_QP = 4
     STATUS = 5                  # extension
+    CONNECT = 6                 # extension: the endpoint opens an rdma_cm connection
     ERROR = 7
 
 

@@ -35,6 +35,7 @@ from .access import AccessList
 from .datagram import (
     CM_DATAGRAM,
     CM_PORT,
+    CM_QP_INFO,
     CM_RUN_TXMETA,
     CM_STATUS,
     CM_STATUS_DATAGRAM,
@@ -42,8 +43,8 @@ from .datagram import (
     Ack,
     Request,
 )
+from .ib_cm import CM_CONNECT, CM_CONNECTED, CM_OPEN, CM_OPENED, OpenRefusal, RejectReason
 from .lease import LEASE_SWEEPS, LeaseTicker
-from .passive import CM_OPEN, CM_OPENED, OpenRefusal
 
 __all__ = ["ConnectionManager", "CM_CONFIG", "CM_ENTRY", "CLOSE_ALL_QPN", "access_list"]
 
@@ -79,6 +80,16 @@ CM_ENTRY = data.StructLayout({
     "base": 64,                 # the host buffer's address: where generator runs write
     "runs": 24,                 # generator runs started on it
     "age": range(LEASE_SWEEPS + 1),     # lease sweeps since its host's last request
+    "connect": 1,               # taken by CONNECT: the endpoint opens the connection
+    "connecting": 1,            # CONNECT: the IB CM's REQ not yet answered
+    "rdma_port": 16,            # CONNECT: the host's rdma_cm port
+})
+
+#: Where the answer to a CONNECT goes once the IB CM has opened the connection or not:
+#: the requester's UDP port and the loc_* its reply echoes.
+CONNECT_REPLY = data.StructLayout({
+    "port": 16,
+    "loc": CM_QP_INFO.size,
 })
 
 class ConnectionManager(wiring.Component):
@@ -137,16 +148,16 @@ class ConnectionManager(wiring.Component):
     ``i_qp_write`` (user logic) is passed to ``o_qp_write`` while no
     datagram is being served; QPs set that way are not known to the CM.
 
-    The IB side (:class:`~gateware.cm.passive.PassiveCm`, the host's ``rdma_connect``)
+    The IB side (:class:`~gateware.cm.ib_cm.IbCm`, the host's ``rdma_connect``)
     opens and frees QPs of the same table through its allocation port, served between
     datagrams as they are (taken before a waiting datagram, but never two in a row
     while datagrams wait), one cycle after ``i_ib_open`` or ``i_ib_close`` shows a
     request:
 
-    - ``i_ib_open`` (:data:`~gateware.cm.passive.CM_OPEN`) is served as an OPEN_QP
+    - ``i_ib_open`` (:data:`~gateware.cm.ib_cm.CM_OPEN`) is served as an OPEN_QP
       from the request's host: a host outside the access list is refused
-      :attr:`~gateware.cm.passive.OpenRefusal.DENIED` (counted ``access``), no QP
-      free :attr:`~gateware.cm.passive.OpenRefusal.NO_QP` (``no_qp``); else a free QP
+      :attr:`~gateware.cm.ib_cm.OpenRefusal.DENIED` (counted ``access``), no QP
+      free :attr:`~gateware.cm.ib_cm.OpenRefusal.NO_QP` (``no_qp``); else a free QP
       is taken (never an open QP of the same host QP, as a repeated OPEN_QP would):
       the first free one after the QP the last IB open took, round the table, and the
       QP freed last only when no other is free, so that a host that closed a
@@ -199,6 +210,8 @@ class ConnectionManager(wiring.Component):
             "o_ib_opened": Out(stream.Signature(CM_OPENED)),
             "i_ib_close": In(stream.Signature(QP_INDEX_BITS)),
             "o_ib_closed": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "o_ib_connect": Out(stream.Signature(CM_CONNECT)),
+            "i_ib_connected": In(stream.Signature(CM_CONNECTED)),
             "status_qp": Out(QP_INDEX_BITS),
             "status": In(QP_STATUS),
             "run_qp": Out(QP_INDEX_BITS),
@@ -213,7 +226,8 @@ class ConnectionManager(wiring.Component):
 
     DROP_REASONS = ("overflow", "length", "malformed", "request", "qpn", "start_closed",
                     "access", "spoofed", "credit_refused")
-    EVENTS = ("opened", "closed", "no_qp", "starts", "expired", "credits", "events_lost")
+    EVENTS = ("opened", "closed", "no_qp", "starts", "expired", "credits", "events_lost",
+              "connects", "connected", "connect_failed")
 
     @classmethod
     def counters_layout(cls):
@@ -250,7 +264,14 @@ class ConnectionManager(wiring.Component):
         # with the decisions.
         entry_read = entries.read_port(domain="comb")
         entry = Signal(CM_ENTRY)
-        entry_requester = Signal()          # its host is the request's (address and QPN)
+        entry_requester = Signal()          # its host is the request's (address and QPN;
+                                            # CONNECT: address and rdma_cm port)
+        # Where each CONNECT's answer goes, by QP.
+        m.submodules.replies = replies = memory.Memory(shape=CONNECT_REPLY, depth=qps, init=[])
+        replies_write = replies.write_port()
+        replies_read = replies.read_port()
+        outcome = Signal(CM_CONNECTED)      # the IB CM's answer to a CONNECT being served
+        opened_length = Signal(64)          # the buffer size an OPENED event tells
         entry_source = Signal()             # its host's address is the datagram's source
 
         psn = psn_sequence(m, init=0x5EED01)   # first PSNs
@@ -275,7 +296,8 @@ class ConnectionManager(wiring.Component):
         ]
         ib = Signal()                       # the request served came from the IB side
         ib_valid = Signal()                 # an IB request waits (registered: a cycle late)
-        m.d.sync += ib_valid.eq(self.i_ib_close.valid | self.i_ib_open.valid)
+        m.d.sync += ib_valid.eq(self.i_ib_close.valid | self.i_ib_open.valid
+                                | self.i_ib_connected.valid)
         ib_timers = Signal(QP_STATE)        # an IB open's timeout, retry and RNR retry
         ib_answer = Signal(CM_OPENED)
         m.submodules.lease = lease = LeaseTicker()
@@ -384,7 +406,8 @@ class ConnectionManager(wiring.Component):
         best_rank = Signal(2)
         best_index = Signal(QP_INDEX_BITS)
         chosen = Signal(QP_INDEX_BITS)      # the QP an open takes
-        m.d.comb += chosen.eq(Mux(ib, best_index, free_index))
+        is_connect = request.flags.request == Request.CONNECT
+        m.d.comb += chosen.eq(Mux(ib | is_connect, best_index, free_index))
         with m.If(self.o_qp_close.valid & self.o_qp_close.ready):
             m.d.sync += freed_last.eq(index)
         first_beat = Signal(init=1)
@@ -392,7 +415,9 @@ class ConnectionManager(wiring.Component):
         m.d.sync += [
             entry.eq(read),
             entry_requester.eq((read.host_ip == request.loc.ip)
-                               & (read.host_qpn == request.loc.qpn[:24])),
+                               & Mux(is_connect,
+                                     read.connect & (read.rdma_port == request.length[:16]),
+                                     ~read.connect & (read.host_qpn == request.loc.qpn[:24]))),
             entry_source.eq(read.host_ip == source_ip),
         ]
         from_host = entry.open & (entry_source | ib)     # an IB close: the QP open
@@ -426,7 +451,7 @@ class ConnectionManager(wiring.Component):
                     m.d.sync += ib.eq(1)
                     m.next = "IB_TAKE"
                 with m.Elif(~self.i_qp_write.valid & parse.o.valid):
-                    m.d.sync += [swept_last.eq(0), ib.eq(0)]
+                    m.d.sync += [swept_last.eq(0), ib.eq(0), opened_length.eq(0)]
                     m.next = "RECEIVE"
 
             with m.State("RECEIVE"):
@@ -485,7 +510,14 @@ class ConnectionManager(wiring.Component):
                         ib_timers.timeout.eq(opening.timeout),
                         ib_timers.retry_count.eq(opening.retry_count),
                         ib_timers.rnr_retry.eq(opening.rnr_retry),
+                        opened_length.eq(opening.length),
                     ]
+                with m.Elif(self.i_ib_connected.valid):
+                    m.d.comb += self.i_ib_connected.ready.eq(1)
+                    answered = self.i_ib_connected.p
+                    m.d.sync += [outcome.eq(answered), index.eq(answered.qp), ib.eq(0),
+                                 opened_length.eq(answered.length)]
+                    m.next = "CONCLUDE_READ"
                 with m.Else():
                     m.next = "IDLE"         # (``ib_valid`` lags the handshake by a cycle)
 
@@ -509,6 +541,16 @@ class ConnectionManager(wiring.Component):
                         m.next = "SCAN"
                     with m.Else():
                         m.d.comb += counts["spoofed"].eq(1)
+                with m.Elif(kind == Request.CONNECT):
+                    with m.If(~loc_is_source):
+                        m.d.comb += counts["spoofed"].eq(1)
+                    with m.Elif((asked_mtu == 0) | (asked_mtu > PathMtu.MTU_4096.value)):
+                        m.d.comb += counts["malformed"].eq(1)
+                        answer(Ack.NAK)
+                        m.d.sync += reply.count.eq(RejectReason.INVALID_MTU)
+                    with m.Else():
+                        m.d.sync += scanning.eq(1)
+                        m.next = "SCAN"
                 with m.Elif((kind == Request.CLOSE_QP) & close_all):
                     m.d.sync += [index.eq(0), closing_all.eq(1), closed_count.eq(0)]
                     m.next = "SWEEP_READ"
@@ -566,7 +608,40 @@ class ConnectionManager(wiring.Component):
                         entry_write.data.age.eq(0),
                         entry_write.en.eq(1),
                     ]
-                    answer(Ack.ACK, found)
+                    with m.If(found.connecting):    # a CONNECT's retry: answered when done
+                        m.next = "IDLE"
+                    with m.Else():
+                        answer(Ack.ACK, found)
+                with m.Elif(is_connect & ~free):
+                    m.d.comb += counts["no_qp"].eq(1)
+                    answer(Ack.NAK)
+                    m.d.sync += reply.count.eq(RejectReason.NO_RESOURCES)
+                with m.Elif(is_connect):
+                    # The QP held for the connection; the IB CM sends the REQ.
+                    m.d.comb += [
+                        entry_write.addr.eq(chosen),
+                        entry_write.data.open.eq(1),
+                        entry_write.data.host_ip.eq(request.loc.ip),
+                        entry_write.data.path_mtu.eq(asked_mtu[:3]),
+                        entry_write.data.connect.eq(1),
+                        entry_write.data.connecting.eq(1),
+                        entry_write.data.rdma_port.eq(request.length[:16]),
+                        entry_write.en.eq(1),
+                        replies_write.addr.eq(chosen),
+                        replies_write.data.port.eq(Mux(request.reply_port != 0,
+                                                       request.reply_port, source_port)),
+                        replies_write.data.loc.eq(request.loc),
+                        replies_write.en.eq(1),
+                        counts["connects"].eq(1),
+                    ]
+                    m.d.sync += [
+                        rover.eq(chosen + 1),
+                        self.o_ib_connect.p.qp.eq(chosen),
+                        self.o_ib_connect.p.remote_ip.eq(request.loc.ip),
+                        self.o_ib_connect.p.port.eq(request.length[:16]),
+                        self.o_ib_connect.p.path_mtu.eq(asked_mtu[:3]),
+                    ]
+                    m.next = "CONNECT"
                 with m.Elif(request.flags.request != Request.OPEN_QP):
                     m.d.comb += counts["no_qp"].eq(1)
                     answer(Ack.NO_QP)
@@ -604,6 +679,72 @@ class ConnectionManager(wiring.Component):
                     ]
                     m.next = "SET_QP"
 
+            with m.State("CONNECT"):
+                m.d.comb += self.o_ib_connect.valid.eq(1)
+                with m.If(self.o_ib_connect.ready):
+                    m.next = "IDLE"
+
+            # The IB CM's answer to a CONNECT: the QP's entry and where the reply goes,
+            # then the connection's QP set and CONNECT/ACK, or the QP freed and
+            # CONNECT/NAK (the REJ reason in ``count``). A QP freed meanwhile: nothing.
+            with m.State("CONCLUDE_READ"):
+                m.d.comb += replies_read.addr.eq(index)
+                m.next = "CONCLUDE_LOAD"
+            with m.State("CONCLUDE_LOAD"):
+                echo = replies_read.data
+                m.d.sync += [
+                    request.eq(0),
+                    request.flags.info_valid.eq(1),
+                    request.flags.request.eq(Request.CONNECT),
+                    request.loc.eq(echo.loc),
+                    request.reply_port.eq(echo.port),
+                    source_ip.eq(entry.host_ip),
+                ]
+                m.next = "CONCLUDE"
+            with m.State("CONCLUDE"):
+                connected = Signal(CM_ENTRY)
+                m.d.comb += [
+                    connected.eq(entry),
+                    connected.connecting.eq(0),
+                    connected.host_qpn.eq(outcome.remote_qpn),
+                    connected.psn.eq(outcome.next_psn),
+                    connected.base.eq(outcome.base),
+                    connected.age.eq(0),
+                    entry_write.addr.eq(index),
+                ]
+                with m.If(~(entry.open & entry.connect & entry.connecting)):
+                    m.next = "IDLE"
+                with m.Elif(outcome.accepted):
+                    m.d.comb += [entry_write.data.eq(connected), entry_write.en.eq(1),
+                                 counts["connected"].eq(1)]
+                    m.d.sync += [
+                        found.eq(connected),
+                        write.qp.eq(index),
+                        write.state.remote_qpn.eq(outcome.remote_qpn),
+                        write.state.next_psn.eq(outcome.next_psn),
+                        write.state.rkey.eq(outcome.rkey),
+                        write.state.remote_ip.eq(entry.host_ip),
+                        write.state.path_mtu.eq(entry.path_mtu),
+                        write.state.src_port.eq(index),
+                        write.state.timeout.eq(self.i_config.timeout),
+                        write.state.retry_count.eq(self.i_config.retry_count),
+                        write.state.rnr_retry.eq(outcome.rnr_retry),
+                    ]
+                    m.next = "SET_QP"
+                with m.Else():
+                    m.d.comb += [
+                        entry_write.data.eq(0),
+                        entry_write.en.eq(1),
+                        counts["connect_failed"].eq(1),
+                        events.w_en.eq(1),
+                        event.event.eq(ConnectionEvent.FAILED),
+                        event.state.remote_ip.eq(entry.host_ip),
+                        event.port.eq(entry.rdma_port),
+                        event.reason.eq(outcome.reason),
+                    ]
+                    answer(Ack.NAK)
+                    m.d.sync += reply.count.eq(outcome.reason)
+
             with m.State("SET_QP"):
                 m.d.comb += self.o_qp_write.valid.eq(1)
                 with m.If(self.o_qp_write.ready):
@@ -612,6 +753,8 @@ class ConnectionManager(wiring.Component):
                         event.event.eq(ConnectionEvent.OPENED),
                         event.state.eq(write.state),
                         event.base.eq(found.base),
+                        event.length.eq(opened_length),
+                        event.port.eq(found.rdma_port),
                     ]
                     answer(Ack.ACK, found)
                     with m.If(ib):

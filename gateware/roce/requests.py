@@ -131,20 +131,26 @@ QP_WRITE = data.StructLayout({
 
 class ConnectionEvent(enum.Enum, shape=2):
     """What happened to a QP that the connection manager holds."""
-    OPENED = 0                  # an OPEN_QP took it and the QP table has its state
-    CLOSED = 1                  # a CLOSE_QP (or close-all) freed it
+    OPENED = 0                  # OPEN_QP or rdma_cm took it; the QP table has its state
+    CLOSED = 1                  # a CLOSE_QP (or close-all, or the IB CM) freed it
     EXPIRED = 2                 # its lease ran out and freed it
+    FAILED = 3                  # a connection the endpoint opened (CONNECT) was refused
 
 
 #: A QP the connection manager opened or freed, as ``connection`` tells user logic. The
 #: host's buffer is where user logic writes: its address is ``base``, its rkey
-#: ``state.rkey``. OPEN_QP carries no buffer size: how much of it to use is the user's
-#: agreement with the host program. For CLOSED and EXPIRED, ``state`` and ``base`` are 0.
+#: ``state.rkey``, its size ``length`` when the host gave one (rdma_cm's private data;
+#: OPEN_QP carries none: how much of it to use is then the user's agreement with the
+#: host program). For CLOSED and EXPIRED, ``state`` and ``base`` are 0; for FAILED,
+#: ``state.remote_ip``, ``port`` and ``reason`` say which connection failed and why.
 CONNECTION_EVENT = data.StructLayout({
     "qp": QP_INDEX_BITS,
     "event": ConnectionEvent,
     "state": QP_STATE,          # OPENED: the QP's transmit state as the CM set it
     "base": 64,                 # OPENED: the address of the host's buffer (OPEN_QP's loc_base_addr)
+    "length": 64,               # OPENED by rdma_cm: the size of the host's buffer (0: unbounded)
+    "port": 16,                 # OPENED or FAILED by CONNECT: the host's rdma_cm port
+    "reason": 8,                # FAILED: the REJ reason (4: no answer)
 })
 
 #: What the reliability engine counts per QP, each since the QP was last set.

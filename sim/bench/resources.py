@@ -133,7 +133,7 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "Pacer (16 QPs)": lambda: _load("gateware.roce.pacer.Pacer")(qps=16),
     "ConnectionManager (16 QPs)": lambda: _load("gateware.cm.manager.ConnectionManager")(
         qps=16, width=WIDTH),
-    "PassiveCm (16 QPs)": lambda: _load("gateware.cm.passive.PassiveCm")(qps=16),
+    "IbCm (16 QPs)": lambda: _load("gateware.cm.ib_cm.IbCm")(qps=16),
     "VCU118Top": lambda: _load("boards.vcu118_top.VCU118Top")(),
     "VCU118Top (2 QPs)": lambda: _load("boards.vcu118_top.VCU118Top")(**SMALL_CORE),
     "VCU118DualTop": lambda: _load("boards.vcu118_top.VCU118DualTop")(),

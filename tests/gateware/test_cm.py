@@ -9,9 +9,9 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
+from gateware.cm.ib_cm import OpenRefusal
 from gateware.cm.lease import LEASE_SWEEPS
 from gateware.cm.manager import CLOSE_ALL_QPN, ConnectionManager, access_list
-from gateware.cm.passive import OpenRefusal
 from gateware.config import parse_ipv4
 from gateware.roce.requests import CompletionStatus, ConnectionEvent, PathMtu, Verb
 from host import protocol
@@ -355,7 +355,8 @@ def test_every_request_answers_as_the_codec_predicts(width):
             "length": [good[:63], good + b"\0", b"", bytes(200)],
             "malformed": [bytes([good[0] & ~1]) + good[1:],                 # info_valid clear
                           Datagram(Request.STATUS, Ack.ACK, rem=QpInfo(qpn=256)).encode()],
-            "request": [bytes([0x0D]) + good[1:], bytes([0x0F]) + good[1:],  # codes 6 and 7
+            "spoofed": [bytes([0x0D]) + good[1:]],      # CONNECT (6) for loc_ip 0.0.0.0
+            "request": [bytes([0x0F]) + good[1:],                            # code 7
                         Datagram().encode(),                                 # NULL, no start
                         Datagram(txmeta=protocol.TxMeta(valid=True), rem=QpInfo(qpn=256)
                                  ).encode()],

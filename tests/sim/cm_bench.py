@@ -15,7 +15,7 @@ from roce_bench import OUR_IP, OUR_MAC, PARAMS, PEER_IP, PEER_MAC, Qp, RoceRun, 
 from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
 
-from gateware.cm.passive import TARGET_ACK_DELAY
+from gateware.cm.ib_cm import TARGET_ACK_DELAY
 from gateware.cm.qp1 import SOURCE_PORT_BASE
 from gateware.core import CMAC_CLOCK_HZ
 from host import protocol

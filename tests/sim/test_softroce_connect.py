@@ -36,7 +36,7 @@ from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.utils import rdpcap
 
-from gateware.cm.passive import REQ_PRIVATE
+from gateware.cm.ib_cm import REQ_PRIVATE
 from host.protocol import FIRST_QPN
 from host.rdma_connect import ACCEPT_PRIVATE, connect_private, parse_accept_private
 from host.rdma_listen import LISTEN_PORT

@@ -1,9 +1,9 @@
-"""The passive side of the InfiniBand CM: a host opens a connection to the endpoint
+"""The InfiniBand CM: hosts open connections to the endpoint with ``rdma_connect`` (REQ),
 with ``rdma_connect`` (REQ), the endpoint answers REP, the host completes it with RTU;
 either side ends it with DREQ, answered with DREP (IBTA vol. 1, chapter 12, as Linux's
 ``ib_cm`` and ``rdma_cm`` apply it; CM_PROTOCOL.md, "Standard RDMA CM").
 
-:class:`PassiveCm` sits between QP1's receiver and transmitter (``gateware.cm.qp1``)
+:class:`IbCm` sits between QP1's receiver and transmitter (``gateware.cm.qp1``)
 and asks the QP table's owner for a QP through its allocation port:
 
 ``o_open`` (:data:`CM_OPEN`)
@@ -17,7 +17,7 @@ and asks the QP table's owner for a QP through its allocation port:
 ``i_opened`` (:data:`CM_OPENED`)
     The answer to the one ``o_open`` request outstanding: ``accepted`` and the QP
     index, or ``accepted`` = 0 and why (:class:`OpenRefusal`). Exactly one answer
-    per request, any number of cycles after it was taken; :class:`PassiveCm` takes
+    per request, any number of cycles after it was taken; :class:`IbCm` takes
     no other MAD meanwhile and keeps ``i_opened.ready`` high only while it waits.
 ``o_close`` (QP index)
     The QP of a connection the host never completed (no RTU after the REP's retries,
@@ -91,7 +91,7 @@ counts the timers down) and each ``i_closed`` (which starts disconnects) starts 
 sweep of the whole table when the block is idle next. Nothing runs a compare across
 the table.
 
-``o_counters`` (:meth:`PassiveCm.counters_layout`) counts REPs sent first, repeated
+``o_counters`` (:meth:`IbCm.counters_layout`) counts REPs sent first, repeated
 for a duplicate REQ and retransmitted; connections established and expired; REJs
 sent by reason; DREQs of the host served, spoofed and unknown; the endpoint's DREQs
 sent, retransmitted and unanswered; DREPs taken and unknown; MADs dropped by reason
@@ -99,7 +99,7 @@ sent, retransmitted and unanswered; DREPs taken and unknown; MADs dropped by rea
 """
 
 from amaranth import *
-from amaranth.lib import data, enum, memory, stream, wiring
+from amaranth.lib import data, enum, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..counters import counters_layout, event_counter
@@ -107,6 +107,7 @@ from ..headers import (
     CM_CLASS_VERSION,
     CM_DREP,
     CM_DREQ,
+    CM_MRA,
     CM_REJ,
     CM_REP,
     CM_REQ,
@@ -129,7 +130,7 @@ from ..roce.requests import (
 from .datagram import CM_PORT
 from .qp1 import QP1_RECEIVED, QP1_SEND
 
-__all__ = ["PassiveCm", "CM_OPEN", "CM_OPENED", "OpenRefusal", "PASSIVE_CM_CONFIG",
+__all__ = ["IbCm", "CM_OPEN", "CM_OPENED", "OpenRefusal", "IB_CM_CONFIG",
            "REQ_PRIVATE", "REP_PRIVATE", "RejectReason", "RDMA_PS_TCP", "TARGET_ACK_DELAY"]
 
 #: rdma_cm's TCP port space: service ID = RDMA_PS_TCP << 16 | port.
@@ -140,6 +141,15 @@ TARGET_ACK_DELAY = 15
 PRIVATE_VERSION = 1
 #: The high 32 bits of the TID of the endpoint's DREQ (the low 32: its Local Comm ID).
 DREQ_TID_HIGH = Const(0x0000_0015, 32)
+#: The high 32 bits of the TID of the endpoint's REQ and of the RTU that completes it.
+REQ_TID_HIGH = Const(0x0000_0010, 32)
+#: The endpoint's REQ: retransmissions after the first (with a 1 s response timeout, five
+#: REQs in about 5 s), and the Local ACK Timeout it asks of the host (its QP's timeout
+#: and TimeWait: 2^(17 - 8) ms).
+REQ_RETRIES = 4
+LOCAL_ACK_TIMEOUT = 17
+#: IPv4-mapped IPv6 (the RoCEv2 GIDs of a REQ's path): ::ffff:a.b.c.d.
+IPV4_MAPPED = Const(0xFFFF, 16)
 
 
 class OpenRefusal(enum.Enum, shape=1):
@@ -149,8 +159,9 @@ class OpenRefusal(enum.Enum, shape=1):
 
 
 class RejectReason(enum.IntEnum):
-    """The REJ reasons the passive side sends (IBTA table 109, Linux ib_cm.h)."""
+    """The REJ reasons the endpoint sends or reports (IBTA table 109, Linux ib_cm.h)."""
     NO_RESOURCES = 3
+    TIMEOUT = 4                 # reported for a REQ that no REP answered
     INVALID_SERVICE_ID = 8
     INVALID_TRANSPORT = 9
     INVALID_MTU = 26
@@ -168,12 +179,30 @@ REQ_PRIVATE = NetworkLayout({
     "rest": 8 * (92 - CMA_HEADER.length - 24),
 })
 
-#: A REP's 196 bytes of private data.
+#: A REP's 196 bytes of private data (the endpoint's REP), and the 56 bytes of user
+#: private data of its REQ after the cma_hdr: the same 8 bytes first.
 REP_PRIVATE = NetworkLayout({
     "version": 8,
     "reserved_1": 24,
     "qpn": 32,
     "rest": 8 * (196 - 8),
+})
+CONNECT_REQ_PRIVATE = NetworkLayout({
+    "cma": CMA_HEADER,
+    "version": 8,
+    "reserved_1": 24,
+    "qpn": 32,
+    "rest": 8 * (92 - CMA_HEADER.length - 8),
+})
+
+#: The host's REP private data (its ``rdma_accept``): the user part of a REQ's.
+ACCEPT_PRIVATE = NetworkLayout({
+    "version": 8,
+    "reserved_1": 24,
+    "rkey": 32,
+    "base": 64,
+    "length": 64,
+    "rest": 8 * (196 - 24),
 })
 
 #: An allocation request: what the QP table needs of a REQ.
@@ -197,28 +226,59 @@ CM_OPENED = data.StructLayout({
     "refusal": OpenRefusal,     # not accepted: why
 })
 
-#: What the passive CM is told at run time.
-PASSIVE_CM_CONFIG = data.StructLayout({
+#: A connection the endpoint opens (its REQ): the QP the table owner took for it, and
+#: the host's address, rdma_cm port and the path MTU.
+CM_CONNECT = data.StructLayout({
+    "qp": QP_INDEX_BITS,
+    "remote_ip": 32,
+    "port": 16,
+    "path_mtu": PathMtu,
+})
+
+#: How a connection the endpoint opened ended: established (the RTU sent) with the
+#: host's QPN, the PSN the endpoint starts sending with (the REP's Starting PSN), the
+#: RNR retry count the host asks for and the host's buffer of its private data; or not,
+#: with the REJ reason (:attr:`RejectReason.TIMEOUT` when no REP came).
+CM_CONNECTED = data.StructLayout({
+    "qp": QP_INDEX_BITS,
+    "accepted": 1,
+    "reason": 8,
+    "remote_qpn": 24,
+    "next_psn": 24,
+    "rnr_retry": 3,
+    "rkey": 32,
+    "base": 64,
+    "length": 64,
+})
+
+#: What the IB CM is told at run time.
+IB_CM_CONFIG = data.StructLayout({
     "mac": 48,                  # the endpoint's MAC: its CA GUID is the EUI-64 of it
     "ip": 32,                   # the endpoint's IPv4 address: the cma_hdr's destination
     "max_mtu": PathMtu,         # the largest path MTU a REQ may ask for
-    "ms_cycles": 24,            # cycles per millisecond tick of the REP timer (0: no ticks)
+    "ms_cycles": 24,            # cycles per millisecond tick of the CM timers (0: no ticks)
+    "req_timeout": 5,           # the REQ's CM Response Timeouts: 2^(t - 8) ms between REQs
 })
 
 
-class _State(enum.Enum, shape=2):
+class _State(enum.Enum, shape=3):
     FREE = 0
     PENDING = 1                 # REP sent, waiting for RTU
     ESTABLISHED = 2
     DISCONNECTING = 3           # its QP freed by the table owner; DREQ sent, waiting for DREP
+    REQ_SENT = 4                # the endpoint's REQ sent, waiting for REP
 
 
-class _Send(enum.Enum, shape=2):
-    """What goes out: built from the entry (REP, DREQ) or from the MAD served (REJ, DREP)."""
+class _Send(enum.Enum, shape=3):
+    """What goes out: built from the entry (REP, DREQ, REQ, RTU, and a REJ of the
+    entry's connection) or from the MAD served (REJ, DREP)."""
     REP = 0
     DREQ = 1
-    REJ = 2
-    DREP = 3
+    REQ = 2
+    RTU = 3
+    REJ_ENTRY = 4
+    REJ = 5
+    DREP = 6
 
 
 #: One connection in the table (entry i holds QP index i's).
@@ -230,7 +290,9 @@ _ENTRY = data.StructLayout({
     "peer_ip": 32,
     "peer_qp": 24,
     "host_qpn": 24,             # the REQ's Local QPN: a DREQ's Remote QPN
-    "psn": 24,                  # the REP's Starting PSN
+    "psn": 24,                  # the Starting PSN of the endpoint's REP or REQ
+    "port": 16,                 # the endpoint's REQ: the host's rdma_cm port
+    "path_mtu": PathMtu,        # the endpoint's REQ: its path MTU
     "response_timeout": 5,      # the REQ's Local CM Response Timeout
     "max_retries": 4,           # the REQ's Max CM Retries
     "retries": 4,               # retransmissions left
@@ -242,7 +304,7 @@ def _interval(response_timeout):
     return Mux(response_timeout > 8, Const(1, 24) << (response_timeout - 8)[:5], 1)[:24]
 
 
-class PassiveCm(wiring.Component):
+class IbCm(wiring.Component):
     """The endpoint's side of connections hosts open with ``rdma_connect`` (see the
     module's description for the protocol and the allocation port).
 
@@ -285,7 +347,9 @@ class PassiveCm(wiring.Component):
             "rejected_by_host", "rej_service", "rej_transport", "rej_address", "rej_version",
             "rej_mtu", "rej_no_qp", "rej_denied", "attribute", "unknown",
             "dreq_received", "dreq_spoofed", "dreq_unknown", "dreq_sent", "dreq_retransmitted",
-            "dreq_expired", "drep_received", "drep_unknown")
+            "dreq_expired", "drep_received", "drep_unknown", "rej_freed",
+            "req_sent", "req_retransmitted", "req_expired", "req_rejected", "mra_received",
+            "connected", "rtu_repeated", "rej_accept_version")
 
     def __init__(self, *, qps, port=CM_PORT):
         self._qps = check_qp_count(qps)
@@ -299,7 +363,9 @@ class PassiveCm(wiring.Component):
             "i_opened": In(stream.Signature(CM_OPENED)),
             "o_close": Out(stream.Signature(QP_INDEX_BITS)),
             "i_closed": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
-            "i_config": In(PASSIVE_CM_CONFIG),
+            "i_connect": In(stream.Signature(CM_CONNECT)),
+            "o_connected": Out(stream.Signature(CM_CONNECTED)),
+            "i_config": In(IB_CM_CONFIG),
             "i_seed": In(32),
             "o_counters": Out(self.counters_layout()),
         })
@@ -324,6 +390,16 @@ class PassiveCm(wiring.Component):
         m.submodules.table = table = memory.Memory(shape=_ENTRY, depth=self._qps, init=[])
         read = table.read_port()
         write = table.write_port()
+        # Connections to open: at most one per QP, so the queue never refuses one.
+        m.submodules.connects = connects = fifo.SyncFIFOBuffered(width=CM_CONNECT.size,
+                                                                 depth=self._qps)
+        connecting = Signal(CM_CONNECT)
+        m.d.comb += [
+            connects.w_data.eq(self.i_connect.payload),
+            connects.w_en.eq(self.i_connect.valid),
+            self.i_connect.ready.eq(connects.w_rdy),
+            connecting.eq(connects.r_data),
+        ]
 
         # Free-running: the ms tick, the PSN LFSR, the comm ID counter.
         tick_count = Signal(24)
@@ -348,9 +424,13 @@ class PassiveCm(wiring.Component):
         # The MAD being served.
         rx = Signal(QP1_RECEIVED)
         req = data.View(CM_REQ, rx.mad.data)
-        rtu = data.View(CM_RTU, rx.mad.data)       # RTU, REJ, DREQ, DREP: comm IDs alike
+        rtu = data.View(CM_RTU, rx.mad.data)    # RTU, REP, MRA, REJ, DREQ, DREP: IDs alike
         dreq = data.View(CM_DREQ, rx.mad.data)
         private = data.View(REQ_PRIVATE, req.private_data)
+        rep_in = data.View(CM_REP, rx.mad.data)     # a host's REP, MRA, REJ (active side)
+        accepted = data.View(ACCEPT_PRIVATE, rep_in.private_data)
+        mra = data.View(CM_MRA, rx.mad.data)
+        rej_in = data.View(CM_REJ, rx.mad.data)
 
         # Checks of a REQ, registered.
         mtu = req.path_mtu
@@ -380,6 +460,10 @@ class PassiveCm(wiring.Component):
         is_rej = Signal()
         is_dreq = Signal()
         is_drep = Signal()
+        is_rep = Signal()
+        is_mra = Signal()
+        result = Signal(CM_CONNECTED)               # what ``o_connected`` offers
+        then_report = Signal()                      # SEND goes on to REPORT
         sweeping = Signal()
         send = Signal(_Send)                        # what ``o`` offers
         then_send = Signal()                        # CLOSE goes on to SEND (a DREQ's DREP)
@@ -407,6 +491,49 @@ class PassiveCm(wiring.Component):
             rej.message_rejected.eq(0),
             rej.reason.eq(reason),
         ]
+        # The endpoint's REQ of ``entry`` (the path's fields as rdma_cm sets them over
+        # RoCE: permissive LIDs, the IPv4-mapped addresses as GIDs, hop limit 64), the RTU
+        # that completes it, and the REJ of the entry's connection (of the host's REP).
+        req_out = Signal(CM_REQ)
+        req_private = data.View(CONNECT_REQ_PRIVATE, req_out.private_data)
+        m.d.comb += [
+            req_out.local_comm_id.eq(entry.local_comm_id),
+            req_out.service_id.eq(Cat(entry.port, Const(RDMA_PS_TCP, 48))),
+            req_out.local_ca_guid.eq(rep.local_ca_guid),
+            req_out.local_qpn.eq(qpn),
+            req_out.remote_cm_response_timeout.eq(entry.response_timeout),
+            req_out.starting_psn.eq(entry.psn),
+            req_out.local_cm_response_timeout.eq(entry.response_timeout),
+            req_out.retry_count.eq(7),
+            req_out.partition_key.eq(0xFFFF),
+            req_out.path_mtu.eq(entry.path_mtu),
+            req_out.rnr_retry_count.eq(7),
+            req_out.max_cm_retries.eq(entry.max_retries),
+            req_out.primary_local_lid.eq(0xFFFF),
+            req_out.primary_remote_lid.eq(0xFFFF),
+            req_out.primary_local_gid.eq(Cat(config.ip, IPV4_MAPPED)),
+            req_out.primary_remote_gid.eq(Cat(entry.peer_ip, IPV4_MAPPED)),
+            req_out.primary_hop_limit.eq(64),
+            req_out.primary_local_ack_timeout.eq(LOCAL_ACK_TIMEOUT),
+            req_private.cma.ip_version.eq(4),
+            req_private.cma.port.eq(0xC000 | index),       # the QP's UDP source port
+            req_private.cma.src_addr.eq(config.ip),
+            req_private.cma.dst_addr.eq(entry.peer_ip),
+            req_private.version.eq(PRIVATE_VERSION),
+            req_private.qpn.eq(qpn),
+        ]
+        rtu_out = Signal(CM_RTU)
+        m.d.comb += [
+            rtu_out.local_comm_id.eq(entry.local_comm_id),
+            rtu_out.remote_comm_id.eq(entry.remote_comm_id),
+        ]
+        rej_entry = Signal(CM_REJ)
+        m.d.comb += [
+            rej_entry.local_comm_id.eq(entry.local_comm_id),
+            rej_entry.remote_comm_id.eq(entry.remote_comm_id),
+            rej_entry.message_rejected.eq(1),               # the host's REP
+            rej_entry.reason.eq(reason),
+        ]
         # The DREQ of ``entry``, the DREP of the DREQ in ``rx``.
         disconnect = Signal(CM_DREQ)
         m.d.comb += [
@@ -426,27 +553,38 @@ class PassiveCm(wiring.Component):
             header.class_version.eq(CM_CLASS_VERSION),
             header.method.eq(METHOD_SEND),
         ]
-        with m.If((send == _Send.REJ) | (send == _Send.DREP)):   # to the MAD's source
-            m.d.comb += [
-                header.transaction_id.eq(rx.mad.header.transaction_id),
-                header.attribute_id.eq(Mux(send == _Send.REJ, CmAttribute.REJ,
-                                           CmAttribute.DREP)),
-                self.o.payload.mad.data.eq(Mux(send == _Send.REJ, rej, drep)),
-                self.o.payload.dst_ip.eq(rx.src_ip),
-                self.o.payload.dest_qp.eq(rx.src_qp),
-                self.o.payload.flow.eq(req.local_comm_id[:14]),
-            ]
-        with m.Else():                                          # to the entry's host
-            m.d.comb += [
-                header.transaction_id.eq(Mux(send == _Send.REP, entry.tid,
-                                             Cat(entry.local_comm_id, DREQ_TID_HIGH))),
-                header.attribute_id.eq(Mux(send == _Send.REP, CmAttribute.REP,
-                                           CmAttribute.DREQ)),
-                self.o.payload.mad.data.eq(Mux(send == _Send.REP, rep, disconnect)),
-                self.o.payload.dst_ip.eq(entry.peer_ip),
-                self.o.payload.dest_qp.eq(entry.peer_qp),
-                self.o.payload.flow.eq(entry.remote_comm_id[:14]),
-            ]
+        outgoing = {        # each message: its attribute, its body, to the MAD's source
+            _Send.REP: (CmAttribute.REP, rep, False),
+            _Send.DREQ: (CmAttribute.DREQ, disconnect, False),
+            _Send.REQ: (CmAttribute.REQ, req_out, False),
+            _Send.RTU: (CmAttribute.RTU, rtu_out, False),
+            _Send.REJ_ENTRY: (CmAttribute.REJ, rej_entry, False),
+            _Send.REJ: (CmAttribute.REJ, rej, True),
+            _Send.DREP: (CmAttribute.DREP, drep, True),
+        }
+        with m.Switch(send):
+            for kind, (attribute, body, answer) in outgoing.items():
+                with m.Case(kind):
+                    m.d.comb += [header.attribute_id.eq(attribute),
+                                 self.o.payload.mad.data.eq(body)]
+                    if answer:
+                        m.d.comb += [
+                            header.transaction_id.eq(rx.mad.header.transaction_id),
+                            self.o.payload.dst_ip.eq(rx.src_ip),
+                            self.o.payload.dest_qp.eq(rx.src_qp),
+                            self.o.payload.flow.eq(req.local_comm_id[:14]),
+                        ]
+                    else:
+                        m.d.comb += [
+                            header.transaction_id.eq(
+                                Cat(entry.local_comm_id, DREQ_TID_HIGH)
+                                if kind == _Send.DREQ else entry.tid),
+                            self.o.payload.dst_ip.eq(entry.peer_ip),
+                            self.o.payload.dest_qp.eq(entry.peer_qp),
+                            self.o.payload.flow.eq(Mux(kind == _Send.REQ,
+                                                       entry.local_comm_id,
+                                                       entry.remote_comm_id)[:14]),
+                        ]
 
         m.d.comb += [
             self.o_open.payload.remote_ip.eq(rx.src_ip),
@@ -460,6 +598,7 @@ class PassiveCm(wiring.Component):
             self.o_open.payload.base.eq(private.base),
             self.o_open.payload.length.eq(private.length),
             self.o_close.payload.eq(index),
+            self.o_connected.payload.eq(result),
             read.addr.eq(index),
             write.addr.eq(index),
         ]
@@ -483,6 +622,7 @@ class PassiveCm(wiring.Component):
         out_of_retries = Signal()
         timed = Signal()                            # the entry swept has a timer running
         begin = Signal()                            # the entry swept starts its disconnect
+        abandon = Signal()                          # the entry swept is unanswered, its QP freed
 
         events = {name: Signal(name=f"event_{name}") for name in self.counters_layout().members}
 
@@ -500,26 +640,52 @@ class PassiveCm(wiring.Component):
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.i.ready.eq(seeded & ~sweep_due & ~close_due)
+                m.d.sync += [then_send.eq(0), then_report.eq(0)]
                 with m.If((sweep_due | close_due) & seeded):
                     m.d.sync += [sweep_due.eq(0), close_due.eq(0), counting.eq(sweep_due),
-                                 sweeping.eq(1), index.eq(0), then_send.eq(0)]
+                                 sweeping.eq(1), index.eq(0)]
                     m.next = "SWEEP_READ"
                 with m.Elif(self.i.valid & seeded):
                     taken = self.i.payload.mad.header.attribute_id
                     m.d.sync += [rx.eq(self.i.payload), sweeping.eq(0), send.eq(_Send.REP),
-                                 then_send.eq(0),
                                  is_req.eq(taken == CmAttribute.REQ),
                                  is_rtu.eq(taken == CmAttribute.RTU),
                                  is_rej.eq(taken == CmAttribute.REJ),
                                  is_dreq.eq(taken == CmAttribute.DREQ),
-                                 is_drep.eq(taken == CmAttribute.DREP)]
+                                 is_drep.eq(taken == CmAttribute.DREP),
+                                 is_rep.eq(taken == CmAttribute.REP),
+                                 is_mra.eq(taken == CmAttribute.MRA)]
                     m.next = "DISPATCH"
+                with m.Elif(connects.r_rdy & seeded):
+                    # A connection to open: its entry, then the REQ.
+                    m.d.comb += [connects.r_en.eq(1), events["req_sent"].eq(1)]
+                    interval = _interval(config.req_timeout)
+                    m.d.sync += [
+                        sweeping.eq(0),
+                        index.eq(connecting.qp),
+                        send.eq(_Send.REQ),
+                        entry.eq(0),
+                        entry.state.eq(_State.REQ_SENT),
+                        entry.tid.eq(Cat(comm_id, REQ_TID_HIGH)),
+                        entry.local_comm_id.eq(comm_id),
+                        entry.peer_ip.eq(connecting.remote_ip),
+                        entry.peer_qp.eq(1),
+                        entry.psn.eq(psn),
+                        entry.port.eq(connecting.port),
+                        entry.path_mtu.eq(connecting.path_mtu),
+                        entry.response_timeout.eq(config.req_timeout),
+                        entry.max_retries.eq(REQ_RETRIES),
+                        entry.retries.eq(REQ_RETRIES),
+                        entry.ticks.eq(interval),
+                        comm_id.eq(Mux(next_comm_id == 0, 1, next_comm_id)),
+                    ]
+                    m.next = "STORE"
 
             with m.State("DISPATCH"):               # the REQ checks register meanwhile
                 m.d.sync += index.eq(0)
                 with m.If(is_req):
                     m.next = "CHECK"
-                with m.Elif(is_rtu | is_rej | is_dreq | is_drep):
+                with m.Elif(is_rtu | is_rej | is_dreq | is_drep | is_rep | is_mra):
                     m.next = "LOOKUP_READ"
                 with m.Else():
                     m.d.comb += events["attribute"].eq(1)
@@ -538,11 +704,13 @@ class PassiveCm(wiring.Component):
             with m.State("LOOKUP_READ"):
                 m.next = "LOOKUP_COMPARE"
             with m.State("LOOKUP_COMPARE"):
-                # REQ, RTU, REJ: a connection whose QP is open; DREQ, DREP: any.
+                # REQ, RTU, REJ, REP, MRA: a connection whose QP is open; DREQ, DREP: any.
+                # The endpoint's REQ not yet answered: the host's comm ID is not known.
                 live = (stored.state != _State.FREE) & (~stale_entry | is_dreq | is_drep)
+                unanswered = (stored.state == _State.REQ_SENT) & (is_rep | is_mra | is_rej)
                 m.d.sync += [
                     same.eq(Cat(live,
-                                stored.remote_comm_id == rtu.local_comm_id,
+                                (stored.remote_comm_id == rtu.local_comm_id) | unanswered,
                                 stored.peer_ip == rx.src_ip,
                                 is_req | (stored.local_comm_id == rtu.remote_comm_id),
                                 ~is_dreq | (dreq.remote_qpn == qpn))),
@@ -550,6 +718,7 @@ class PassiveCm(wiring.Component):
                 ]
                 m.next = "LOOKUP_ACT"
             with m.State("LOOKUP_ACT"):
+                requested = entry.state == _State.REQ_SENT
                 with m.If(hit):
                     with m.If(is_req):
                         m.d.comb += events["rep_repeated"].eq(1)
@@ -560,14 +729,55 @@ class PassiveCm(wiring.Component):
                             m.d.comb += write.data.eq(entry)
                             m.d.comb += write.data.state.eq(_State.ESTABLISHED)
                         m.next = "IDLE"
-                    with m.Elif(is_rej):
-                        with m.If(entry.state == _State.PENDING):
-                            m.d.comb += [write.en.eq(1), events["rejected_by_host"].eq(1)]
-                            m.d.comb += write.data.state.eq(_State.FREE)
-                            m.next = "CLOSE"
+                    with m.Elif(is_rep & requested):
+                        # The host accepted: established, RTU, then the result. A REP
+                        # with another private data version: REJ 28, the result failed.
+                        m.d.sync += [
+                            entry.state.eq(_State.ESTABLISHED),
+                            entry.remote_comm_id.eq(rep_in.local_comm_id),
+                            entry.host_qpn.eq(rep_in.local_qpn),
+                            result.eq(0),
+                            result.qp.eq(index),
+                            result.remote_qpn.eq(rep_in.local_qpn),
+                            result.next_psn.eq(rep_in.starting_psn),
+                            result.rnr_retry.eq(rep_in.rnr_retry_count),
+                            result.rkey.eq(accepted.rkey),
+                            result.base.eq(accepted.base),
+                            result.length.eq(accepted.length),
+                            then_report.eq(1),
+                        ]
+                        with m.If(accepted.version == PRIVATE_VERSION):
+                            m.d.comb += events["connected"].eq(1)
+                            m.d.sync += [send.eq(_Send.RTU), result.accepted.eq(1)]
                         with m.Else():
-                            m.d.comb += events["unknown"].eq(1)
-                            m.next = "IDLE"
+                            m.d.comb += events["rej_accept_version"].eq(1)
+                            m.d.sync += [entry.state.eq(_State.FREE),
+                                         send.eq(_Send.REJ_ENTRY),
+                                         reason.eq(RejectReason.CONSUMER_DEFINED),
+                                         result.reason.eq(RejectReason.CONSUMER_DEFINED)]
+                        m.next = "STORE"
+                    with m.Elif(is_rep & (entry.state == _State.ESTABLISHED)):
+                        # A repeated REP: the host did not get the RTU.
+                        m.d.comb += events["rtu_repeated"].eq(1)
+                        m.d.sync += send.eq(_Send.RTU)
+                        m.next = "SEND"
+                    with m.Elif(is_mra & requested & (mra.message_mraed == 0)):
+                        # The host needs longer: the REQ waits its service timeout more.
+                        m.d.comb += [write.en.eq(1), write.data.eq(entry),
+                                     write.data.ticks.eq(_interval(mra.service_timeout)
+                                                         + _interval(entry.response_timeout)),
+                                     events["mra_received"].eq(1)]
+                        m.next = "IDLE"
+                    with m.Elif(is_rej & requested & (rej_in.message_rejected == 0)):
+                        m.d.comb += [write.en.eq(1), write.data.state.eq(_State.FREE),
+                                     events["req_rejected"].eq(1)]
+                        m.d.sync += [result.eq(0), result.qp.eq(index),
+                                     result.reason.eq(rej_in.reason)]
+                        m.next = "REPORT"
+                    with m.Elif(is_rej & (entry.state == _State.PENDING)):
+                        m.d.comb += [write.en.eq(1), write.data.state.eq(_State.FREE),
+                                     events["rejected_by_host"].eq(1)]
+                        m.next = "CLOSE"
                     with m.Elif(is_dreq):
                         # DREP; the QP freed first, unless the owner freed it already
                         # (a disconnecting entry's QP always is: CLOSE skips it)
@@ -575,12 +785,15 @@ class PassiveCm(wiring.Component):
                                      events["dreq_received"].eq(1)]
                         m.d.sync += [send.eq(_Send.DREP), then_send.eq(1)]
                         m.next = "CLOSE"
-                    with m.Else():                  # DREP
-                        with m.If(entry.state == _State.DISCONNECTING):
-                            m.d.comb += [write.en.eq(1), write.data.state.eq(_State.FREE),
-                                         events["drep_received"].eq(1)]
-                        with m.Else():
-                            m.d.comb += events["drep_unknown"].eq(1)
+                    with m.Elif(is_drep & (entry.state == _State.DISCONNECTING)):
+                        m.d.comb += [write.en.eq(1), write.data.state.eq(_State.FREE),
+                                     events["drep_received"].eq(1)]
+                        m.next = "IDLE"
+                    with m.Elif(is_drep):
+                        m.d.comb += events["drep_unknown"].eq(1)
+                        m.next = "IDLE"
+                    with m.Else():                  # REJ, REP, MRA not for this state
+                        m.d.comb += events["unknown"].eq(1)
                         m.next = "IDLE"
                 with m.Elif(is_dreq & ids_hit):     # another source, or another QPN
                     m.d.comb += events["dreq_spoofed"].eq(1)
@@ -607,11 +820,12 @@ class PassiveCm(wiring.Component):
             with m.State("OPENED"):
                 m.d.comb += self.i_opened.ready.eq(1)
                 with m.If(self.i_opened.valid):
-                    result = self.i_opened.payload
-                    with m.If(result.accepted):
+                    result_open = self.i_opened.payload
+                    with m.If(result_open.accepted):
                         m.d.comb += events["rep_sent"].eq(1)
                         m.d.sync += [
-                            index.eq(result.qp),
+                            index.eq(result_open.qp),
+                            entry.eq(0),
                             entry.state.eq(_State.PENDING),
                             entry.tid.eq(rx.mad.header.transaction_id),
                             entry.local_comm_id.eq(comm_id),
@@ -627,7 +841,7 @@ class PassiveCm(wiring.Component):
                             comm_id.eq(Mux(next_comm_id == 0, 1, next_comm_id)),
                         ]
                         m.next = "STORE"
-                    with m.Elif(result.refusal == OpenRefusal.NO_QP):
+                    with m.Elif(result_open.refusal == OpenRefusal.NO_QP):
                         reject(RejectReason.NO_RESOURCES, "rej_no_qp")
                         m.next = "SEND"
                     with m.Else():
@@ -642,10 +856,22 @@ class PassiveCm(wiring.Component):
             offer("SEND", self.o, "AFTER_SEND")
 
             with m.State("AFTER_SEND"):
-                with m.If(sweeping):
+                with m.If(then_report):
+                    m.next = "REPORT"
+                with m.Elif(sweeping):
                     m.next = "SWEEP_NEXT"
                 with m.Else():
                     m.next = "IDLE"
+
+            # The end of a connection the endpoint opened, for the table owner.
+            with m.State("REPORT"):
+                m.d.comb += self.o_connected.valid.eq(1)
+                with m.If(self.o_connected.ready):
+                    m.d.sync += then_report.eq(0)
+                    with m.If(sweeping):
+                        m.next = "SWEEP_NEXT"
+                    with m.Else():
+                        m.next = "IDLE"
 
             # The QP of ``index`` freed, unless the owner freed it meanwhile.
             with m.State("CLOSE"):
@@ -657,14 +883,18 @@ class PassiveCm(wiring.Component):
                         m.next = "AFTER_SEND"
 
             # The sweep: an established connection whose QP the owner freed starts its
-            # disconnect; on a tick, every pending or disconnecting entry counts one down.
+            # disconnect, a pending one is rejected (REJ 28, as Linux's cm_destroy_id
+            # does in that state) and the endpoint's own unanswered REQ dropped; on a
+            # tick, every pending, requesting or disconnecting entry counts one down.
             with m.State("SWEEP_READ"):
                 m.next = "SWEEP_COMPARE"
             with m.State("SWEEP_COMPARE"):
+                waiting = (stored.state == _State.PENDING) | (stored.state == _State.REQ_SENT)
                 m.d.sync += [
                     entry.eq(stored),
                     begin.eq((stored.state == _State.ESTABLISHED) & stale_entry),
-                    timed.eq(counting & (((stored.state == _State.PENDING) & ~stale_entry)
+                    abandon.eq(waiting & stale_entry),
+                    timed.eq(counting & ((waiting & ~stale_entry)
                                          | (stored.state == _State.DISCONNECTING))),
                     expired.eq(stored.ticks <= 1),
                     out_of_retries.eq(stored.retries == 0),
@@ -680,14 +910,25 @@ class PassiveCm(wiring.Component):
 
             with m.State("SWEEP_ACT"):
                 pending = entry.state == _State.PENDING
+                requesting = entry.state == _State.REQ_SENT
                 m.d.comb += write.data.eq(entry)
-                m.d.sync += send.eq(Mux(pending, _Send.REP, _Send.DREQ))
+                m.d.sync += send.eq(Mux(pending, _Send.REP,
+                                        Mux(requesting, _Send.REQ, _Send.DREQ)))
                 with m.If(begin):
                     m.d.comb += [write.en.eq(1), write.data.state.eq(_State.DISCONNECTING),
                                  write.data.retries.eq(entry.max_retries),
                                  write.data.ticks.eq(_interval(entry.response_timeout)),
                                  events["dreq_sent"].eq(1)]
                     m.next = "SEND"
+                with m.Elif(abandon):
+                    m.d.comb += [write.en.eq(1), write.data.state.eq(_State.FREE),
+                                 events["rej_freed"].eq(pending)]
+                    m.d.sync += [send.eq(_Send.REJ_ENTRY),
+                                 reason.eq(RejectReason.CONSUMER_DEFINED)]
+                    with m.If(pending):
+                        m.next = "SEND"
+                    with m.Else():
+                        sweep_next()
                 with m.Elif(~timed):
                     sweep_next()
                 with m.Elif(~expired):
@@ -696,16 +937,22 @@ class PassiveCm(wiring.Component):
                 with m.Elif(out_of_retries):
                     m.d.comb += [write.en.eq(1), write.data.state.eq(_State.FREE),
                                  events["expired"].eq(pending),
-                                 events["dreq_expired"].eq(~pending)]
+                                 events["req_expired"].eq(requesting),
+                                 events["dreq_expired"].eq(~pending & ~requesting)]
+                    m.d.sync += [result.eq(0), result.qp.eq(index),
+                                 result.reason.eq(RejectReason.TIMEOUT)]
                     with m.If(pending):
                         m.next = "CLOSE"
+                    with m.Elif(requesting):
+                        m.next = "REPORT"
                     with m.Else():
                         sweep_next()
                 with m.Else():
                     m.d.comb += [write.en.eq(1), write.data.retries.eq(entry.retries - 1),
                                  write.data.ticks.eq(_interval(entry.response_timeout)),
                                  events["rep_retransmitted"].eq(pending),
-                                 events["dreq_retransmitted"].eq(~pending)]
+                                 events["req_retransmitted"].eq(requesting),
+                                 events["dreq_retransmitted"].eq(~pending & ~requesting)]
                     m.next = "SEND"
             with m.State("SWEEP_NEXT"):         # after a REP or a close
                 sweep_next()

@@ -1,5 +1,5 @@
 # amaranth: UnusedElaboratable=no
-"""The passive IB CM (gateware.cm.passive) against REQs, RTUs and REJs built with the
+"""The passive IB CM (gateware.cm.ib_cm) against REQs, RTUs and REJs built with the
 IB CM model (sim.models.ib_cm, struct from the IBTA tables): REP field by field, RTU,
 REP retransmission timing and its exact bytes, duplicate REQs, every REJ reason,
 retries exhausted, the host's REJ, QPs the owner frees, one QP, latencies, bad input
@@ -15,7 +15,7 @@ import random
 import pytest
 from amaranth.lib import data
 
-from gateware.cm.passive import OpenRefusal, PassiveCm
+from gateware.cm.ib_cm import IbCm, OpenRefusal
 from gateware.headers import MAD
 from gateware.roce.requests import FIRST_QPN, PathMtu
 from sim.models import ib_cm
@@ -31,6 +31,7 @@ QPS = 4
 SEED = 0x5EED_0001
 TID = 0x0123_4567_89AB_CDEF
 HOST_COMM_ID = 0x8765_4321
+REQ_TIMEOUT = 9                         # the endpoint's REQ: 2 ms between REQs
 
 
 def req_mad(*, tid=TID, comm_id=HOST_COMM_ID, kind="REQ", host=HOST, endpoint=ENDPOINT,
@@ -70,8 +71,10 @@ class Bench:
     by cycle."""
 
     def __init__(self, *, free=(2, 0, 1, 3), refusal=OpenRefusal.NO_QP,
-                 max_mtu=PathMtu.MTU_4096, qps=QPS):
-        self.dut = PassiveCm(qps=qps, port=PORT)
+                 max_mtu=PathMtu.MTU_4096, qps=QPS, req_timeout=REQ_TIMEOUT):
+        self.dut = IbCm(qps=qps, port=PORT)
+        self.req_timeout = req_timeout
+        self.results = []       # (cycle, CM_CONNECTED) of each connection the endpoint opened
         self.free = list(free)
         self.refusal = refusal
         self.max_mtu = max_mtu
@@ -142,12 +145,21 @@ class Bench:
         async def testbench(ctx):
             ctx.set(self.dut.i_seed, SEED)
             ctx.set(self.dut.i_config, {"mac": MAC, "ip": int(ipaddress.IPv4Address(ENDPOINT)),
-                                        "max_mtu": self.max_mtu, "ms_cycles": MS})
+                                        "max_mtu": self.max_mtu, "ms_cycles": MS,
+                                        "req_timeout": self.req_timeout})
             await main(ctx)
             for _ in range(20):
                 await ctx.tick()
             assert not ctx.get(self.dut.o.valid), "a MAD left unread"
-        run_testbenches(self.dut, testbench, self.monitor, self.owner)
+        run_testbenches(self.dut, testbench, self.monitor, self.owner, self.reporter)
+
+    async def reporter(self, ctx):
+        """Takes each result of a connection the endpoint opened, ready 2 cycles in 3."""
+        async for _, _, valid, item in ctx.tick().sample(self.dut.o_connected.valid,
+                                                             self.dut.o_connected.payload):
+            if valid and ctx.get(self.dut.o_connected.ready):
+                self.results.append((self.cycle, item))
+            ctx.set(self.dut.o_connected.ready, self.cycle % 3 != 0)
 
     async def put(self, ctx, mad, host=HOST):
         await put_item(ctx, self.dut.i, record(mad, host))
@@ -161,7 +173,7 @@ class Bench:
     def counters(self, ctx):
         counters = ctx.get(self.dut.o_counters)
         return {name: int(getattr(counters, name))
-                for name in PassiveCm.counters_layout().members}
+                for name in IbCm.counters_layout().members}
 
 
 def parse(sent, kind):
@@ -355,7 +367,8 @@ def test_bad_input_dropped_then_serves():
         for _ in range(30):
             await ctx.tick()
         counters = bench.counters(ctx)
-        assert (counters["attribute"], counters["unknown"], counters["established"]) == (2, 3, 0)
+        # (the MRA, of no REQ of the endpoint's, is unknown; attribute 0x19 is no CM's)
+        assert (counters["attribute"], counters["unknown"], counters["established"]) == (1, 4, 0)
         await bench.put(ctx, rtu(rep))
         for _ in range(30):
             await ctx.tick()
@@ -393,7 +406,9 @@ def test_qp_freed_by_the_owner_leaves_the_table():
         await put_item(ctx, bench.dut.i_closed, 2)      # e.g. the lease ran out
         for _ in range(4 * interval):
             await ctx.tick()
-        assert len(bench.sent) == 1 and bench.closes == []
+        # rejected (REJ 28 of the REP), not retransmitted, not closed again
+        assert len(bench.sent) == 2 and bench.closes == []
+        assert bench.sent[1][4] == expected_rej_of_rep(rep)
         await bench.put(ctx, rtu(rep))
         for _ in range(20):
             await ctx.tick()
@@ -406,9 +421,10 @@ def test_qp_freed_by_the_owner_leaves_the_table():
         # another connection; the owner frees QP 2: the other one stays
         await bench.put(ctx, req_mad(comm_id=0x99, tid=6))
         newer = check_rep(await bench.reply(ctx), qp=1, comm_id=0x99, tid=6)
-        await put_item(ctx, bench.dut.i_closed, 2)
+        await put_item(ctx, bench.dut.i_closed, 2)     # ``again`` still pending: REJ
+        assert (await bench.reply(ctx))[4] == expected_rej_of_rep(again, tid=5)
         await bench.put(ctx, req_mad(comm_id=0x99, tid=6))
-        assert (await bench.reply(ctx))[1:] == bench.sent[-2][1:]
+        assert (await bench.reply(ctx))[1:] == bench.sent[-3][1:]
         await bench.put(ctx, rtu(again))
         await bench.put(ctx, rtu(newer, comm_id=0x99))
         for _ in range(20):
@@ -470,10 +486,10 @@ def test_comm_ids_from_the_seed():
 
 def test_parameters():
     with pytest.raises(ValueError, match="QP count"):
-        PassiveCm(qps=0)
+        IbCm(qps=0)
     with pytest.raises(ValueError, match="Port"):
-        PassiveCm(qps=4, port=1 << 16)
-    assert PassiveCm(qps=4, port=4791).service_id == 0x0106_12B7
+        IbCm(qps=4, port=1 << 16)
+    assert IbCm(qps=4, port=4791).service_id == 0x0106_12B7
 
 
 ENDPOINT_QPN = FIRST_QPN + 2            # the QP the bench's owner hands out first
@@ -685,17 +701,31 @@ def test_dreqs_cross():
     assert bench.closes == [] and len(bench.sent) == 3
 
 
-def test_pending_connection_freed_gets_no_dreq():
+def expected_rej_of_rep(rep, *, comm_id=HOST_COMM_ID, tid=TID):
+    """The endpoint's REJ of a connection whose REP the host has not answered: the REQ's
+    TID, Message Rejected 1 (REP), reason 28 (as Linux's cm_destroy_id in REP_SENT)."""
+    return message_mad("REJ", tid=tid, local_comm_id=rep["local_comm_id"],
+                       remote_comm_id=comm_id, message_rejected=1, reason=28)
+
+
+def test_pending_connection_freed_is_rejected():
+    """A connection whose QP the owner frees before the RTU: REJ 28, once; no DREQ, no
+    REP again, its RTU unknown after."""
     bench = Bench()
 
     async def main(ctx):
         await bench.put(ctx, req_mad(response_timeout=9, max_cm_retries=3))
-        await bench.reply(ctx)
+        rep = parse(await bench.reply(ctx), "REP")[1]
         await put_item(ctx, bench.dut.i_closed, 2)
+        assert (await bench.reply(ctx))[4] == expected_rej_of_rep(rep)
         await settle(ctx, 10 * MS)
-        assert bench.counters(ctx)["dreq_sent"] == 0
+        await bench.put(ctx, rtu(rep))
+        await settle(ctx)
+        counters = bench.counters(ctx)
+        assert (counters["dreq_sent"], counters["rej_freed"], counters["unknown"],
+                counters["rep_retransmitted"]) == (0, 1, 1, 0)
     bench.run(main)
-    assert len(bench.sent) == 1
+    assert len(bench.sent) == 2 and bench.closes == []
 
 
 def test_qp_handed_out_again_during_a_disconnect():
@@ -775,3 +805,213 @@ def test_disconnect_latency():
     # the DREQ of entry 2 after i_closed; an unknown DREQ's DREP after all entries; a
     # DREQ found in entry 0: its close, then its DREP a cycle after the close is taken
     assert found == [3 * 2 + 6, 2 + 3 * QPS, 2 + 3 * (0 + 1), 2 + 3 * (0 + 1) + 1]
+
+
+# The active side: the endpoint's REQ to a listening host (its QP taken by the owner
+# beforehand), the host's REP, MRA and REJ, the RTU, the result for the owner.
+
+LISTEN_PORT = 7471
+HOST_REP_COMM_ID = 0x0BAD_CAFE
+
+
+def expected_req(qp, *, comm_id, psn, port=LISTEN_PORT, path_mtu=PathMtu.MTU_1024, host=HOST):
+    """The endpoint's REQ, from the IBTA fields (the model's ``cm_message``): as rdma_cm
+    sends one over RoCE, the cma_hdr from the QP's UDP port, then version 1 and the QPN."""
+    mapped = 0xFFFF_0000_0000
+    return message_mad(
+        "REQ", tid=0x10 << 32 | comm_id, local_comm_id=comm_id,
+        service_id=ib_cm.service_id(port), local_ca_guid=GUID, local_qpn=FIRST_QPN + qp,
+        remote_cm_response_timeout=REQ_TIMEOUT, starting_psn=psn,
+        local_cm_response_timeout=REQ_TIMEOUT, retry_count=7, partition_key=0xFFFF,
+        path_mtu=path_mtu.value, rnr_retry_count=7, max_cm_retries=4,
+        primary_local_lid=0xFFFF, primary_remote_lid=0xFFFF,
+        primary_local_gid=mapped | int(ipaddress.IPv4Address(ENDPOINT)),
+        primary_remote_gid=mapped | int(ipaddress.IPv4Address(host)),
+        primary_hop_limit=64, primary_local_ack_timeout=17,
+        private_data=ib_cm.cma_header(src_ip=ENDPOINT, dst_ip=host, port=0xC000 | qp)
+        + ib_cm.accept_private(FIRST_QPN + qp))
+
+
+def host_rep(req, *, version=1, comm_id=HOST_REP_COMM_ID, **fields):
+    """The listening host's REP to the endpoint's REQ ``req`` (parsed), with the 24 bytes
+    of its rdma_accept private data."""
+    values = dict(local_comm_id=comm_id, remote_comm_id=req["local_comm_id"],
+                  local_qpn=HOST_QPN, starting_psn=0x00_5150, target_ack_delay=15,
+                  rnr_retry_count=6, local_ca_guid=0x5254_00FF_FE12_3456,
+                  private_data=ib_cm.connect_private(rkey=0xAABB_CCDD, base=0x7F11_2233_4000,
+                                                     length=1 << 16, version=version))
+    values.update(fields)
+    return message_mad("REP", tid=0x10 << 32 | req["local_comm_id"], **values)
+
+
+async def connect(bench, ctx, qp=1, *, port=LISTEN_PORT, path_mtu=PathMtu.MTU_1024,
+                  host=HOST):
+    """Asks for a connection on ``qp``; checks the REQ against the model's, byte for byte
+    (its comm ID and PSN read from it); returns it parsed."""
+    await put_item(ctx, bench.dut.i_connect,
+                   {"qp": qp, "remote_ip": int(ipaddress.IPv4Address(host)), "port": port,
+                    "path_mtu": path_mtu})
+    sent = await bench.reply(ctx)
+    _, req = parse(sent, "REQ")
+    assert sent[1:3] == (host, 1)
+    assert sent[4] == expected_req(qp, comm_id=req["local_comm_id"], psn=req["starting_psn"],
+                                   port=port, path_mtu=path_mtu, host=host)
+    assert req["local_comm_id"] != 0 and 0 < req["starting_psn"] < 1 << 24
+    return req
+
+
+def expected_rtu(req, comm_id=HOST_REP_COMM_ID):
+    return message_mad("RTU", tid=0x10 << 32 | req["local_comm_id"],
+                       local_comm_id=req["local_comm_id"], remote_comm_id=comm_id)
+
+
+def result(bench, index=-1):
+    _, item = bench.results[index]
+    return {name: int(getattr(item, name)) for name in
+            ("qp", "accepted", "reason", "remote_qpn", "next_psn", "rnr_retry", "rkey",
+             "base", "length")}
+
+
+ACCEPTED = {"accepted": 1, "reason": 0, "remote_qpn": HOST_QPN, "next_psn": 0x5150,
+            "rnr_retry": 6, "rkey": 0xAABB_CCDD, "base": 0x7F11_2233_4000, "length": 1 << 16}
+
+
+def test_endpoint_connects_req_rep_rtu_and_a_repeated_rep():
+    bench = Bench()
+
+    async def main(ctx):
+        req = await connect(bench, ctx, qp=1)
+        assert req["local_comm_id"] == SEED         # the first comm ID after reset
+        await bench.put(ctx, host_rep(req))
+        assert (await bench.reply(ctx))[4] == expected_rtu(req)
+        await wait_for(ctx, lambda: bench.results, 30)
+        assert result(bench) == {"qp": 1, **ACCEPTED}
+        await settle(ctx, 12 * 2 * MS)             # no REQ again once answered
+        await bench.put(ctx, host_rep(req))        # the RTU lost: the host repeats its REP
+        assert (await bench.reply(ctx))[4] == expected_rtu(req)
+        counters = bench.counters(ctx)
+        assert (counters["req_sent"], counters["connected"], counters["rtu_repeated"],
+                counters["req_retransmitted"]) == (1, 1, 1, 0)
+        # a second connection, to another host and port: its own comm ID
+        other = await connect(bench, ctx, qp=3, port=9999, path_mtu=PathMtu.MTU_4096,
+                              host=OTHER_HOST)
+        assert other["local_comm_id"] == SEED + 1
+    bench.run(main)
+    assert len(bench.results) == 1 and bench.opens == [] and bench.closes == []
+
+
+def test_endpoint_connection_disconnected_by_the_host():
+    """Established by the endpoint, the connection ends as any: the host's DREQ frees
+    the QP and is answered with DREP; freed by the owner, the endpoint sends DREQ."""
+    bench = Bench()
+
+    async def main(ctx):
+        req = await connect(bench, ctx, qp=1)
+        await bench.put(ctx, host_rep(req))
+        await bench.reply(ctx)
+        dreq = message_mad("DREQ", tid=0x0D0D, local_comm_id=HOST_REP_COMM_ID,
+                           remote_comm_id=req["local_comm_id"], remote_qpn=FIRST_QPN + 1)
+        await bench.put(ctx, dreq)
+        assert (await bench.reply(ctx))[4] == message_mad(
+            "DREP", tid=0x0D0D, local_comm_id=req["local_comm_id"],
+            remote_comm_id=HOST_REP_COMM_ID)
+        assert [qp for _, qp in bench.closes] == [1]
+        again = await connect(bench, ctx, qp=2)
+        await bench.put(ctx, host_rep(again, comm_id=0x77))
+        await bench.reply(ctx)
+        await put_item(ctx, bench.dut.i_closed, 2)
+        assert (await bench.reply(ctx))[4] == message_mad(
+            "DREQ", tid=0x15 << 32 | again["local_comm_id"],
+            local_comm_id=again["local_comm_id"], remote_comm_id=0x77, remote_qpn=HOST_QPN)
+    bench.run(main)
+
+
+def test_endpoint_req_retransmitted_then_reported_unanswered():
+    bench = Bench()
+    interval = 2 * MS
+
+    async def main(ctx):
+        await connect(bench, ctx, qp=0)
+        await wait_for(ctx, lambda: bench.results, 7 * interval + 60)
+        assert result(bench)["accepted"] == 0 and result(bench)["reason"] == 4
+        assert result(bench)["qp"] == 0
+    bench.run(main)
+    assert [sent[1:] for sent in bench.sent] == [bench.sent[0][1:]] * 5    # 4 more
+    gaps = [b[0] - a[0] for a, b in zip(bench.sent, bench.sent[1:], strict=False)]
+    # (the ms ticks run from reset: the first wait is 1 to 2 of them)
+    assert interval - MS <= gaps[0] <= interval + 10, gaps
+    assert all(interval - 10 <= gap <= interval + 10 for gap in gaps[1:]), gaps
+
+
+def test_endpoint_req_rejected_by_the_host():
+    bench = Bench()
+
+    async def main(ctx):
+        req = await connect(bench, ctx, qp=2)
+        # another source's REJ, and a REJ of a REP: not this REQ's
+        for rejection, host in ((dict(message_rejected=0), OTHER_HOST),
+                                (dict(message_rejected=1), HOST)):
+            await bench.put(ctx, message_mad("REJ", remote_comm_id=req["local_comm_id"],
+                                             reason=8, **rejection), host=host)
+        await settle(ctx)
+        assert bench.results == [] and bench.counters(ctx)["unknown"] == 2
+        await bench.put(ctx, message_mad("REJ", remote_comm_id=req["local_comm_id"],
+                                         message_rejected=0, reason=8))
+        await wait_for(ctx, lambda: bench.results, 30)
+        assert result(bench)["accepted"] == 0 and result(bench)["reason"] == 8
+        await settle(ctx, 6 * 2 * MS)           # no REQ again
+        await bench.put(ctx, host_rep(req))     # too late: nothing
+        await settle(ctx)
+        assert bench.counters(ctx)["req_rejected"] == 1
+    bench.run(main)
+    assert len(bench.sent) == 1 and len(bench.results) == 1
+
+
+def test_endpoint_req_waits_longer_after_an_mra():
+    bench = Bench()
+    interval = 2 * MS
+
+    async def main(ctx):
+        req = await connect(bench, ctx, qp=0)
+        # service timeout 11: 8 ms more than the REQ's own 2 ms
+        await bench.put(ctx, message_mad("MRA", local_comm_id=HOST_REP_COMM_ID,
+                                         remote_comm_id=req["local_comm_id"],
+                                         message_mraed=0, service_timeout=11))
+        await settle(ctx, 4 * interval)
+        assert bench.counters(ctx)["mra_received"] == 1
+        assert len(bench.sent) == 1
+        await bench.reply(ctx, cycles=2 * interval)
+        await bench.put(ctx, host_rep(req))
+        await wait_for(ctx, lambda: bench.results, 60)
+        assert result(bench) == {"qp": 0, **ACCEPTED}
+    bench.run(main)
+    assert len(bench.sent) == 3         # the REQ, once more after the MRA's wait, the RTU
+
+
+def test_endpoint_rejects_a_rep_of_another_version():
+    bench = Bench()
+
+    async def main(ctx):
+        req = await connect(bench, ctx, qp=3)
+        await bench.put(ctx, host_rep(req, version=2))
+        assert (await bench.reply(ctx))[4] == message_mad(
+            "REJ", tid=0x10 << 32 | req["local_comm_id"], local_comm_id=req["local_comm_id"],
+            remote_comm_id=HOST_REP_COMM_ID, message_rejected=1, reason=28)
+        await wait_for(ctx, lambda: bench.results, 30)
+        assert result(bench)["accepted"] == 0 and result(bench)["reason"] == 28
+        assert bench.counters(ctx)["rej_accept_version"] == 1
+    bench.run(main)
+
+
+def test_endpoint_req_of_a_qp_freed_meanwhile_is_dropped():
+    bench = Bench()
+
+    async def main(ctx):
+        req = await connect(bench, ctx, qp=1)
+        await put_item(ctx, bench.dut.i_closed, 1)
+        await settle(ctx, 8 * 2 * MS)
+        await bench.put(ctx, host_rep(req))
+        await settle(ctx)
+        assert bench.counters(ctx)["unknown"] == 1
+    bench.run(main)
+    assert len(bench.sent) == 1 and bench.results == [] and bench.closes == []
