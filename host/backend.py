@@ -13,10 +13,13 @@ import dataclasses
 import enum
 import ipaddress
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .errors import HostError
 from .protocol import PathMtu, QpInfo
+
+if TYPE_CHECKING:
+    from .cm import CmClient
 
 __all__ = [
     "POLL_MODES", "CompletionKind", "Completion", "PortInfo", "VerbsOptions", "Backend",
@@ -83,7 +86,7 @@ class Backend(Protocol):
     """A verbs stack with ``qps`` RC QPs, each with its own registered buffer.
 
     Call order: :meth:`open`, then per QP :meth:`qp_info` and :meth:`connect` (or
-    :meth:`rdma_connect`, ended by :meth:`rdma_disconnect`), then
+    :meth:`rdma_connect` or :meth:`rdma_listen`, ended by :meth:`rdma_disconnect`), then
     :meth:`post_receive` / :meth:`poll` / :meth:`read` while data lands, :meth:`close`
     at the end (also after a failure; it must be safe to call twice). :meth:`reset`
     between runs over the same QPs, followed by :meth:`qp_info` and :meth:`connect`.
@@ -113,8 +116,20 @@ class Backend(Protocol):
         REJ) with the fix; ``timeout``: seconds for each rdma_cm event."""
         ...
 
+    def rdma_listen(self, qp: int, cm: CmClient, port: int, mtu: PathMtu,
+                    timeout: float) -> tuple[QpInfo, PathMtu]:
+        """Have the endpoint behind ``cm`` connect host QP ``qp`` (in INIT) through
+        rdma_cm instead of :meth:`connect`: listen on the host's address, rdma_cm port
+        ``port``, send CONNECT with path MTU ``mtu``, accept the endpoint's REQ with
+        private data naming the QP's buffer; the QP ends in RTS. Returns the endpoint's
+        QP (from CONNECT/ACK) and the path MTU. Raises
+        :class:`~host.errors.HostError` (:class:`host.rdma_listen.ConnectRejected` for a
+        CONNECT/NAK) with the fix; ``timeout``: seconds for the whole connect."""
+        ...
+
     def rdma_disconnect(self, qp: int, timeout: float) -> dict:
-        """``rdma_disconnect`` of a QP connected by :meth:`rdma_connect`, then wait up to
+        """``rdma_disconnect`` of a QP connected by :meth:`rdma_connect` or
+        :meth:`rdma_listen`, then wait up to
         ``timeout`` seconds for DISCONNECTED: ``event`` (its name or None),
         ``seconds``, ``error``."""
         ...

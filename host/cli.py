@@ -4,6 +4,7 @@ Usage::
 
     qp-server [run] [options]                 pair, start, check, close (needs pyverbs)
     qp-server --cm rdma [options]             the same, the QPs connected with rdma_cm
+    qp-server --cm rdma --listen PORT [...]   the same, the endpoint connecting to the host
     qp-server ctrl start --qpn N [options]    start a generator run on an open endpoint QP
     qp-server ctrl close-qp --qpn N --host-ip IP
     qp-server ctrl status --qpn N [--json]
@@ -250,9 +251,15 @@ def build_parser() -> argparse.ArgumentParser:
     rdma.add_argument("--rdma-port", type=_port, default=protocol.CM_PORT, metavar="PORT",
                       help=f"the endpoint's rdma_cm port with --cm rdma (default "
                            f"{protocol.CM_PORT})")
+    rdma.add_argument("--listen", type=_port, default=0, metavar="PORT",
+                      help="with --cm rdma: listen on this rdma_cm port of the host (QP i "
+                           "on PORT + i) and ask the endpoint with CONNECT to connect to it "
+                           "(its active IB CM) instead of connecting to the endpoint; --mtu "
+                           "is the path MTU CONNECT asks for")
     rdma.add_argument("--rdma-timeout", type=_seconds, default=10.0, metavar="SECONDS",
-                      help="with --cm rdma: wait this long for each rdma_cm event, and for "
-                           "DISCONNECTED after rdma_disconnect (default 10)")
+                      help="with --cm rdma: wait this long for each rdma_cm event (with "
+                           "--listen: for the whole connect), and for DISCONNECTED after "
+                           "rdma_disconnect (default 10)")
     _generator_options(run, default_size=4096, default_count=1000)
     behaviour = run.add_argument_group("run")
     behaviour.add_argument("--no-start", action="store_true",
@@ -425,7 +432,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace,
             reclaim=args.reclaim, credit=args.credit,
             idle_sleep=0.0 if args.poll == "busy" else 1e-3, check=args.check,
             check_threads=args.check_threads, cm=args.cm, rdma_port=args.rdma_port,
-            rdma_timeout=args.rdma_timeout)
+            rdma_timeout=args.rdma_timeout, listen=args.listen)
     except ValueError as error:
         parser.error(str(error))
     endpoints = _endpoints(parser, args)

@@ -86,27 +86,39 @@ class CmClient:
                  *, tries: int | None = None) -> tuple[Datagram, bytes]:
         """Send ``request`` until a reply that ``accept`` takes arrives; returns it
         decoded and raw. ``what`` names the request in the error."""
-        raw_request = request.encode()
         tries = self.retries if tries is None else tries
         for _ in range(tries):
-            self._send(raw_request)
-            deadline = time.monotonic() + self.timeout
-            while (remaining := deadline - time.monotonic()) > 0:
-                self._socket.settimeout(remaining)
-                try:
-                    raw, _ = self._socket.recvfrom(2048)
-                except (TimeoutError, ConnectionRefusedError):
-                    continue
-                try:
-                    reply = Datagram.decode(raw)
-                except protocol.ProtocolError:
-                    continue
-                if reply.ack is not None and accept(reply):
-                    return reply, raw
+            self.send(request)
+            answer = self.receive(accept, self.timeout)
+            if answer is not None:
+                return answer
         raise HostError(
             f"endpoint {self.endpoint} did not answer {what} on UDP {self.cm_port} after "
             f"{tries} tr{'y' if tries == 1 else 'ies'} ({self.timeout:g} s each): check the "
             f"cable/IP with `ping {self.endpoint}`, or --endpoint")
+
+    def send(self, request: Datagram) -> None:
+        """Send ``request`` once, without waiting for a reply."""
+        self._send(request.encode())
+
+    def receive(self, accept: Callable[[Datagram], bool],
+                timeout: float) -> tuple[Datagram, bytes] | None:
+        """The first reply within ``timeout`` seconds that ``accept`` takes, decoded and
+        raw; None when none came."""
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            self._socket.settimeout(remaining)
+            try:
+                raw, _ = self._socket.recvfrom(2048)
+            except (TimeoutError, ConnectionRefusedError):
+                continue
+            try:
+                reply = Datagram.decode(raw)
+            except protocol.ProtocolError:
+                continue
+            if reply.ack is not None and accept(reply):
+                return reply, raw
+        return None
 
     def _send(self, raw: bytes) -> None:
         try:

@@ -29,6 +29,7 @@ import struct
 __all__ = [
     "CM_PORT", "DATAGRAM_BYTES", "FIRST_QPN", "ProtocolError", "Request", "Ack", "PathMtu",
     "QpInfo", "TxMeta", "Datagram", "Status", "open_qp", "close_qp", "close_all", "status",
+    "connect",
     "start_run", "credit", "CLOSE_ALL_QPN",
     "reply", "generator_payload", "generator_immediate", "ErrorStatus",
 ]
@@ -61,6 +62,7 @@ class Request(enum.IntEnum):
     MODIFY_QP_RTS = 3
     CLOSE_QP = 4
     STATUS = 5          # extension
+    CONNECT = 6         # extension: the endpoint connects to the host's rdma_cm
     ERROR = 7
 
 
@@ -307,6 +309,18 @@ def close_all(host_ip: str, *, reply_port: int = 0) -> Datagram:
     return close_qp(CLOSE_ALL_QPN, host_ip, reply_port=reply_port)
 
 
+def connect(host_ip: str, port: int, mtu: PathMtu, *, reply_port: int = 0) -> Datagram:
+    """CONNECT (extension): the endpoint takes a free QP and connects it to the rdma_cm
+    of the host at ``host_ip`` (the datagram's IPv4 source), which listens on rdma_cm
+    port ``port`` (``length``, low 16 bits), with path MTU ``mtu`` (txmeta bits 7:4).
+    The one answer comes once the connection is up (ACK: ``loc`` the endpoint's QP,
+    txmeta its path MTU) or has failed (NAK: ``count`` the REJ reason)."""
+    if not 0 < port < 1 << 16:
+        raise ValueError(f"rdma_cm port must be 1..65535, not {port}")
+    return Datagram(Request.CONNECT, loc=QpInfo(ip=host_ip), reply_port=reply_port,
+                    txmeta=TxMeta(mtu=mtu), length=port)
+
+
 def status(qpn: int, *, reply_port: int = 0) -> Datagram:
     """STATUS of endpoint QP ``qpn``."""
     return Datagram(Request.STATUS, rem=QpInfo(qpn=qpn), reply_port=reply_port)
@@ -336,9 +350,9 @@ def credit(qpn: int, consumed: int) -> Datagram:
 def reply(request: Datagram, ack: Ack, endpoint: QpInfo, *, mtu: PathMtu = PathMtu.DEFAULT,
           count: int = 0) -> Datagram:
     """The endpoint's reply to ``request``: ``endpoint`` describes its QP (for
-    NO_QP, only its ip is set), rem echoes the requester's loc; an OPEN_QP
-    reply carries the QP's path MTU in txmeta bits 7:4, a close-all's ACK the
-    number of QPs closed in ``count``."""
+    NO_QP, only its ip is set), rem echoes the requester's loc; an OPEN_QP or
+    CONNECT reply carries the QP's path MTU in txmeta bits 7:4, a close-all's ACK
+    the number of QPs closed in ``count``, a CONNECT's NAK the REJ reason there."""
     return Datagram(request.request, ack, loc=endpoint, rem=request.loc,
                     txmeta=TxMeta(mtu=mtu), count=count)
 

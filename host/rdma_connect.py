@@ -46,7 +46,7 @@ from .errors import HostError
 from .protocol import CM_PORT, generator_payload
 
 __all__ = ["ENDPOINT_PORT", "CONNECT_PRIVATE", "ACCEPT_PRIVATE", "REJ_REASONS", "CmEvent",
-           "EventChannel", "CmLink", "Rejected", "NoEvent", "connect_private",
+           "EventChannel", "CmId", "CmLink", "Rejected", "NoEvent", "connect_private",
            "parse_accept_private", "event_error", "build_parser", "main"]
 
 _PROG = "rdma-connect"
@@ -88,11 +88,12 @@ def connect_private(*, rkey: int, base: int, length: int,
     return CONNECT_PRIVATE.pack(version, rkey, base, length)
 
 
-def parse_accept_private(private: bytes) -> tuple[int, int]:
-    """``(version, qpn)`` of the endpoint's REP private data."""
+def parse_accept_private(private: bytes, message: str = "REP") -> tuple[int, int]:
+    """``(version, qpn)`` of the endpoint's REP private data (or of the user part of
+    its REQ's, ``message`` "REQ", when the endpoint is the active side)."""
     if len(private) < ACCEPT_PRIVATE.size:
-        raise HostError(f"the REP carried {len(private)} bytes of private data, fewer than "
-                        f"{ACCEPT_PRIVATE.size}: is the peer the endpoint?")
+        raise HostError(f"the {message} carried {len(private)} bytes of private data, fewer "
+                        f"than {ACCEPT_PRIVATE.size}: is the peer the endpoint?")
     return ACCEPT_PRIVATE.unpack_from(private)
 
 
@@ -193,13 +194,20 @@ class EventChannel:
                                                 ctypes.POINTER(ctypes.POINTER(_Event))]
         self._lib.rdma_ack_cm_event.argtypes = [ctypes.POINTER(_Event)]
 
+    def ready(self, timeout: float = 0.0) -> bool:
+        """Whether an event is waiting, or comes within ``timeout`` seconds."""
+        readable, _, _ = select.select([self.fd], [], [], timeout)
+        return bool(readable)
+
+    def _wait(self, what: str, timeout: float) -> None:
+        if not self.ready(timeout):
+            raise NoEvent(f"{what}: no rdma_cm event within {timeout:g} s: is the endpoint "
+                            "up? (or wait longer: --timeout of rdma_connect and "
+                            "rdma_listen, --rdma-timeout of qp-server)")
+
     def get(self, what: str, timeout: float) -> CmEvent:
         """The next event, within ``timeout`` seconds (else a HostError naming ``what``)."""
-        readable, _, _ = select.select([self.fd], [], [], timeout)
-        if not readable:
-            raise NoEvent(f"{what}: no rdma_cm event within {timeout:g} s: is the endpoint "
-                            "up? (or wait longer: --timeout of rdma_connect, --rdma-timeout "
-                            "of qp-server)")
+        self._wait(what, timeout)
         event = ctypes.POINTER(_Event)()
         if self._lib.rdma_get_cm_event(ctypes.byref(_Channel(self.fd)), ctypes.byref(event)):
             raise HostError(f"{what}: rdma_get_cm_event failed: "
@@ -212,63 +220,53 @@ class EventChannel:
         self._lib.rdma_ack_cm_event(event)
         return result
 
+    def request(self, listen_id: Any, what: str, timeout: float) -> tuple[Any, CmEvent]:
+        """The next event, within ``timeout`` seconds, as a CONNECT_REQUEST on the
+        listening ``listen_id``: the pyverbs ``CMID`` of the new connection and the
+        event (its private data: the REQ's after rdma_cm's ``cma_hdr``). Read with
+        pyverbs' ``CMEvent``, since only that makes a ``CMID`` of the new ID; any other
+        event is a HostError naming it."""
+        from pyverbs.cmid import CMID, CMEvent
+
+        self._wait(what, timeout)
+        event = CMEvent(self.channel)
+        try:
+            got = CmEvent(event.event_type)
+            if got.name != "CONNECT_REQUEST":
+                raise HostError(f"{what}: {got.name}, not CONNECT_REQUEST: did another "
+                                "program bind the same rdma_cm port?")
+            got = CmEvent(event.event_type, 0, event.private_data)
+            return CMID(creator=event, listen_id=listen_id), got
+        finally:
+            event.close()
+
     def close(self) -> None:
         self.channel.close()
 
 
-class CmLink:
-    """One rdma_cm ID (on its own :class:`EventChannel`) towards ``endpoint``, rdma_cm
-    port ``port``, with its address and route resolved; :meth:`connect` then
-    connects a QP: the ID's own (``cmid.create_qp``) or ``qp``, a QP created by the
-    caller on the same device (rdma_cm gives its RTR and RTS attributes and this
-    sends RTU with ``rdma_establish``)."""
+class CmId:
+    """One rdma_cm ID (``cmid``) on its own :class:`EventChannel` (``events``), with
+    what both sides of a connection do: move a caller's QP to RTS, disconnect, close.
+    ``where`` names the peer in errors; ``timeout``: seconds for each event."""
 
-    def __init__(self, endpoint: str, port: int, timeout: float):
-        import pyverbs.cm_enums as ce
-        from pyverbs.cmid import CMID, AddrInfo
+    def __init__(self, where: str, timeout: float):
+        from pyverbs.cmid import CMID
 
         self.timeout = timeout
-        self.where = f"{endpoint} port {port}"
+        self.where = where
         self.events = EventChannel()
         self.cmid = CMID(creator=self.events.channel)
         self.established = False
-        info = AddrInfo(dst=endpoint, dst_service=str(port), port_space=ce.RDMA_PS_TCP)
-        self.cmid.resolve_addr(info, int(timeout * 1000))
-        self._expect("ADDR_RESOLVED", f"resolving {endpoint}",
-                     "is rdma_rxe bound to the interface that routes to it "
-                     "(`rdma link`), and rdma_ucm loaded?")
-        self.cmid.resolve_route(int(timeout * 1000))
-        self._expect("ROUTE_RESOLVED", f"resolving the route to {endpoint}",
-                     "does the endpoint answer ARP?")
 
     def _expect(self, name: str, what: str, fix: str) -> None:
         event = self.events.get(what, self.timeout)
         if event.name != name:
             raise HostError(f"{what}: {event.name} (status {event.status}): {fix}")
 
-    def connect(self, private: bytes, qp: Any = None, *,
-                min_rnr_timer: int | None = None) -> bytes:
-        """``rdma_connect`` with ``private``; the REP's private data once connected,
-        :class:`Rejected` or another HostError otherwise. ``min_rnr_timer``: the RNR
-        timer the caller's ``qp`` announces instead of rdma_cm's."""
-        from pyverbs.cmid import ConnParam
-
-        param = ConnParam(data_len=len(private), qp_num=0 if qp is None else qp.qp_num)
-        param.set_private_data(private)
-        self.cmid.connect(param)
-        expected = "ESTABLISHED" if qp is None else "CONNECT_RESPONSE"
-        event = self.events.get(f"connecting to {self.where}", self.timeout)
-        error = event_error(event, self.where, expected)
-        if error is not None:
-            raise error
-        if qp is not None:
-            self.ready(qp, min_rnr_timer)
-        self.established = True
-        return event.private
-
-    def ready(self, qp: Any, min_rnr_timer: int | None = None) -> None:
+    def to_rts(self, qp: Any, min_rnr_timer: int | None = None) -> None:
         """Move the caller's ``qp`` to RTR and RTS with the attributes rdma_cm took from
-        the REP, then send RTU."""
+        the REQ or REP (``min_rnr_timer``: the RNR timer ``qp`` announces instead of
+        rdma_cm's)."""
         import pyverbs.enums as e
 
         for state in (e.IBV_QPS_RTR, e.IBV_QPS_RTS):
@@ -276,7 +274,6 @@ class CmLink:
             if state == e.IBV_QPS_RTR and min_rnr_timer is not None:
                 attr.min_rnr_timer = min_rnr_timer
             qp.modify(attr, mask)
-        self.cmid.establish()
 
     def disconnect(self, timeout: float) -> dict:
         """``rdma_disconnect``, then the next event (DISCONNECTED when the DREQ is
@@ -304,6 +301,54 @@ class CmLink:
     def close(self) -> None:
         for thing in (self.cmid, self.events):
             thing.close()
+
+
+class CmLink(CmId):
+    """An rdma_cm ID towards ``endpoint``, rdma_cm port ``port``, with its address
+    and route resolved; :meth:`connect` then connects a QP: the ID's own
+    (``cmid.create_qp``) or ``qp``, a QP created by the caller on the same device
+    (rdma_cm gives its RTR and RTS attributes and this sends RTU with
+    ``rdma_establish``)."""
+
+    def __init__(self, endpoint: str, port: int, timeout: float):
+        import pyverbs.cm_enums as ce
+        from pyverbs.cmid import AddrInfo
+
+        super().__init__(f"{endpoint} port {port}", timeout)
+        info = AddrInfo(dst=endpoint, dst_service=str(port), port_space=ce.RDMA_PS_TCP)
+        self.cmid.resolve_addr(info, int(timeout * 1000))
+        self._expect("ADDR_RESOLVED", f"resolving {endpoint}",
+                     "is rdma_rxe bound to the interface that routes to it "
+                     "(`rdma link`), and rdma_ucm loaded?")
+        self.cmid.resolve_route(int(timeout * 1000))
+        self._expect("ROUTE_RESOLVED", f"resolving the route to {endpoint}",
+                     "does the endpoint answer ARP?")
+
+    def connect(self, private: bytes, qp: Any = None, *,
+                min_rnr_timer: int | None = None) -> bytes:
+        """``rdma_connect`` with ``private``; the REP's private data once connected,
+        :class:`Rejected` or another HostError otherwise. ``min_rnr_timer``: the RNR
+        timer the caller's ``qp`` announces instead of rdma_cm's."""
+        from pyverbs.cmid import ConnParam
+
+        param = ConnParam(data_len=len(private), qp_num=0 if qp is None else qp.qp_num)
+        param.set_private_data(private)
+        self.cmid.connect(param)
+        expected = "ESTABLISHED" if qp is None else "CONNECT_RESPONSE"
+        event = self.events.get(f"connecting to {self.where}", self.timeout)
+        error = event_error(event, self.where, expected)
+        if error is not None:
+            raise error
+        if qp is not None:
+            self.ready(qp, min_rnr_timer)
+        self.established = True
+        return event.private
+
+    def ready(self, qp: Any, min_rnr_timer: int | None = None) -> None:
+        """Move the caller's ``qp`` to RTR and RTS with the attributes rdma_cm took from
+        the REP, then send RTU."""
+        self.to_rts(qp, min_rnr_timer)
+        self.cmid.establish()
 
 
 class Connection(CmLink):

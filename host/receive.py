@@ -12,7 +12,9 @@ Per QP: the backend creates the host QP and its buffer, CM OPEN_QP pairs it with
 an endpoint QP (the endpoint announces the path MTU), the backend connects it
 (``cm="rdma"``: the backend connects it with rdma_cm instead, to the endpoint's
 passive IB CM on rdma_cm port ``rdma_port``, the REQ's private data naming its
-buffer, and :meth:`Receiver.close` ends it with ``rdma_disconnect``), receives are
+buffer; with ``listen`` the host listens on rdma_cm port ``listen`` + QP index and
+the endpoint's active CM connects to it, asked by CONNECT; :meth:`Receiver.close`
+ends it with ``rdma_disconnect``), receives are
 posted (SEND and WRITE with immediate), and a start datagram,
 confirmed by STATUS, runs the generator (``start=False``: the endpoint's user
 logic sends). Then messages are found in order per QP:
@@ -95,8 +97,10 @@ class RunConfig:
     divider from ``--rate``, ``--ring`` (0: :func:`default_ring`), ``--qps``,
     ``--receives``, ``--mtu`` (None: the port's active MTU), ``not --no-start``,
     ``--check`` (``all``, ``sample=N``, ``none``) and ``--check-threads``; ``--cm``
-    (:data:`CMS`), ``--rdma-port`` and ``--rdma-timeout`` (seconds for each rdma_cm
-    event, DISCONNECTED included)."""
+    (:data:`CMS`), ``--rdma-port``, ``--listen`` (0: connect to the endpoint's
+    ``--rdma-port``; else the endpoint connects to this host's rdma_cm port
+    ``listen`` + QP index) and ``--rdma-timeout`` (seconds for each rdma_cm event,
+    DISCONNECTED included; with ``listen`` for the whole connect)."""
     write: bool = True
     immediate: bool = False
     size: int = 4096
@@ -117,17 +121,25 @@ class RunConfig:
     cm: str = "udp"
     rdma_port: int = CM_PORT
     rdma_timeout: float = 10.0
+    listen: int = 0
 
     def __post_init__(self) -> None:
         if self.cm not in CMS:
             raise ValueError(f"cm must be one of {', '.join(CMS)}, not {self.cm!r}")
+        if self.listen and self.cm != "rdma":
+            raise ValueError("--listen needs --cm rdma (the endpoint connects to this host's "
+                             "rdma_cm)")
+        if self.listen and not 0 < self.listen <= 0xFFFF - (self.qps - 1):
+            raise ValueError(f"--listen {self.listen} with {self.qps} QPs: QP i listens on "
+                             f"port {self.listen} + i, which must be 1..65535")
         if self.cm == "rdma" and self.repeat > 1:
             raise ValueError("--repeat needs --cm udp (a pass closes and reopens the QPs "
                              "through the UDP CM); run qp-server again for another rdma_cm "
                              "connection")
-        if self.cm == "rdma" and self.mtu is not None:
-            raise ValueError("--mtu needs --cm udp: rdma_cm takes the path MTU of the route "
-                             "(the interface's MTU: `ip link set <netdev> mtu 9000`)")
+        if self.cm == "rdma" and not self.listen and self.mtu is not None:
+            raise ValueError("--mtu needs --cm udp or --listen: rdma_connect takes the path "
+                             "MTU of the route (the interface's MTU: `ip link set <netdev> "
+                             "mtu 9000`)")
         if (self.size < 0 or self.count < 1 or self.qps < 1 or self.receives < 1
                 or self.repeat < 1 or self.check_threads < 1):
             raise ValueError("size must be >= 0 and count, qps, receives, repeat and "
@@ -350,7 +362,11 @@ class Receiver:
             self.qps.append(qp)
             if config.write and not config.immediate:
                 self.backend.fill(index, _FILL)
-            if config.cm == "rdma":
+            if config.listen:
+                qp.endpoint, qp.mtu = self.backend.rdma_listen(
+                    index, self.cm, config.listen + index, mtu, config.rdma_timeout)
+                qp.host = self.backend.qp_info(index)
+            elif config.cm == "rdma":
                 qp.endpoint, qp.mtu = self.backend.rdma_connect(
                     index, self.cm.endpoint, config.rdma_port, config.rdma_timeout)
                 qp.host = self.backend.qp_info(index)
@@ -370,7 +386,8 @@ class Receiver:
                 self.backend.connect(index, qp.endpoint, qp.mtu)
             for wr_id in range(config.posted_receives):
                 self._post(qp, wr_id)
-            how = " through rdma_cm" if config.cm == "rdma" else ""
+            how = (f" through rdma_cm (the endpoint connected to port {config.listen + index})"
+                   if config.listen else " through rdma_cm" if config.cm == "rdma" else "")
             self._notice(f"paired host QPN {qp.host.qpn} ({qp.host.ip}) with endpoint QPN "
                          f"{qp.endpoint.qpn} ({qp.endpoint.ip}){how}, path MTU {qp.mtu.bytes}, "
                          f"first PSNs {qp.host.psn:#08x} (host) and {qp.endpoint.psn:#08x} "

@@ -119,6 +119,7 @@ class RunResult:
             "immediate": config.immediate, "size": config.size, "count": config.count,
             "divider": config.divider, "ring": config.ring_bytes, "qps": len(self.qps),
             "receives": config.posted_receives, "started": config.start, "cm": config.cm,
+            "listen": config.listen,
             "device": self.port.device if self.port else None,
             "host_ip": self.port.ip if self.port else None,
             **self.stats.summary(),

@@ -23,6 +23,10 @@ with ``--system-site-packages``.
   private data naming its buffer, RTR and RTS with the attributes rdma_cm took from
   the REP, RTU with ``rdma_establish``); the route must go through the device the
   QP is on. ``rdma_disconnect`` ends it, and ``close`` destroys the rdma_cm IDs.
+* ``rdma_listen`` (``--cm rdma --listen PORT``) has the endpoint connect the QP
+  instead (:class:`host.rdma_listen.Listener`: listen on the host's address, CONNECT
+  over UDP, RTR and RTS with the attributes rdma_cm took from the endpoint's REQ,
+  ``rdma_accept`` with the QP's number and the private data naming its buffer).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from .backend import (
     gid_ipv4,
     ipv4_gid,
 )
+from .cm import CmClient
 from .errors import HostError
 from .protocol import PathMtu, QpInfo
 
@@ -281,11 +286,7 @@ class PyverbsBackend:
         where = f"{endpoint} rdma_cm port {port}"
         try:
             link = self._links[qp] = CmLink(endpoint, port, timeout)
-            device = link.cmid.dev_name
-            device = device.decode() if isinstance(device, bytes) else str(device)
-            if device != self._port.device:
-                raise HostError(f"the route to {endpoint} goes through RDMA device {device}, "
-                                f"not {self._port.device}: pass --device {device}")
+            self._check_device(link.cmid, f"route to {endpoint} goes through")
             private = connect_private(rkey=mr.rkey, base=mr.buf, length=mr.length)
             version, qpn = parse_accept_private(
                 link.connect(private, verbs_qp, min_rnr_timer=_MIN_RNR_TIMER))
@@ -295,12 +296,58 @@ class PyverbsBackend:
             raise HostError(f"rdma_cm towards {where} failed: {error}; is rdma_ucm loaded "
                             "and the device bound to the interface that routes there "
                             "(`rdma link`)?") from None
-        if attr.dest_qp_num != qpn or attr.qp_state != e.IBV_QPS_RTS:
+        return self._connected(qp, attr, QpInfo(qpn=qpn, psn=attr.rq_psn, ip=endpoint),
+                               f"the REP's endpoint QP {qpn} (REP private data version "
+                               f"{version})")
+
+    def rdma_listen(self, qp: int, cm: CmClient, port: int, mtu: PathMtu,
+                    timeout: float) -> tuple[QpInfo, PathMtu]:
+        from pyverbs.pyverbs_error import PyverbsError
+
+        from .rdma_connect import connect_private
+        from .rdma_listen import Listener
+
+        assert self._port is not None, "open() first"
+        e = self._e
+        verbs_qp, mr = self._qps[qp], self._mrs[qp]
+        where = f"rdma_cm port {port} of {self._port.ip}"
+        try:
+            listener = self._links[qp] = Listener(self._port.ip, port, timeout)
+            self._check_device(listener.listen_id, f"address {self._port.ip} is on")
+            private = connect_private(rkey=mr.rkey, base=mr.buf, length=mr.length)
+            ack = listener.connect(cm, private, mtu, qp=verbs_qp, min_rnr_timer=_MIN_RNR_TIMER)
+            attr, _ = verbs_qp.query(e.IBV_QP_STATE | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN
+                                     | e.IBV_QP_RQ_PSN | e.IBV_QP_SQ_PSN)
+        except PyverbsError as error:
+            raise HostError(f"rdma_cm listening on {where} failed: {error}; is rdma_ucm "
+                            "loaded, the device bound to that address's interface (`rdma "
+                            "link`), and the port free?") from None
+        if attr.rq_psn != ack.loc.psn:
+            raise HostError(f"endpoint QP {ack.loc.qpn} announced first PSN {ack.loc.psn:#08x} "
+                            f"in CONNECT/ACK, its REQ {attr.rq_psn:#08x}: report it with the "
+                            "pcap")
+        return self._connected(qp, attr, ack.loc, f"the REQ's endpoint QP {ack.loc.qpn}")
+
+    def _check_device(self, cmid: Any, what: str) -> None:
+        """The rdma_cm ID ``cmid`` must be on the backend's device (``what``: "route to
+        X goes through" or "address X is on")."""
+        device = cmid.dev_name
+        device = device.decode() if isinstance(device, bytes) else str(device)
+        assert self._port is not None
+        if device != self._port.device:
+            raise HostError(f"the {what} RDMA device {device}, not {self._port.device}: pass "
+                            f"--device {device}")
+
+    def _connected(self, qp: int, attr: Any, endpoint: QpInfo,
+                   named: str) -> tuple[QpInfo, PathMtu]:
+        """The endpoint's QP and the path MTU once rdma_cm connected host QP ``qp``
+        (``attr``: its queried attributes), which must be in RTS towards ``named``."""
+        verbs_qp = self._qps[qp]
+        if attr.dest_qp_num != endpoint.qpn or attr.qp_state != self._e.IBV_QPS_RTS:
             raise HostError(f"host QP {verbs_qp.qp_num} is in state {attr.qp_state} towards QP "
-                            f"{attr.dest_qp_num} after rdma_cm, not RTS towards the REP's "
-                            f"endpoint QP {qpn} (REP private data version {version})")
+                            f"{attr.dest_qp_num} after rdma_cm, not RTS towards {named}")
         self._psns[qp] = attr.sq_psn
-        return QpInfo(qpn=qpn, psn=attr.rq_psn, ip=endpoint), PathMtu(attr.path_mtu)
+        return endpoint, PathMtu(attr.path_mtu)
 
     def rdma_disconnect(self, qp: int, timeout: float) -> dict:
         link = self._links.get(qp)

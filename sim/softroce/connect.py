@@ -7,8 +7,11 @@ rdma_cm (rdma_ucm, rdma_cm, ib_cm over rxe) one after the other
 REQ, gets the endpoint's REP and completes with RTU; with ``--size``/``--count`` it
 then starts a generator WRITE run on that QP through the UDP CM and checks the bytes,
 and last calls ``rdma_disconnect``. ``qp-server --cm rdma`` runs as a step the same
-way. Prints each program's JSON summary, the guest's CM modules and netdev's
-counters; exits 0 when every program did.
+way, and so does the endpoint's active side: ``python -m host.rdma_listen``
+(:func:`listen_step`: the guest listens, asks with CONNECT, accepts the endpoint's
+REQ, disconnects) and ``qp-server --cm rdma --listen PORT``. Prints each program's
+JSON summary, the guest's CM modules and netdev's counters; exits 0 when every
+program did.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from .demo import ENDPOINT_IP, ENDPOINT_MAC, QP_SERVER_OPTIONS, guest_and_netdev
 from .image import CACHE
 from .vm import DEFAULT_LOCAL_PORT, DEFAULT_REMOTE_PORT, GuestConfig, run_script
 
-__all__ = ["Step", "StepResult", "ConnectResult", "connect_step", "qp_server_step",
+__all__ = ["Step", "StepResult", "ConnectResult", "connect_step", "listen_step",
+           "qp_server_step",
            "guest_script", "run_connect", "main"]
 
 _PROG = "python -m sim.softroce.connect"
@@ -50,6 +54,11 @@ class Step:
 def connect_step(name: str, *arguments: str) -> Step:
     """``host.rdma_connect`` with ``arguments``."""
     return Step(name, "host.rdma_connect", arguments)
+
+
+def listen_step(name: str, *arguments: str) -> Step:
+    """``host.rdma_listen`` with ``arguments``."""
+    return Step(name, "host.rdma_listen", arguments)
 
 
 def qp_server_step(name: str, *arguments: str) -> Step:

@@ -43,6 +43,7 @@ class FakeBackend:
         self.lock = threading.Lock()
         self.endpoint: FakeEndpoint | None = None
         self.rdma_connects: list[tuple[int, str, int, float]] = []
+        self.rdma_listens: list[tuple[int, int, PathMtu, float]] = []
         self.rdma_disconnects: list[int] = []
         self.reject: int | None = None      # rdma_connect: answer REJ with this reason
         self.disconnect_outcome = {"disconnect_call": "returned", "event": "DISCONNECTED",
@@ -85,6 +86,18 @@ class FakeBackend:
         info = QpInfo(qpn=taken.qpn, psn=self.endpoint.first_psn(taken), ip=endpoint)
         self.connected[qp] = (info, taken.mtu)
         return info, taken.mtu
+
+    def rdma_listen(self, qp: int, cm, port: int, mtu: PathMtu,
+                    timeout: float) -> tuple[QpInfo, PathMtu]:
+        """CONNECT through ``cm`` to :attr:`endpoint`, which connects one of its QPs to
+        this host QP as its active CM would (NAK 3 when none is free)."""
+        self.rdma_listens.append((qp, port, mtu, timeout))
+        reply, _ = cm.exchange(protocol.connect(self.ip, port, mtu),
+                               lambda r: r.request == Request.CONNECT, "CONNECT")
+        if reply.ack != Ack.ACK:
+            raise Rejected(f"CONNECT to port {port}", reply.count)
+        self.connected[qp] = (reply.loc, reply.txmeta.mtu)
+        return reply.loc, reply.txmeta.mtu
 
     def rdma_disconnect(self, qp: int, timeout: float) -> dict:
         self.rdma_disconnects.append(qp)
@@ -200,6 +213,7 @@ class FakeEndpoint:
         self.close_all_supported = True     # False: answers close-all as an old endpoint
         self.requests: list[Datagram] = []
         self.opened: dict[tuple[str, int], int] = {}
+        self.connects: dict[tuple[str, int], int] = {}     # CONNECT: (host, port) -> QPN
         self.lock = threading.Lock()
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.socket.bind(("127.0.0.1", 0))
@@ -257,6 +271,8 @@ class FakeEndpoint:
     def _answer(self, request: Datagram) -> bytes | None:
         if request.request == Request.OPEN_QP:
             return self._open(request)
+        if request.request == Request.CONNECT:
+            return self._connect(request)
         if request.request == Request.STATUS:
             qp = self.qp(request.rem.qpn)
             if qp is None:
@@ -298,6 +314,23 @@ class FakeEndpoint:
         if qpn is None and self.take(request.loc, request.txmeta.mtu or PathMtu.MTU_4096) is None:
             return protocol.reply(request, Ack.NO_QP, QpInfo(ip="127.0.0.1")).encode()
         qp = self.qp(self.opened[key])
+        return protocol.reply(request, Ack.ACK,
+                              QpInfo(qpn=qp.qpn, psn=self.first_psn(qp), ip="127.0.0.1"),
+                              mtu=qp.mtu).encode()
+
+    def _connect(self, request: Datagram) -> bytes:
+        """CONNECT: a QP for the host's (address, rdma_cm port), the same one while it
+        is open; the host QP is the one of the backend's latest ``rdma_listen``."""
+        assert self.backend is not None, "FakeEndpoint(backend) for CONNECT"
+        key = (request.loc.ip, request.length)
+        qp = self.qp(self.connects.get(key, 0))
+        if qp is None or not qp.status.open:
+            host = self.backend.qp_info(len(self.backend.rdma_listens) - 1)
+            qp = self.take(host, request.txmeta.mtu)
+            if qp is None:
+                return protocol.reply(request, Ack.NAK, QpInfo(ip="127.0.0.1"),
+                                      count=3).encode()
+            self.connects[key] = qp.qpn
         return protocol.reply(request, Ack.ACK,
                               QpInfo(qpn=qp.qpn, psn=self.first_psn(qp), ip="127.0.0.1"),
                               mtu=qp.mtu).encode()

@@ -243,3 +243,40 @@ def test_generator_payload_rule(length, k):
 def test_generator_immediate():
     assert protocol.generator_immediate(5) == 5
     assert protocol.generator_immediate(U32 + 3) == 2
+
+
+def test_connect_request_byte_positions():
+    """CONNECT (request 6, extension): loc_ip the host, length (bytes 52-55) the
+    rdma_cm port it listens on, txmeta bits 7:4 the path MTU; nothing else set."""
+    raw = protocol.connect("10.77.0.1", 18515, PathMtu.MTU_1024, reply_port=4000).encode()
+    expected = (struct.pack(">B", 1 | 6 << 1) + bytes(20) + ip_bytes("10.77.0.1") + bytes(24)
+                + struct.pack(">HBIII", 4000, 3 << 4, 18515, 0, 0))
+    assert raw == expected
+    assert Datagram.decode(raw).request == Request.CONNECT
+    for port in (0, 1 << 16):
+        with pytest.raises(ValueError, match="1..65535"):
+            protocol.connect("10.77.0.1", port, PathMtu.MTU_1024)
+
+
+def connect_reply(ack: int, *, qpn: int = 0, psn: int = 0, mtu: int = 0, count: int = 0) -> bytes:
+    """A CONNECT reply as the endpoint sends it, packed with struct alone."""
+    endpoint = struct.pack(">IIIQ", qpn, psn, 0, 0) + ip_bytes("10.77.0.2")
+    host = bytes(20) + ip_bytes("10.77.0.1")
+    return (struct.pack(">B", 1 | 6 << 1 | 1 << 4 | ack << 5) + endpoint + host
+            + struct.pack(">HBIII", 0, mtu << 4, 0, count, 0))
+
+
+def test_connect_ack_decodes():
+    reply = Datagram.decode(connect_reply(1, qpn=0x101, psn=0xABCDEF, mtu=3))
+    assert (reply.request, reply.ack) == (Request.CONNECT, Ack.ACK)
+    assert reply.loc == QpInfo(qpn=0x101, psn=0xABCDEF, ip="10.77.0.2")
+    assert reply.rem == QpInfo(ip="10.77.0.1")
+    assert reply.txmeta.mtu == PathMtu.MTU_1024
+
+
+@pytest.mark.parametrize("reason", [3, 4, 8, 26, 28])
+def test_connect_nak_carries_the_rej_reason_in_count(reason):
+    reply = Datagram.decode(connect_reply(3, count=reason))
+    assert (reply.request, reply.ack, reply.count) == (Request.CONNECT, Ack.NAK, reason)
+    request = protocol.connect("10.77.0.1", 18515, PathMtu.MTU_1024)
+    assert protocol.reply(request, Ack.NAK, QpInfo(ip="10.77.0.2"), count=reason) == reply

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from host.errors import HostError
-from host.protocol import CM_PORT, Request
+from host.protocol import CM_PORT, PathMtu, Request
 from host.rdma_connect import CmEvent, EventChannel, NoEvent, Rejected, event_error
 from host.receive import Receiver, RunConfig
 
@@ -161,3 +161,44 @@ def test_no_event_in_time_names_the_timeout_options():
     finally:
         os.close(read)
         os.close(write)
+
+
+def test_listen_connects_through_connect_and_disconnects():
+    """--listen PORT: QP i is connected by the endpoint to port PORT + i (CONNECT with
+    the MTU asked for), runs start over UDP, rdma_disconnect ends them."""
+    backend = FakeBackend()
+    with FakeEndpoint(backend) as endpoint:
+        code, summary, err = run_json(endpoint, backend, "--cm", "rdma", "--listen", "18515",
+                                      "--mtu", "1024", "--qps", "2", "--write", "--imm",
+                                      "--size", "64", "--count", "6", "--rdma-timeout", "7")
+        assert code == 0, err
+        assert summary["ok"] is True and (summary["cm"], summary["listen"]) == ("rdma", 18515)
+        assert [qp["messages_ok"] for qp in summary["qp"]] == [6, 6]
+        assert backend.rdma_listens == [(0, 18515, PathMtu.MTU_1024, 7.0),
+                                        (1, 18516, PathMtu.MTU_1024, 7.0)]
+        assert backend.rdma_connects == []
+        connects = [request for request in endpoint.requests
+                    if request.request == Request.CONNECT]
+        assert [request.length for request in connects] == [18515, 18516]
+        assert backend.rdma_disconnects == [0, 1]
+        assert "(the endpoint connected to port 18516)" in err
+
+
+def test_a_connect_nak_is_reported_with_its_reason():
+    backend = FakeBackend()
+    with FakeEndpoint(backend, qps=0) as endpoint:
+        code, summary, err = run_json(endpoint, backend, "--cm", "rdma", "--listen", "18515",
+                                      "--size", "8", "--count", "1")
+        assert code == 1 and "reason 3" in err, err
+        assert summary["ok"] is False
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--listen", "18515"], "--listen needs --cm rdma"),
+    (["--cm", "rdma", "--listen", "65535", "--qps", "2"], "must be 1..65535"),
+])
+def test_listen_usage_errors_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run(argv, FakeBackend())
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

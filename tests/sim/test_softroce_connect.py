@@ -9,7 +9,14 @@ One netdev and one guest boot run these programs one after the other:
 * ``imm`` and ``send``: ``qp-server --cm rdma`` with a WRITE-with-immediate run and a
   SEND run (started over UDP, checked byte by byte, ``rdma_disconnect`` at the end);
 * ``version``: a REQ whose private data has version 2, rejected with REJ reason 28;
-* ``port``: a REQ for another rdma_cm port, rejected with REJ reason 8.
+* ``port``: a REQ for another rdma_cm port, rejected with REJ reason 8;
+* ``accept``: the endpoint as the active side: ``host.rdma_listen`` listens in the
+  guest, asks with CONNECT, accepts the endpoint's REQ (rdma_cm's own QP), takes
+  CONNECT/ACK, then ``rdma_disconnect``;
+* ``listen``: ``qp-server --cm rdma --listen`` the same way with its own QP, a
+  WRITE-with-immediate run checked byte by byte, ``rdma_disconnect`` at the end;
+* ``nolisten``: a CONNECT naming a port nobody listens on: the guest's kernel answers
+  the endpoint's REQ with REJ 8, and the endpoint answers CONNECT/NAK with count 8.
 
 The REJ reasons are read on the host (the REJECTED event's status, through librdmacm)
 and in netdev's pcap (the REJ MADs the endpoint sent, parsed with
@@ -32,6 +39,7 @@ from scapy.utils import rdpcap
 from gateware.cm.ib_cm import REQ_PRIVATE
 from host.protocol import FIRST_QPN
 from host.rdma_connect import ACCEPT_PRIVATE, connect_private, parse_accept_private
+from host.rdma_listen import LISTEN_PORT
 from sim.models.ib_cm import (
     ATTRIBUTE_IDS,
     ROCEV2_PORT,
@@ -43,6 +51,7 @@ from sim.softroce.connect import (
     ConnectResult,
     connect_step,
     guest_script,
+    listen_step,
     qp_server_step,
     run_connect,
 )
@@ -65,6 +74,12 @@ STEPS = (
     qp_server_step("send", "--send", *_RUN, "--rdma-timeout", "10"),
     connect_step("version", *_CONNECT, "--private-version", "2"),
     connect_step("port", *_CONNECT, "--port", str(OTHER_PORT)),
+    listen_step("accept", "--port", str(LISTEN_PORT), *_CONNECT,
+                "--disconnect-timeout", str(DISCONNECT_WITHIN)),
+    qp_server_step("listen", "--listen", str(LISTEN_PORT + 1), "--write", "--imm", *_RUN,
+                   "--rdma-timeout", "30"),
+    listen_step("nolisten", "--port", str(LISTEN_PORT + 2), "--connect-port",
+                str(LISTEN_PORT + 3), *_CONNECT),
 )
 
 
@@ -95,6 +110,7 @@ def test_guest_script_loads_rdma_ucm_and_runs_each_step() -> None:
     assert "modprobe rdma_ucm" in script
     assert "python3 -m host.rdma_connect --endpoint 10.77.0.2 --size 1024" in script
     assert "python3 -m host.cli --endpoint 10.77.0.2 --cm rdma" in script
+    assert f"python3 -m host.rdma_listen --endpoint 10.77.0.2 --port {LISTEN_PORT}" in script
     assert script.index("/tmp/write.json") < script.index("/tmp/again.json")
 
 
@@ -211,3 +227,53 @@ def test_rdma_disconnect_is_answered_and_a_new_connect_works(
     assert again.get("established") is True, again.get("error")
     assert (again.get("run") or {}).get("messages_ok") == COUNT, again
     assert (again.get("disconnect") or {}).get("event") == "DISCONNECTED", again
+
+
+@pytest.mark.softroce
+def test_the_endpoint_connects_to_a_listening_host(connected: ConnectResult) -> None:
+    """CONNECT, the endpoint's REQ (version 1, its QPN), the host's accept, RTU:
+    ESTABLISHED, and CONNECT/ACK names the QP of the REQ; rdma_disconnect is
+    answered with DREP within DISCONNECT_WITHIN."""
+    step = connected["accept"]
+    summary = step.summary or {}
+    assert summary.get("established") is True, (summary.get("error"), step.log[-5:])
+    assert summary["req_version"] == 1
+    assert FIRST_QPN <= summary["endpoint_qpn"] < 1 << 24
+    assert summary["ack_qpn"] == summary["endpoint_qpn"] == summary["dest_qp_num"]
+    assert summary["ack_ip"] == ENDPOINT_IP
+    assert summary["ack_psn"] == summary["rq_psn"]
+    assert summary["ack_mtu"] == summary["path_mtu"] == 1024
+    disconnect = summary["disconnect"]
+    assert disconnect.get("event") == "DISCONNECTED", disconnect
+    assert disconnect["seconds"] < DISCONNECT_WITHIN, disconnect
+    assert step.exit_code == 0, step.log
+
+
+@pytest.mark.softroce
+def test_qp_server_listen_run_is_byte_exact_and_disconnects(connected: ConnectResult) -> None:
+    step = connected["listen"]
+    summary = step.summary
+    assert summary is not None, step.log
+    assert step.exit_code == 0 and summary["ok"] is True, step.log[-5:]
+    assert (summary["cm"], summary["listen"], summary["operation"], summary["immediate"]) == (
+        "rdma", LISTEN_PORT + 1, "write", True)
+    assert (summary["messages"], summary["bytes"], summary["errors"]) == (
+        COUNT, COUNT * SIZE, 0)
+    qp = summary["qp"][0]
+    assert qp["messages_ok"] == COUNT and qp["status"]["messages"] == COUNT
+    assert FIRST_QPN <= qp["endpoint_qpn"] < 1 << 24
+    assert qp["disconnect"].get("event") == "DISCONNECTED", qp["disconnect"]
+    assert qp["disconnect"]["seconds"] < DISCONNECT_WITHIN, qp["disconnect"]
+    assert any(f"the endpoint connected to port {LISTEN_PORT + 1}" in line
+               for line in step.log), step.log
+
+
+@pytest.mark.softroce
+def test_connect_to_a_port_nobody_listens_on_is_nak_8(connected: ConnectResult) -> None:
+    """The guest's kernel answers the endpoint's REQ with REJ 8 (invalid service ID);
+    the endpoint passes the reason on in CONNECT/NAK's count."""
+    step = connected["nolisten"]
+    summary = step.summary or {}
+    assert step.exit_code == 1 and summary.get("established") is False, step.log
+    assert summary.get("rej_reason") == 8, summary
+    assert "NAK, REJ reason 8" in summary["error"]
