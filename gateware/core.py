@@ -45,7 +45,8 @@ from .udp.echo import UdpEcho
 from .udp.rx import UdpReceiver
 from .udp.tx import UDP_TX_META, UdpTransmitter
 
-__all__ = ["NetworkCore", "ECHO_PORT", "CMAC_CLOCK_HZ", "DSCP_ROCE", "TOS_ECT0"]
+__all__ = ["NetworkCore", "ECHO_PORT", "CMAC_CLOCK_HZ", "DSCP_ROCE", "TOS_ECT0",
+           "IB_CM_REQ_TIMEOUT"]
 
 #: The CMAC's user clock on the VCU118 (the core's ``sync`` domain there).
 CMAC_CLOCK_HZ = 322_265_625

@@ -166,8 +166,9 @@ from ..roce.requests import (
 from .datagram import CM_PORT
 from .qp1 import QP1_RECEIVED, QP1_SEND
 
-__all__ = ["IbCm", "CM_OPEN", "CM_OPENED", "OpenRefusal", "IB_CM_CONFIG",
-           "REQ_PRIVATE", "REP_PRIVATE", "RejectReason", "RDMA_PS_TCP", "TARGET_ACK_DELAY"]
+__all__ = ["IbCm", "CM_OPEN", "CM_OPENED", "CM_CONNECT", "CM_CONNECTED", "OpenRefusal",
+           "IB_CM_CONFIG", "REQ_PRIVATE", "REP_PRIVATE", "CONNECT_REQ_PRIVATE", "ACCEPT_PRIVATE",
+           "RejectReason", "RDMA_PS_TCP", "TARGET_ACK_DELAY", "REQ_RETRIES", "LOCAL_ACK_TIMEOUT"]
 
 #: rdma_cm's TCP port space: service ID = RDMA_PS_TCP << 16 | port.
 RDMA_PS_TCP = 0x0106
@@ -180,9 +181,10 @@ DREQ_TID_HIGH = Const(0x0000_0015, 32)
 #: The high 32 bits of the TID of the endpoint's REQ and of the RTU that completes it.
 REQ_TID_HIGH = Const(0x0000_0010, 32)
 #: The endpoint's REQ: retransmissions after the first (with a 1 s response timeout, five
-#: REQs in about 5 s), and the Local ACK Timeout it asks of the host (its QP's timeout
-#: and TimeWait: 2^(17 - 8) ms).
+#: REQs in about 5 s).
 REQ_RETRIES = 4
+#: The endpoint's REQ: the Local ACK Timeout it asks of the host (its QP's timeout and
+#: TimeWait: 2^(17 - 8) ms).
 LOCAL_ACK_TIMEOUT = 17
 #: IPv4-mapped IPv6 (the RoCEv2 GIDs of a REQ's path): ::ffff:a.b.c.d.
 IPV4_MAPPED = Const(0xFFFF, 16)
