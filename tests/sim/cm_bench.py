@@ -800,23 +800,17 @@ def expected_req_fields(req, port, *, path_mtu=3):
 
 
 def connect_datagram(port, *, mtu=protocol.PathMtu.MTU_1024):
-    """CONNECT (request 6): the peer asks the endpoint to open an rdma_cm connection to
-    its listener on ``port``, from its own address, with path MTU ``mtu``."""
-    raw = bytearray(Datagram(loc=QpInfo(ip=PEER_IP), txmeta=protocol.TxMeta(mtu=mtu),
-                             length=port).encode())
-    raw[0] = 0x01 | 6 << 1          # info_valid, request CONNECT
-    return bytes(raw)
+    """CONNECT: the peer asks the endpoint to open an rdma_cm connection to its
+    listener on ``port``, from its own address, with path MTU ``mtu``."""
+    return protocol.connect(PEER_IP, port, mtu).encode()
 
 
 def connect_reply(port, ack, *, qpn=0, psn=0, count=0, mtu=protocol.PathMtu.MTU_1024):
-    """The endpoint's answer to :func:`connect_datagram`, from the datagram's fields
-    (``struct``-level: CM_PROTOCOL.md's table)."""
-    raw = bytearray(Datagram(ack=ack, loc=QpInfo(qpn, psn, ip=OUR_IP),
-                             rem=QpInfo(ip=PEER_IP), count=count,
-                             txmeta=protocol.TxMeta(mtu=mtu if ack == Ack.ACK else 0)
-                             ).encode())
-    raw[0] = 0x01 | 6 << 1 | 1 << 4 | int(ack) << 5
-    return bytes(raw)
+    """The endpoint's answer to :func:`connect_datagram`."""
+    return protocol.reply(protocol.connect(PEER_IP, port, mtu), ack,
+                          QpInfo(qpn, psn, ip=OUR_IP),
+                          mtu=mtu if ack == Ack.ACK else protocol.PathMtu.DEFAULT,
+                          count=count).encode()
 
 
 @cocotb.test()
