@@ -54,9 +54,10 @@ from .vm import (
     run_script,
 )
 
-__all__ = ["DEFAULT_RUNS", "EXAMPLE_RUNS", "DemoRun", "RunCheck", "DemoResult", "build_parser",
-           "check_run", "example_netdev_options", "expected_sha256", "guest_script", "main",
-           "run_demo", "simulation_figures", "guest_and_netdev", "port_free"]
+__all__ = ["CMS", "DEFAULT_RUNS", "EXAMPLE_RUNS", "LISTEN_PORT", "DemoRun", "RunCheck",
+           "DemoResult", "build_parser", "check_run", "example_netdev_options",
+           "expected_sha256", "guest_script", "main", "run_demo", "simulation_figures",
+           "guest_and_netdev", "port_free"]
 
 _PROG = "python -m sim.softroce.demo"
 ENDPOINT_IP, ENDPOINT_MAC = "10.77.0.2", "02:00:00:00:00:02"
@@ -70,12 +71,20 @@ _UP = "is up"
 _BEGIN, _RESULT, _LOG = "demo-begin", "demo-result", "demo-log"
 
 
+#: The ways a run's QPs are paired: the endpoint's UDP CM (OPEN_QP), the guest's
+#: rdma_cm connecting to the endpoint (``--cm rdma``), or the endpoint connecting to
+#: the guest's rdma_cm listener (``--cm rdma --listen``, on :data:`LISTEN_PORT`).
+CMS = ("udp", "rdma", "listen")
+LISTEN_PORT = 18515
+
+
 @dataclasses.dataclass(frozen=True)
 class DemoRun:
-    """One ``qp-server`` run in the guest; ``receive_api``: ``python -m host.dump``
-    instead, a user of the receive API that writes each QP's messages to a file;
-    ``slots``: ``python -m host.read_events`` instead, which reads ``count`` fragments
-    of ``size`` bytes of the example event source from a ring of ``slots`` slots."""
+    """One ``qp-server`` run in the guest, its QPs paired as ``cm`` (:data:`CMS`) says;
+    ``receive_api``: ``python -m host.dump`` instead, a user of the receive API that
+    writes each QP's messages to a file; ``slots``: ``python -m host.read_events``
+    instead, which reads ``count`` fragments of ``size`` bytes of the example event
+    source from a ring of ``slots`` slots."""
     write: bool
     immediate: bool
     size: int
@@ -85,8 +94,15 @@ class DemoRun:
     repeat: int = 1
     receive_api: bool = False
     slots: int = 0
+    cm: str = "udp"
 
     def __post_init__(self) -> None:
+        if self.cm not in CMS:
+            raise ValueError(f"cm must be one of {', '.join(CMS)}, not {self.cm!r}")
+        if self.cm != "udp" and (self.receive_api or self.slots or self.repeat > 1):
+            raise ValueError("an rdma_cm run is one pass of qp-server")
+        if self.cm == "rdma" and self.mtu is not None:
+            raise ValueError("rdma_connect takes the path MTU from the guest's port")
         if self.size < 0 or self.count < 1 or self.qps < 1 or self.repeat < 1:
             raise ValueError(f"size must be >= 0 and count, qps, repeat >= 1: {self}")
         if self.mtu not in (None, 256, 512, 1024, 2048, 4096):
@@ -122,6 +138,10 @@ class DemoRun:
                     str(self.count)]
         argv = ["--write" if self.write else "--send"]
         argv += ["--imm"] * self.immediate
+        if self.cm != "udp":
+            argv += ["--cm", "rdma"]
+        if self.cm == "listen":
+            argv += ["--listen", str(LISTEN_PORT)]
         argv += ["--size", str(self.size), "--count", str(self.count)]
         if self.mtu is not None:
             argv += ["--mtu", str(self.mtu)]
@@ -139,8 +159,9 @@ class DemoRun:
 
 #: The demo's runs: every operation, one- and multi-packet messages at path MTU
 #: 1024 and 4096 (the guest's eth0 has MTU 9000, so its active MTU is 4096), two
-#: QPs at once, a close and reopen of the same host QP, and one pass with two QPs
-#: through the receive API (``host.dump``).
+#: QPs at once, a close and reopen of the same host QP, one pass with two QPs
+#: through the receive API (``host.dump``), and QPs connected with rdma_cm both ways
+#: (each disconnected at its end; the second connects again after the first).
 DEFAULT_RUNS = (
     DemoRun(write=True, immediate=False, size=64, count=8),
     DemoRun(write=True, immediate=True, size=3000, count=4, mtu=1024),
@@ -150,6 +171,8 @@ DEFAULT_RUNS = (
     DemoRun(write=False, immediate=False, size=3000, count=3, mtu=1024),
     DemoRun(write=True, immediate=True, size=512, count=4, repeat=2),
     DemoRun(write=False, immediate=False, size=4096, count=8, qps=2, receive_api=True),
+    DemoRun(write=True, immediate=True, size=3000, count=4, cm="rdma"),
+    DemoRun(write=False, immediate=False, size=2000, count=3, mtu=1024, cm="listen"),
 )
 
 

@@ -23,8 +23,10 @@ import pytest
 from host.protocol import generator_payload
 from sim.netdev import event_core_design
 from sim.softroce.demo import (
+    CMS,
     DEFAULT_RUNS,
     EXAMPLE_RUNS,
+    LISTEN_PORT,
     DemoResult,
     DemoRun,
     RunCheck,
@@ -112,6 +114,22 @@ def _dump_summary(run: DemoRun, *, sha256: str | None = None) -> dict:
     return {"ok": True, "qp": qps,
             "figures": {**figures, "messages": run.count * run.qps,
                         "bytes": run.count * run.size * run.qps, "retransmitted": run.qps}}
+
+
+def test_the_demo_connects_with_rdma_cm_both_ways() -> None:
+    """``make sim`` pairs a run's QP with the guest's rdma_cm connecting to the endpoint,
+    and another with the endpoint connecting to the guest's listener; rdma_cm runs are
+    single passes, and rdma_connect takes no MTU."""
+    by_cm = {run.cm: run for run in DEFAULT_RUNS}
+    assert set(by_cm) == set(CMS)
+    assert by_cm["rdma"].arguments()[2:4] == ["--cm", "rdma"]
+    assert "--listen" not in by_cm["rdma"].arguments()
+    argv = by_cm["listen"].arguments()
+    assert argv[argv.index("--cm"):argv.index("--cm") + 4] == ["--cm", "rdma", "--listen",
+                                                               str(LISTEN_PORT)]
+    for bad in ({"cm": "ib"}, {"cm": "rdma", "mtu": 1024}, {"cm": "listen", "repeat": 2}):
+        with pytest.raises(ValueError):
+            DemoRun(write=True, immediate=False, size=64, count=1, **bad)
 
 
 def test_the_demo_has_one_receive_api_pass_with_two_qps() -> None:
