@@ -15,7 +15,7 @@ from gateware.cm.ib_cm import OpenRefusal
 from gateware.cm.lease import LEASE_SWEEPS
 from gateware.cm.manager import CLOSE_ALL_QPN, ConnectionManager, access_list
 from gateware.config import parse_ipv4
-from gateware.roce.requests import CompletionStatus, ConnectionEvent, PathMtu, Verb
+from gateware.roce.requests import QP_STATE, CompletionStatus, ConnectionEvent, PathMtu, Verb
 from host import protocol
 from host.protocol import Ack, Datagram, QpInfo, Request, Status
 
@@ -219,9 +219,13 @@ class Bench:
                 self.counters[name] = ctx.get(getattr(dut.o_counters, name))
 
         def write(item):
+            """(QP, its state's fields); the path MTU as its code (a FAILED event's: 0)."""
             state = item.state
+            bits = state.as_value().value
+            mtu = QP_STATE["path_mtu"]
             return (int(item.qp), {name: int(getattr(state, name)) if name != "path_mtu"
-                                   else state.path_mtu.value for name in (
+                                   else bits >> mtu.offset & (1 << mtu.width) - 1
+                                   for name in (
                 "remote_qpn", "next_psn", "rkey", "remote_ip", "path_mtu", "src_port",
                 "timeout", "retry_count", "rnr_retry")})
 
