@@ -1,6 +1,6 @@
 """``python -m sim.softroce.demo`` reduced: qp-server in the Soft-RoCE guest against netdev.
 
-Three demos, each with its own netdev and guest boot (about 1 and 1.5 minutes
+Four demos, each with its own netdev and guest boot (about 1 and 1.5 minutes
 here, with the Verilator build cached): a clean link, and a link that drops 2 %
 and corrupts 0.5 % of the frames both ways, where the endpoint must retransmit
 and every byte must still arrive. Both include the close and reopen of one host
