@@ -8,8 +8,8 @@ QP (``--repeat 2``). The third runs the example event source (``--example``, the
 EventCore of tests/sim/test_event_source.py, one build for both): host.read_events
 in the guest reads its fragments through the receive API from the ring its OPEN_QP
 announced. The fourth runs both ports of the two-cage board (``--ports 2``): the guest
-with a second NIC on port 2's channel, one qp-server run with both endpoints, checked
-per port. The checks of :func:`sim.softroce.demo.check_run` are tested
+with a second NIC on port 2's channel, two qp-server runs with both endpoints, checked
+per port (about 45 s here). The checks of :func:`sim.softroce.demo.check_run` are tested
 on their own first, without the guest, so a broken check cannot pass silently.
 """
 
