@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml
 
 # The simulated endpoint against Linux Soft-RoCE in a QEMU guest (sim/softroce/demo.py).
 # FAULTS="drop=0.02,corrupt=0.005" injects link faults and then requires retransmissions.
+# PORTS=2 runs both ports of the two-cage board, the guest with a NIC cabled to each.
 sim: $(STAMP)
-	@$(VENV)/bin/python -m sim.softroce.demo $(if $(FAULTS),--faults $(FAULTS))
+	@$(VENV)/bin/python -m sim.softroce.demo $(if $(FAULTS),--faults $(FAULTS)) \
+	  $(if $(PORTS),--ports $(PORTS))
 
 # The earlier demo: a Scapy peer plays the host (no QEMU needed).
 sim-scapy: $(STAMP)

@@ -226,7 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
         "run", parents=[_cm_options(many=True)], prog=f"{_PROG} [run]",
         help="pair, start, check and close (the default; needs pyverbs and an RDMA device)")
     verbs = run.add_argument_group("verbs")
-    verbs.add_argument("--device", default=None, help="RDMA device (default: the first)")
+    verbs.add_argument("--device", action="append", default=None,
+                       help="RDMA device (default: the first); with several --endpoint, "
+                            "give it once for all or once per endpoint, in their order (a "
+                            "host with a NIC port cabled to each of a board's two cages)")
     verbs.add_argument("--ib-port", type=_count(1, 255), default=1, metavar="N",
                        help="port of the device (default 1)")
     verbs.add_argument("--gid-index", type=_count(0, 0xFFFF), default=None, metavar="N",
@@ -452,11 +455,12 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace,
     if backend is None:
         from .verbs import PyverbsBackend
         backend = PyverbsBackend
-    options = VerbsOptions(device=args.device, ib_port=args.ib_port, gid_index=args.gid_index,
-                           poll=args.poll)
+    devices = _endpoint_devices(parser, args.device, endpoints)
+    options = [VerbsOptions(device=device, ib_port=args.ib_port, gid_index=args.gid_index,
+                            poll=args.poll) for device in devices]
     if len(endpoints) > 1:
         return _run_many(args, config, endpoints, backend, options, out, err)
-    verbs = backend(options)
+    verbs = backend(options[0])
     with _cm(args, endpoints[0]) as cm, _terminate_as_interrupt():
         runner = Runner(config, verbs, cm, progress=progress if live else None, notice=notice)
         try:
@@ -481,10 +485,24 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace,
     return 0
 
 
+def _endpoint_devices(parser: argparse.ArgumentParser, devices: list[str] | None,
+                     endpoints: list[str]) -> list[str | None]:
+    """The RDMA device of each endpoint: ``--device`` given never (the first device),
+    once (that one for all) or once per endpoint (paired in order)."""
+    devices = devices or [None]
+    if len(devices) == 1:
+        return devices * len(endpoints)
+    if len(devices) != len(endpoints):
+        parser.error(f"--device is given {len(devices)} times for {len(endpoints)} "
+                     "endpoints: give it once for all or once per endpoint")
+    return devices
+
+
 def _run_many(args: argparse.Namespace, config: RunConfig, endpoints: list[str],
-              backend: BackendFactory, options: VerbsOptions, out: TextIO,
+              backend: BackendFactory, options: list[VerbsOptions], out: TextIO,
               err: TextIO) -> int:
-    """One run per endpoint, in parallel; the table per endpoint and in total."""
+    """One run per endpoint (each with its ``options``), in parallel; the table per
+    endpoint and in total."""
     live = err.isatty()
     clear = _CLEAR_LINE if live else ""
 
@@ -500,9 +518,9 @@ def _run_many(args: argparse.Namespace, config: RunConfig, endpoints: list[str],
     clients: list[CmClient] = []
     try:
         runners = []
-        for endpoint in endpoints:
+        for endpoint, verbs_options in zip(endpoints, options, strict=True):
             clients.append(_cm(args, endpoint))
-            runners.append((endpoint, Runner(config, backend(options), clients[-1],
+            runners.append((endpoint, Runner(config, backend(verbs_options), clients[-1],
                                              notice=notice_for(endpoint))))
         with _terminate_as_interrupt():
             try:

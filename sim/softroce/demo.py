@@ -16,6 +16,15 @@ QP through the receive API, and the source writes its fragments into the ring th
 OPEN_QP announced; every fragment is checked against :mod:`host.fragments`
 (:data:`EXAMPLE_RUNS`).
 
+With ``--ports 2`` netdev runs the two cores of the two-cage board top
+(``python -m sim.netdev --ports 2``), the guest gets a second NIC (eth1,
+10.77.1.1/24, with ``rxe1``) on port 2's frame channel, and each run of
+:data:`TWO_PORT_RUNS` — a WRITE, a WRITE with immediate and a SEND — is one
+``qp-server`` with both endpoints (``--endpoint 10.77.0.2 --endpoint 10.77.1.2
+--device rxe0 --device rxe1``): each QP of the run on each port, both ports at
+once. Every check below then holds per port, and the report gives each port's
+runs and counters and the total.
+
 The demo checks that every run (every pass of a repeated run) is ``ok`` and
 that each endpoint QP's final STATUS agrees with what ``qp-server`` saw
 (messages == count, bytes == count × size). With ``--faults`` (passed to
@@ -40,27 +49,36 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from boards.vcu118_top import PORT2_ADDRESS
 from host.figures import Figures, figures_table
 from host.protocol import generator_payload
 
 from .image import CACHE, Image, ImageError, build_image, cached_image
 from .tools import HostToolsError, ensure_host_tools
 from .vm import (
+    DEFAULT_IP2,
     DEFAULT_LOCAL_PORT,
+    DEFAULT_LOCAL_PORT2,
     DEFAULT_REMOTE_PORT,
+    DEFAULT_REMOTE_PORT2,
     QEMU,
     GuestConfig,
     GuestError,
+    SecondNic,
     run_script,
 )
 
-__all__ = ["CMS", "DEFAULT_RUNS", "EXAMPLE_RUNS", "LISTEN_PORT", "DemoRun", "RunCheck",
-           "DemoResult", "build_parser", "check_run", "example_netdev_options",
-           "expected_sha256", "guest_script", "main", "run_demo", "simulation_figures",
-           "guest_and_netdev", "port_free"]
+__all__ = ["CMS", "DEFAULT_RUNS", "EXAMPLE_RUNS", "LISTEN_PORT", "TWO_PORT_RUNS", "DemoRun",
+           "RunCheck", "DemoResult", "build_parser", "check_run", "example_netdev_options",
+           "expected_sha256", "guest_script", "main", "port_checks", "port_totals", "run_demo",
+           "simulation_figures", "guest_and_netdev", "port_free"]
 
 _PROG = "python -m sim.softroce.demo"
 ENDPOINT_IP, ENDPOINT_MAC = "10.77.0.2", "02:00:00:00:00:02"
+#: The two-cage board's second port (its defaults); the guest's eth1 is in its subnet.
+ENDPOINT2_IP, ENDPOINT2_MAC = PORT2_ADDRESS["ip"], PORT2_ADDRESS["mac"]
+#: Each port's endpoint and the guest's RDMA device on the NIC cabled to it.
+PORT_ENDPOINTS = ((ENDPOINT_IP, "rxe0"), (ENDPOINT2_IP, "rxe1"))
 #: qp-server's CM reply timeout and stall limit: the simulation runs some 6,000
 #: cycles per second, so a CM round trip takes tenths of a second and a run
 #: with retransmissions many seconds.
@@ -182,6 +200,15 @@ DEFAULT_RUNS = (
 EXAMPLE_RUNS = (DemoRun(write=True, immediate=True, size=1000, count=24, slots=8),)
 
 
+#: ``--ports 2``: a WRITE, a WRITE with immediate over three packets at path MTU 1024 and a
+#: SEND of three packets at 4096, each on both ports at once.
+TWO_PORT_RUNS = (
+    DemoRun(write=True, immediate=False, size=64, count=8),
+    DemoRun(write=True, immediate=True, size=3000, count=4, mtu=1024),
+    DemoRun(write=False, immediate=False, size=10000, count=3, mtu=4096),
+)
+
+
 def example_netdev_options(run: DemoRun) -> list[str]:
     """netdev's options for ``run`` of ``host.read_events``: the example event source,
     with the run's fragment size, slots and count."""
@@ -189,16 +216,26 @@ def example_netdev_options(run: DemoRun) -> list[str]:
             str(run.slots), "--events", str(run.count)]
 
 
-def guest_script(runs: Sequence[DemoRun], *, run_limit: int = RUN_LIMIT_S) -> str:
+def guest_script(runs: Sequence[DemoRun], *, run_limit: int = RUN_LIMIT_S,
+                 ports: int = 1) -> str:
     """The shell script the guest runs: qp-server (or host.dump, host.read_events) once
     per run, its JSON summary (read_events: its summary line) on one ``demo-result <n>
-    <exit code> <json>`` line and its messages on ``demo-log <n>: ...`` lines."""
+    <exit code> <json>`` line and its messages on ``demo-log <n>: ...`` lines. With
+    ``ports`` 2 each qp-server run has both ports' endpoints, each on its own device."""
+    if ports not in (1, 2):
+        raise ValueError(f"ports must be 1 or 2, not {ports!r}")
+    if ports == 2 and any(run.program != "host.cli" for run in runs):
+        raise ValueError("two ports run qp-server only (not the receive API)")
+    endpoint = ["--endpoint", ENDPOINT_IP]
+    if ports == 2:
+        endpoint = [option for ip, device in PORT_ENDPOINTS for option in ("--endpoint", ip)]
+        endpoint += [option for ip, device in PORT_ENDPOINTS for option in ("--device", device)]
     lines = ["cd /mnt/repo 2>/dev/null || true"]
     for number, run in enumerate(runs):
         output = (["--out", f"/tmp/dump-{number}"] if run.receive_api
                   else [] if run.read_events else ["--json"])
         command = shlex.join(["timeout", "-s", "TERM", str(run_limit), "python3", "-m",
-                              run.program, "--endpoint", ENDPOINT_IP, *QP_SERVER_OPTIONS,
+                              run.program, *endpoint, *QP_SERVER_OPTIONS,
                               *run.arguments(), *output])
         lines += [
             f"echo {_BEGIN} {number}",
@@ -221,10 +258,33 @@ class RunCheck:
     lines: list[str] = dataclasses.field(default_factory=list)
     retransmitted: int = 0
     output: str = ""            # host.read_events: its summary line
+    port: int = 0               # with two ports: 1 or 2, this check's part of the run
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def where(self) -> str:
+        """``port N (IP)`` of a two-port run's part, else empty."""
+        return f"port {self.port} ({PORT_ENDPOINTS[self.port - 1][0]})" if self.port else ""
+
+
+def port_checks(check: RunCheck) -> list[RunCheck]:
+    """A two-port run (qp-server's JSON: each endpoint's run and the total) as one check
+    per port. A port's exit code is qp-server's, or 0 when its part was ok and another
+    port's failed; its log is qp-server's lines that name its endpoint."""
+    summary = check.summary or {}
+    entries = {entry.get("endpoint"): entry for entry in summary.get("endpoints", [])}
+    checks = []
+    for port, (ip, _) in enumerate(PORT_ENDPOINTS, 1):
+        entry = entries.get(ip)
+        own_ok = entry is not None and entry.get("ok") is True
+        exit_code = 0 if own_ok and summary.get("ok") is False else check.exit_code
+        log = [line for line in check.log if f" {ip}: " in line] or check.log
+        checks.append(RunCheck(check.run, check.number, exit_code=exit_code, summary=entry,
+                               log=log, port=port))
+    return checks
 
 
 def _passes(summary: dict) -> list[dict]:
@@ -234,7 +294,7 @@ def _passes(summary: dict) -> list[dict]:
 def check_run(check: RunCheck) -> None:
     """Fill ``check.problems`` and ``check.lines`` from its exit code and summary."""
     run = check.run
-    name = f"run {check.number} ({run.label()})"
+    name = f"run {check.number} ({run.label()})" + (f" on {check.where}" if check.port else "")
     if run.read_events:
         _check_events(check, name)
         return
@@ -287,8 +347,9 @@ def check_run(check: RunCheck) -> None:
         mtu = "/".join(str(value) for value in sorted(mtus, key=str))
         repeat = f" pass {one.get('pass', 1)}/{run.repeat}" if run.repeat > 1 else ""
         verdict = "ok" if one.get("ok") else "FAILED"
+        port = f"port {check.port}  " if check.port else ""
         check.lines.append(
-            f"{run.operation:<10} {run.size:>6} B  MTU {mtu:>4}  QPs {len(qps)}{repeat:<12}"
+            f"{port}{run.operation:<10} {run.size:>6} B  MTU {mtu:>4}  QPs {len(qps)}{repeat:<12}"
             f" {verdict:<6} {one.get('messages', 0):>3}/{run.count * run.qps} messages "
             f"{one.get('gbytes_per_s', 0.0):.6f} GB/s   STATUS packets {packets}, bytes "
             f"{nbytes}, retransmitted {retransmitted}")
@@ -361,7 +422,8 @@ def simulation_figures(checks: Sequence[RunCheck]) -> list[str]:
     for check in checks:
         if check.summary is None or "figures" not in check.summary:
             continue
-        label = f"run {check.number} {check.run.operation} {check.run.size} B"
+        label = (f"run {check.number} {check.run.operation} {check.run.size} B"
+                 + (f" port {check.port}" if check.port else ""))
         if check.run.receive_api:
             for qp in check.summary.get("qp", []):
                 rows.append((f"{label} QP {qp.get('index')}",
@@ -371,12 +433,30 @@ def simulation_figures(checks: Sequence[RunCheck]) -> list[str]:
     return figures_table(rows, title="run") if rows else []
 
 
+def port_totals(checks: Sequence[RunCheck]) -> list[str]:
+    """Each port's runs, messages and bytes (every message byte-exact, its STATUS
+    agreeing, when its runs are ok), and both ports' together."""
+    lines = []
+    groups = {check.where: [other for other in checks if other.where == check.where]
+              for check in checks}
+    for label, mine in [*groups.items(), ("both ports", list(checks))]:
+        passes = [one for check in mine if check.summary for one in _passes(check.summary)]
+        messages = sum(one.get("messages", 0) for one in passes)
+        nbytes = sum(one.get("bytes", 0) for one in passes)
+        ok = sum(check.ok for check in mine)
+        lines.append(f"{label}: {ok} of {len(mine)} runs ok, {messages} messages, {nbytes} "
+                     "bytes" + (", every byte checked and every STATUS agreeing"
+                                if ok == len(mine) else ""))
+    return lines
+
+
 @dataclasses.dataclass
 class DemoResult:
     checks: list[RunCheck]
     netdev: dict | None
     problems: list[str]
     seconds: float
+    netdev2: dict | None = None     # with two ports: port 2's netdev summary
 
     @property
     def ok(self) -> bool:
@@ -388,8 +468,10 @@ class Netdev:
     ``netdev:`` lines up to "is up" also to ``show``."""
 
     def __init__(self, arguments: Sequence[str], log_path: Path, *,
-                 show: Callable[[str], None]) -> None:
+                 show: Callable[[str], None], ports: int = 1) -> None:
         self._arguments = list(arguments)
+        self._ports = ports           # "is up" lines to wait for: one per port
+        self._ups = 0
         self._log_path = log_path
         self._show = show
         self._process: subprocess.Popen[str] | None = None
@@ -444,7 +526,8 @@ class Netdev:
                 self._lines = [*self._lines[-99:], line]
                 if line.startswith("netdev:") and not self._up.is_set():
                     self._show(line)        # after "is up", the report has the counters
-                    if _UP in line:
+                    self._ups += _UP in line
+                    if self._ups == self._ports:
                         self._up.set()
 
 
@@ -460,17 +543,24 @@ def port_free(port: int) -> bool:
 
 def guest_and_netdev(name: str, local_port: int, remote_port: int,
                      netdev_options: Sequence[str], out: Callable[[str], None], *,
-                     port_hint: str = "") -> tuple[Image, Netdev, Path, Path]:
+                     port_hint: str = "", port2: tuple[int, int] | None = None
+                     ) -> tuple[Image, Netdev, Path, Path]:
     """The guest's image (built first if none is cached: root) and a netdev, not yet
     started, that plays the endpoint to a guest on ``local_port``/``remote_port`` (both
     checked free; ``port_hint`` ends the error), with ``netdev_options``; its summary and
     pcap are ``build/softroce/<name>-netdev-summary.json`` and ``<name>-netdev.pcap``.
-    Returns (image, netdev, summary path, pcap path)."""
+    With ``port2`` (the guest's eth1's local and remote ports) netdev runs both ports
+    of the two-cage board, port 2 on that channel (its summary and pcap with
+    ``-port2`` added to their names). Returns (image, netdev, summary path, pcap path)."""
     image = cached_image()
     if image is None:
         image = build_image(log=lambda line: out(f"  image: {line}"))  # root, all tools
     ensure_host_tools(needed=(QEMU,))
-    for port in (local_port, remote_port):
+    two_ports = []
+    if port2 is not None:
+        two_ports = ["--ports", "2", "--local2", f"127.0.0.1:{port2[1]}", "--remote2",
+                     f"127.0.0.1:{port2[0]}"]
+    for port in (local_port, remote_port, *(port2 or ())):
         if not port_free(port):
             raise RuntimeError(f"UDP 127.0.0.1:{port} is taken (another demo or guest?)"
                                + port_hint)
@@ -479,8 +569,8 @@ def guest_and_netdev(name: str, local_port: int, remote_port: int,
     netdev = Netdev(["--local", f"127.0.0.1:{remote_port}", "--remote",
                      f"127.0.0.1:{local_port}", "--ip", ENDPOINT_IP, "--mac", ENDPOINT_MAC,
                      "--summary", str(summary_path), "--pcap", str(pcap_path),
-                     *netdev_options],
-                    CACHE / f"{name}-netdev.log", show=out)
+                     *two_ports, *netdev_options],
+                    CACHE / f"{name}-netdev.log", show=out, ports=2 if port2 else 1)
     return image, netdev, summary_path, pcap_path
 
 
@@ -489,24 +579,31 @@ def run_demo(runs: Sequence[DemoRun], *, faults: Sequence[str] = (),
              guest_timeout: float = 900.0, netdev_timeout: float = 900.0,
              require_retransmissions: bool = False, out: Callable[[str], None] = print,
              verbose: bool = False, name: str = "demo",
-             netdev_options: Sequence[str] = ()) -> DemoResult:
+             netdev_options: Sequence[str] = (),
+             port2: tuple[int, int] | None = None) -> DemoResult:
     """Run ``runs`` in the guest against netdev; see the module's description.
 
     ``faults`` are netdev's fault options (``--faults RATES`` etc.), ``netdev_options``
-    its others (:func:`example_netdev_options`). Raises
+    its others (:func:`example_netdev_options`). With ``port2`` (the guest's eth1's
+    local and remote UDP ports) both ports of the two-cage board run, each run on both,
+    and the result has a check per run and port. Raises
     :class:`HostToolsError`, :class:`ImageError` or :class:`GuestError` when the
     guest cannot run at all, RuntimeError when netdev cannot.
     """
     started = time.monotonic()
     image, netdev, summary_path, pcap_path = guest_and_netdev(
         name, local_port, remote_port, (*faults, *netdev_options), out,
-        port_hint=": pick free ports with --local-port/--remote-port")
+        port_hint=": pick free ports with --local-port/--remote-port (--local-port2/"
+                  "--remote-port2)", port2=port2)
+    ports = 2 if port2 else 1
+    script = guest_script(runs, ports=ports)
     checks = [RunCheck(run, number) for number, run in enumerate(runs)]
     guest_failure: str | None = None
     exit_code: int | None = None
     try:
-        out(f"{_PROG}: starting netdev (the endpoint {ENDPOINT_IP} under Verilator)"
-            + (f" with {' '.join(faults)}" if faults else ""))
+        out(f"{_PROG}: starting netdev (the endpoint {ENDPOINT_IP}"
+            + (f" and the second port's {ENDPOINT2_IP}" if port2 else "")
+            + " under Verilator)" + (f" with {' '.join(faults)}" if faults else ""))
         netdev.start(netdev_timeout)
 
         def on_line(line: str, script_line: bool) -> None:
@@ -539,11 +636,17 @@ def run_demo(runs: Sequence[DemoRun], *, faults: Sequence[str] = (),
             elif verbose:
                 out(f"  guest: {line}")
 
+        eth1 = None if port2 is None else SecondNic(
+            local_port=port2[0], remote_port=port2[1], ip=DEFAULT_IP2,
+            neighbour=(ENDPOINT2_IP, ENDPOINT2_MAC))
         config = GuestConfig(local_port=local_port, remote_port=remote_port,
-                             neighbour=(ENDPOINT_IP, ENDPOINT_MAC), timeout=guest_timeout)
-        out(f"{_PROG}: booting the Soft-RoCE guest (10.77.0.1, rxe0) under QEMU TCG")
+                             neighbour=(ENDPOINT_IP, ENDPOINT_MAC), timeout=guest_timeout,
+                             eth1=eth1)
+        out(f"{_PROG}: booting the Soft-RoCE guest (10.77.0.1, rxe0"
+            + (f"; {DEFAULT_IP2.partition('/')[0]}, rxe1" if port2 else "")
+            + ") under QEMU TCG")
         try:
-            result = run_script(guest_script(runs), config, image=image,
+            result = run_script(script, config, image=image,
                                 log_path=CACHE / f"{name}-console.log", on_line=on_line)
             out(f"{_PROG}: guest {result.timing_text()}; console log {result.log_path}")
             if result.exit_code != 0:
@@ -555,21 +658,30 @@ def run_demo(runs: Sequence[DemoRun], *, faults: Sequence[str] = (),
     problems: list[str] = []
     if guest_failure:
         problems.append(guest_failure)
+    if port2:
+        checks = [part for check in checks for part in port_checks(check)]
     for check in checks:
         check_run(check)
         problems += check.problems
     netdev_summary = None
     if exit_code != 0:
         problems.append(f"netdev exited {exit_code}; its log {CACHE / f'{name}-netdev.log'}")
-    try:
-        netdev_summary = json.loads(summary_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        problems.append(f"netdev wrote no summary ({summary_path})")
+    summaries: list[dict | None] = []
+    paths = [summary_path] + [summary_path.with_name(f"{summary_path.stem}-port2.json")
+                              ] * (ports == 2)
+    for path in paths:
+        try:
+            summaries.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            summaries.append(None)
+            problems.append(f"netdev wrote no summary ({path})")
+    netdev_summary = summaries[0]
     retransmitted = sum(check.retransmitted for check in checks)
     if require_retransmissions and retransmitted == 0:
         problems.append("faults were injected but no endpoint QP retransmitted anything "
                         "(sum of STATUS retransmitted is 0)")
-    return DemoResult(checks, netdev_summary, problems, time.monotonic() - started)
+    return DemoResult(checks, netdev_summary, problems, time.monotonic() - started,
+                      netdev2=summaries[1] if port2 else None)
 
 
 def report(result: DemoResult, out: Callable[[str], None] = print) -> None:
@@ -581,17 +693,21 @@ def report(result: DemoResult, out: Callable[[str], None] = print) -> None:
         for line in check.lines or [f"{check.run.operation:<10} {check.run.size:>6} B  "
                                     f"no result ({check.run.label()})"]:
             out(f"  {line}")
-    summary = result.netdev
-    if summary is not None:
-        out(f"netdev: {summary.get('cycles')} cycles in {summary.get('seconds')} s; frames "
+    summaries = [("netdev", result.netdev)]
+    if result.netdev2 is not None:
+        summaries = [("netdev port 1", result.netdev), ("netdev port 2", result.netdev2)]
+    for who, summary in summaries:
+        if summary is None:
+            continue
+        out(f"{who}: {summary.get('cycles')} cycles in {summary.get('seconds')} s; frames "
             f"{summary.get('frames')}")
-        out(f"netdev: faults to the core {summary.get('faults_to_core')}, to the host "
+        out(f"{who}: faults to the core {summary.get('faults_to_core')}, to the host "
             f"{summary.get('faults_to_host')}")
-        out("netdev: counters that moved: " + ", ".join(
+        out(f"{who}: counters that moved: " + ", ".join(
             f"{name} {value}" for name, value in sorted(summary.get("counters", {}).items())))
-        out(f"netdev: pcap {summary.get('pcap')}")
+        out(f"{who}: pcap {summary.get('pcap')}")
         if summary.get("source"):
-            out(f"netdev: the event source: {summary['source']}")
+            out(f"{who}: the event source: {summary['source']}")
     table = simulation_figures(result.checks)
     if table:
         out("simulation figures, perftest-style (host landing times, first message to last; "
@@ -599,6 +715,9 @@ def report(result: DemoResult, out: Callable[[str], None] = print) -> None:
             "simulation's rates, not the board's):")
         for line in table:
             out(f"  {line}")
+    if any(check.port for check in result.checks):
+        for line in port_totals(result.checks):
+            out(line)
     retransmitted = sum(check.retransmitted for check in result.checks)
     out(f"retransmitted packets (STATUS, all runs): {retransmitted}; demo "
         f"{result.seconds:.0f} s")
@@ -606,6 +725,9 @@ def report(result: DemoResult, out: Callable[[str], None] = print) -> None:
         if all(check.run.read_events for check in result.checks):
             out(f"OK: {len(result.checks)} run{'s' * (len(result.checks) != 1)}, every "
                 "fragment intact")
+        elif result.netdev2 is not None:
+            out(f"OK: {len(result.checks) // 2} runs on each of the two ports, every message "
+                "byte-exact and every STATUS agrees with qp-server, per port")
         else:
             out(f"OK: {len(result.checks)} runs, every message byte-exact and every STATUS "
                 "agrees with qp-server")
@@ -636,6 +758,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--example", action="store_true",
                         help="the example event source instead of the generator: "
                              "host.read_events reads its fragments through the receive API")
+    parser.add_argument("--ports", type=int, choices=(1, 2), default=1,
+                        help="2: the two-cage board's two cores (netdev --ports 2) and the "
+                             "guest with a second NIC (eth1, rxe1) cabled to port 2; each "
+                             "run of a WRITE, a WRITE with immediate and a SEND on both ports "
+                             "at once (default %(default)s)")
+    parser.add_argument("--local-port2", type=int, default=DEFAULT_LOCAL_PORT2,
+                        help=f"with --ports 2: QEMU's UDP port of eth1 (default "
+                             f"{DEFAULT_LOCAL_PORT2})")
+    parser.add_argument("--remote-port2", type=int, default=DEFAULT_REMOTE_PORT2,
+                        help=f"with --ports 2: netdev's UDP port of port 2 (default "
+                             f"{DEFAULT_REMOTE_PORT2})")
     parser.add_argument("--verbose", action="store_true",
                         help="show qp-server's messages and the guest's other output")
     return parser
@@ -651,7 +784,10 @@ QUICK_RUNS = (
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.ports == 2 and (args.example or args.quick):
+        parser.error("--ports 2 has its own runs: leave out --example and --quick")
     faults = []
     for option in ("faults", "faults_to_core", "faults_to_host"):
         value = getattr(args, option)
@@ -663,12 +799,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line, flush=True)
 
     try:
-        runs = EXAMPLE_RUNS if args.example else QUICK_RUNS if args.quick else DEFAULT_RUNS
+        runs = (TWO_PORT_RUNS if args.ports == 2 else EXAMPLE_RUNS if args.example
+                else QUICK_RUNS if args.quick else DEFAULT_RUNS)
         result = run_demo(runs, faults=faults, local_port=args.local_port,
                           remote_port=args.remote_port, require_retransmissions=bool(faults),
                           out=out, verbose=args.verbose,
                           netdev_options=example_netdev_options(EXAMPLE_RUNS[0])
-                          if args.example else ())
+                          if args.example else (),
+                          port2=(args.local_port2, args.remote_port2)
+                          if args.ports == 2 else None)
     except (HostToolsError, ImageError) as error:
         print(f"{_PROG}: cannot run here: {error}", file=sys.stderr)
         return 1

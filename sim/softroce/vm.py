@@ -6,6 +6,13 @@ and ``rxe0`` on it, runs the script with the repository as working directory
 and ``PYTHONPATH``, and powers off. The script sees ``SOFTROCE_IP``,
 ``SOFTROCE_MTU``, ``SOFTROCE_NEIGHBOUR_IP`` and ``SOFTROCE_NEIGHBOUR_MAC``.
 
+With a second NIC (:class:`SecondNic`, for the two ports of the two-cage board)
+the guest also has eth1 on a netdev of its own, in a subnet of its own: the
+script's first lines set it up like eth0 (MTU, address, static neighbour) and
+add ``rxe1`` on it, before the script proper runs. Its connected route sends
+the traffic to its subnet out of eth1, and rxe1's IPv4 GID (index 1) is
+eth1's address. The script also sees ``SOFTROCE_IP1``.
+
 eth0 is a virtio-net NIC on ``-netdev dgram``: every Ethernet frame (no FCS) is
 one UDP datagram between ``127.0.0.1:local_port`` (QEMU) and
 ``127.0.0.1:remote_port`` (whoever plays the network: a simulation bridge, a
@@ -37,8 +44,10 @@ from typing import TextIO
 from .image import CACHE, ROOT, Image, build_image
 from .tools import ensure_host_tools
 
-__all__ = ["GuestConfig", "GuestResult", "GuestError", "GuestTimeout", "Guest", "run_script",
-           "DEFAULT_LOCAL_PORT", "DEFAULT_REMOTE_PORT", "DEFAULT_MAC", "DEFAULT_IP"]
+__all__ = ["GuestConfig", "SecondNic", "GuestResult", "GuestError", "GuestTimeout", "Guest",
+           "run_script", "DEFAULT_LOCAL_PORT", "DEFAULT_REMOTE_PORT", "DEFAULT_MAC",
+           "DEFAULT_IP", "DEFAULT_LOCAL_PORT2", "DEFAULT_REMOTE_PORT2", "DEFAULT_MAC2",
+           "DEFAULT_IP2", "ETH1_SETUP_FAILED"]
 
 #: QEMU's end of the dgram netdev.
 DEFAULT_LOCAL_PORT = 17300
@@ -47,6 +56,15 @@ DEFAULT_REMOTE_PORT = 17301
 #: The guest's eth0 (QEMU's usual first MAC; the project's benches use it for the rxe peer).
 DEFAULT_MAC = "52:54:00:12:34:56"
 DEFAULT_IP = "10.77.0.1/24"
+#: eth1's netdev (a second NIC): QEMU's end and the network's.
+DEFAULT_LOCAL_PORT2 = 17302
+DEFAULT_REMOTE_PORT2 = 17303
+#: eth1: QEMU's usual second MAC, and an address in the subnet of the two-cage board's
+#: second port (:data:`boards.vcu118_top.PORT2_ADDRESS`, 10.77.1.2).
+DEFAULT_MAC2 = "52:54:00:12:34:57"
+DEFAULT_IP2 = "10.77.1.1/24"
+#: The script's exit code when setting up eth1 and rxe1 failed.
+ETH1_SETUP_FAILED = 125
 
 #: One console line as it arrives, and whether it is the script's output.
 LineCallback = Callable[[str, bool], None]
@@ -75,6 +93,59 @@ def _check_port(name: str, port: int) -> None:
         raise ValueError(f"{name} must be a UDP port 1..65535, not {port!r}")
 
 
+def _check_nic(local_port: int, remote_port: int, mac: str, ip: str,
+               neighbour: tuple[str, str] | None, example_ip: str) -> None:
+    """The checks one NIC's settings share: ports, MAC, address with prefix, neighbour."""
+    _check_port("local_port", local_port)
+    _check_port("remote_port", remote_port)
+    if local_port == remote_port:
+        raise ValueError(f"local_port and remote_port are both {local_port}")
+    if not isinstance(mac, str) or not _MAC.match(mac.lower()):
+        raise ValueError(f"mac must look like 52:54:00:12:34:56, not {mac!r}")
+    try:
+        ipaddress.IPv4Interface(ip)
+    except ValueError:
+        raise ValueError(f"ip must be an IPv4 address with prefix, such as "
+                         f"{example_ip}, not {ip!r}") from None
+    if "/" not in ip:
+        raise ValueError(f"ip needs a prefix length ({example_ip}), not {ip!r}")
+    if neighbour is not None:
+        neighbour_ip, neighbour_mac = neighbour
+        ipaddress.IPv4Address(neighbour_ip)
+        if not _MAC.match(neighbour_mac.lower()):
+            raise ValueError(f"neighbour MAC must look like 02:00:00:00:00:02, "
+                             f"not {neighbour_mac!r}")
+
+
+@dataclass(frozen=True)
+class SecondNic:
+    """The guest's eth1 with ``rxe1``: its own netdev ports, MAC, address with prefix (a
+    subnet other than eth0's) and optional static neighbour ``(ip, mac)``; its MTU is
+    eth0's."""
+    local_port: int = DEFAULT_LOCAL_PORT2
+    remote_port: int = DEFAULT_REMOTE_PORT2
+    mac: str = DEFAULT_MAC2
+    ip: str = DEFAULT_IP2
+    neighbour: tuple[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        _check_nic(self.local_port, self.remote_port, self.mac, self.ip, self.neighbour,
+                   DEFAULT_IP2)
+
+    def setup_script(self) -> str:
+        """The shell lines that set up eth1 and rxe1 (run first in the guest's script);
+        the script exits :data:`ETH1_SETUP_FAILED` if one fails."""
+        steps = ['ip link set eth1 mtu "$SOFTROCE_MTU" up',
+                 f"ip addr add {shlex.quote(self.ip)} dev eth1"]
+        if self.neighbour is not None:
+            neighbour_ip, neighbour_mac = self.neighbour
+            steps.append(f"ip neigh replace {shlex.quote(neighbour_ip)} lladdr "
+                         f"{shlex.quote(neighbour_mac.lower())} dev eth1 nud permanent")
+        steps.append("rdma link add rxe1 type rxe netdev eth1")
+        return "".join(f"{step} || {{ echo 'softroce: eth1 setup failed: {step}' >&2; "
+                       f"exit {ETH1_SETUP_FAILED}; }}\n" for step in steps)
+
+
 @dataclass(frozen=True)
 class GuestConfig:
     """How to boot the guest and set up its network.
@@ -94,29 +165,25 @@ class GuestConfig:
     cpus: int = 1
     timeout: float = 300.0
     extra_kernel_args: tuple[str, ...] = field(default=())
+    eth1: SecondNic | None = None
 
     def __post_init__(self) -> None:
-        _check_port("local_port", self.local_port)
-        _check_port("remote_port", self.remote_port)
-        if self.local_port == self.remote_port:
-            raise ValueError(f"local_port and remote_port are both {self.local_port}")
-        if not isinstance(self.mac, str) or not _MAC.match(self.mac.lower()):
-            raise ValueError(f"mac must look like 52:54:00:12:34:56, not {self.mac!r}")
-        try:
-            ipaddress.IPv4Interface(self.ip)
-        except ValueError:
-            raise ValueError(f"ip must be an IPv4 address with prefix, such as "
-                             f"10.77.0.1/24, not {self.ip!r}") from None
-        if "/" not in self.ip:
-            raise ValueError(f"ip needs a prefix length (10.77.0.1/24), not {self.ip!r}")
+        _check_nic(self.local_port, self.remote_port, self.mac, self.ip, self.neighbour,
+                   DEFAULT_IP)
         if not 68 <= self.mtu <= 65535:
             raise ValueError(f"mtu must be 68..65535, not {self.mtu!r}")
-        if self.neighbour is not None:
-            neighbour_ip, neighbour_mac = self.neighbour
-            ipaddress.IPv4Address(neighbour_ip)
-            if not _MAC.match(neighbour_mac.lower()):
-                raise ValueError(f"neighbour MAC must look like 02:00:00:00:00:02, "
-                                 f"not {neighbour_mac!r}")
+        if self.eth1 is not None:
+            ports = {self.local_port, self.remote_port}
+            if ports & {self.eth1.local_port, self.eth1.remote_port}:
+                raise ValueError(f"eth1's ports {self.eth1.local_port}, "
+                                 f"{self.eth1.remote_port} overlap eth0's {sorted(ports)}")
+            if self.eth1.mac.lower() == self.mac.lower():
+                raise ValueError(f"eth1 and eth0 both have MAC {self.mac}")
+            subnets = [ipaddress.IPv4Interface(ip).network for ip in (self.ip, self.eth1.ip)]
+            if subnets[0].overlaps(subnets[1]):
+                raise ValueError(f"eth1 ({self.eth1.ip}) needs a subnet of its own, apart "
+                                 f"from eth0's ({self.ip}), so that its route sends its "
+                                 "traffic out of eth1")
         if self.memory_mib < 256:
             raise ValueError(f"memory_mib must be at least 256, not {self.memory_mib!r}")
         if not 1 <= self.cpus <= 8:
@@ -128,7 +195,14 @@ class GuestConfig:
         """The ``SOFTROCE_*`` variables the init reads and the script sees."""
         neighbour_ip, neighbour_mac = self.neighbour or ("", "")
         return {"SOFTROCE_IP": self.ip, "SOFTROCE_MTU": str(self.mtu),
-                "SOFTROCE_NEIGHBOUR_IP": neighbour_ip, "SOFTROCE_NEIGHBOUR_MAC": neighbour_mac}
+                "SOFTROCE_NEIGHBOUR_IP": neighbour_ip, "SOFTROCE_NEIGHBOUR_MAC": neighbour_mac,
+                **({"SOFTROCE_IP1": self.eth1.ip} if self.eth1 is not None else {})}
+
+    def script(self, script: str) -> str:
+        """The script the guest runs for ``script``: with eth1, its setup comes first."""
+        if self.eth1 is None:
+            return script
+        return "#!/bin/sh\n" + self.eth1.setup_script() + script
 
 
 @dataclass(frozen=True)
@@ -197,9 +271,17 @@ class Guest:
     def command(self, image: Image, job: Path) -> list[str]:
         """The QEMU command line for ``image`` with ``job`` as the job share."""
         config = self._config
-        netdev = ("dgram,id=n0,local.type=inet,local.host=127.0.0.1,"
-                  f"local.port={config.local_port},remote.type=inet,remote.host=127.0.0.1,"
-                  f"remote.port={config.remote_port}")
+        nics = [(config.local_port, config.remote_port, config.mac)]
+        if config.eth1 is not None:
+            nics.append((config.eth1.local_port, config.eth1.remote_port, config.eth1.mac))
+        network = []
+        for number, (local_port, remote_port, mac) in enumerate(nics):
+            network += [
+                "-netdev", (f"dgram,id=n{number},local.type=inet,local.host=127.0.0.1,"
+                            f"local.port={local_port},remote.type=inet,"
+                            f"remote.host=127.0.0.1,remote.port={remote_port}"),
+                # romfile= : no iPXE option ROM, the kernel is loaded directly.
+                "-device", f"virtio-net-pci,netdev=n{number},mac={mac.lower()},romfile="]
         kernel_args = " ".join((*_KERNEL_ARGS, f"init={image.init}", *config.extra_kernel_args))
         return [
             str(ensure_host_tools(needed=(QEMU,)).qemu), "-nodefaults", "-no-user-config",
@@ -208,9 +290,7 @@ class Guest:
             "-smp", str(config.cpus), "-display", "none", "-serial", "stdio",
             "-kernel", str(image.kernel), "-initrd", str(image.initrd), "-append", kernel_args,
             "-drive", f"file={image.rootfs},if=virtio,format=raw,snapshot=on",
-            "-netdev", netdev,
-            # romfile= : no iPXE option ROM, the kernel is loaded directly.
-            "-device", f"virtio-net-pci,netdev=n0,mac={config.mac.lower()},romfile=",
+            *network,
             "-virtfs", f"local,path={ROOT},mount_tag=repo,security_model=none,readonly=on",
             "-virtfs", f"local,path={job},mount_tag=job,security_model=none",
         ]
@@ -221,6 +301,8 @@ class Guest:
             raise GuestError("this Guest was already started")
         image = self._image or build_image()
         _check_port_free(self._config.local_port)
+        if self._config.eth1 is not None:
+            _check_port_free(self._config.eth1.local_port)
         _remove_stale_workdirs()
         self._workdir = tempfile.TemporaryDirectory(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
         try:
@@ -231,7 +313,7 @@ class Guest:
             (job / "config").write_text("".join(
                 f"export {name}={shlex.quote(value)}\n"
                 for name, value in self._config.environment().items()))
-            (job / "script").write_text(self._script)
+            (job / "script").write_text(self._config.script(self._script))
             (job / "script").chmod(0o755)
             command = self.command(image, job)
             self._log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -725,3 +725,25 @@ def test_endpoint_arguments():
     for bad in ("10.77.0.2:0", "board:17185", "10.77.0.2:x"):
         with pytest.raises(cli.argparse.ArgumentTypeError):
             cli.parse_endpoint(bad)
+
+
+def test_a_device_per_endpoint():
+    backends = [FakeBackend(), FakeBackend()]
+    made = iter(backends)
+
+    def factory(options):
+        return next(made)(options)
+
+    with FakeEndpoint(backends[0]) as first, FakeEndpoint(backends[1]) as second:
+        code, out, err = run(["--endpoint", f"127.0.0.1:{first.port}", "--endpoint",
+                              f"127.0.0.1:{second.port}", "--device", "rxe0", "--device",
+                              "rxe1", "--bind", "127.0.0.1:0", "--stall", "0.2", "--json",
+                              "--write", "--size", "64", "--count", "2"], factory)
+    assert code == 0, err
+    assert [backend.options.device for backend in backends] == ["rxe0", "rxe1"]
+    three = ["--endpoint", "10.0.0.1", "--endpoint", "10.0.0.2", "--endpoint", "10.0.0.3"]
+    for argv in ([*three, "--device", "rxe0", "--device", "rxe1"],
+                 [*three[:2], "--device", "rxe0", "--device", "rxe1"]):
+        with pytest.raises(SystemExit) as exit_info:
+            run(argv, FakeBackend())
+        assert exit_info.value.code == 2

@@ -1,13 +1,15 @@
 """``python -m sim.softroce.demo`` reduced: qp-server in the Soft-RoCE guest against netdev.
 
-Three demos, each with its own netdev and guest boot (about 1 and 1.5 minutes
+Four demos, each with its own netdev and guest boot (about 1 and 1.5 minutes
 here, with the Verilator build cached): a clean link, and a link that drops 2 %
 and corrupts 0.5 % of the frames both ways, where the endpoint must retransmit
 and every byte must still arrive. Both include the close and reopen of one host
 QP (``--repeat 2``). The third runs the example event source (``--example``, the
 EventCore of tests/sim/test_event_source.py, one build for both): host.read_events
 in the guest reads its fragments through the receive API from the ring its OPEN_QP
-announced. The checks of :func:`sim.softroce.demo.check_run` are tested
+announced. The fourth runs both ports of the two-cage board (``--ports 2``): the guest
+with a second NIC on port 2's channel, two qp-server runs with both endpoints, checked
+per port (about 45 s here). The checks of :func:`sim.softroce.demo.check_run` are tested
 on their own first, without the guest, so a broken check cannot pass silently.
 """
 
@@ -27,19 +29,24 @@ from sim.softroce.demo import (
     DEFAULT_RUNS,
     EXAMPLE_RUNS,
     LISTEN_PORT,
+    TWO_PORT_RUNS,
     DemoResult,
     DemoRun,
     RunCheck,
+    build_parser,
     check_run,
     example_netdev_options,
     expected_sha256,
     guest_script,
+    main,
+    port_checks,
+    port_totals,
     run_demo,
     simulation_figures,
 )
-from sim.softroce.image import cached_image
+from sim.softroce.image import Image, cached_image
 from sim.softroce.tools import HostToolsError, ensure_host_tools
-from sim.softroce.vm import QEMU
+from sim.softroce.vm import ETH1_SETUP_FAILED, QEMU, Guest, GuestConfig, SecondNic
 
 REPEAT = DemoRun(write=True, immediate=True, size=256, count=3, repeat=2)
 CLEAN_RUNS = (
@@ -65,8 +72,8 @@ def _summary(run: DemoRun, *, status_bytes: int | None = None,
                            "bytes": run.count * run.size if status_bytes is None
                            else status_bytes}}
                for index in range(run.qps)]
-        return {"ok": True, "pass": number, "messages": run.count * run.qps, "qp": qps,
-                "gbytes_per_s": 0.0}
+        return {"ok": True, "pass": number, "messages": run.count * run.qps,
+                "bytes": run.count * run.size * run.qps, "qp": qps, "gbytes_per_s": 0.0}
     passes = [one(number) for number in range(1, run.repeat + 1)]
     return {**passes[-1], "passes": passes} if run.repeat > 1 else passes[0]
 
@@ -196,6 +203,104 @@ def test_check_run_of_read_events_wants_every_fragment_intact() -> None:
         assert len(bad.problems) == 1, output
 
 
+# Two ports
+
+
+def test_two_port_script_gives_each_run_both_endpoints_each_on_its_device() -> None:
+    script = guest_script(TWO_PORT_RUNS, ports=2)
+    both = ("python3 -m host.cli --endpoint 10.77.0.2 --endpoint 10.77.1.2 --device rxe0 "
+            "--device rxe1 --timeout 5 --stall 120 ")
+    assert script.count(both) == len(TWO_PORT_RUNS) == 3
+    assert both + "--write --imm --size 3000 --count 4 --mtu 1024 --json" in script
+    assert guest_script(TWO_PORT_RUNS).count("--endpoint") == 3, "one port: one endpoint"
+    with pytest.raises(ValueError, match="qp-server only"):
+        guest_script([RECEIVE_API], ports=2)
+    with pytest.raises(ValueError):
+        guest_script(TWO_PORT_RUNS, ports=3)
+
+
+def _fleet(run: DemoRun, *, second_ok: bool = True) -> dict:
+    first, second = _summary(run), _summary(run, status_bytes=None if second_ok else 7)
+    second["ok"] = second_ok
+    return {"ok": second_ok, "figures": {},
+            "endpoints": [{"endpoint": "10.77.0.2", "error": None, **first},
+                          {"endpoint": "10.77.1.2", "error": None, **second}]}
+
+
+def test_port_checks_check_each_port_on_its_own() -> None:
+    run = TWO_PORT_RUNS[1]
+    log = ["qp-server: 10.77.0.2: paired host QPN 17", "qp-server: 10.77.1.2: paired 18"]
+    good = port_checks(RunCheck(run, 1, exit_code=0, summary=_fleet(run), log=log))
+    for check in good:
+        check_run(check)
+    assert [(check.port, check.ok, check.log) for check in good] == [
+        (1, True, log[:1]), (2, True, log[1:])]
+    assert good[1].lines[0].startswith("port 2  WRITE+IMM")
+    totals = port_totals(good)
+    assert totals[0] == ("port 1 (10.77.0.2): 1 of 1 runs ok, 4 messages, 12000 bytes, every "
+                         "byte checked and every STATUS agreeing")
+    assert totals[2].startswith("both ports: 2 of 2 runs ok, 8 messages, 24000 bytes")
+
+    bad = port_checks(RunCheck(run, 1, exit_code=1, summary=_fleet(run, second_ok=False)))
+    for check in bad:
+        check_run(check)
+    assert bad[0].ok, bad[0].problems
+    assert any("on port 2 (10.77.1.2)" in text and "STATUS says 7 bytes" in text
+               for text in bad[1].problems), bad[1].problems
+    assert port_totals(bad)[2] == "both ports: 1 of 2 runs ok, 8 messages, 24000 bytes"
+
+    missing = port_checks(RunCheck(run, 1, exit_code=124, summary=None))
+    for check in missing:
+        check_run(check)
+    assert all("no JSON summary" in check.problems[0] for check in missing)
+
+
+def test_two_port_options() -> None:
+    args = build_parser().parse_args(["--ports", "2"])
+    assert (args.ports, args.local_port2, args.remote_port2) == (2, 17302, 17303)
+    for clash in (["--ports", "2", "--quick"], ["--ports", "2", "--example"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(clash)
+        assert exit_info.value.code == 2
+
+
+def test_guest_with_a_second_nic(tmp_path) -> None:
+    eth1 = SecondNic(local_port=4002, remote_port=4003, neighbour=("10.77.1.2",
+                                                                   "02:00:00:00:01:02"))
+    config = GuestConfig(local_port=4000, remote_port=4001, eth1=eth1)
+    assert config.environment()["SOFTROCE_IP1"] == "10.77.1.1/24"
+    assert "SOFTROCE_IP1" not in GuestConfig().environment()
+    script = config.script("echo hello\n")
+    assert script.startswith("#!/bin/sh\nip link set eth1 mtu \"$SOFTROCE_MTU\" up || ")
+    assert script.endswith("echo hello\n")
+    for step in ("ip addr add 10.77.1.1/24 dev eth1",
+                 "ip neigh replace 10.77.1.2 lladdr 02:00:00:00:01:02 dev eth1 nud permanent",
+                 "rdma link add rxe1 type rxe netdev eth1"):
+        assert f"\n{step} || {{ echo " in script and f"exit {ETH1_SETUP_FAILED}; }}" in script
+    assert GuestConfig().script("echo hello\n") == "echo hello\n"
+    for bad in ({"ip": "10.77.0.9/24"}, {"ip": "10.77.0.9/16"}, {"local_port": 4001},
+                {"mac": "52:54:00:12:34:56"}):
+        with pytest.raises(ValueError):
+            GuestConfig(local_port=4000, remote_port=4001,
+                        eth1=SecondNic(**{"local_port": 4002, "remote_port": 4003, **bad}))
+    with pytest.raises(ValueError):
+        SecondNic(ip="10.77.1.1")
+    try:
+        ensure_host_tools(needed=(QEMU,))
+    except HostToolsError as error:
+        pytest.skip(f"QEMU's command line: {error}")
+    command = Guest("true", config).command(Image(tmp_path), tmp_path)
+    netdevs = [command[i + 1] for i, word in enumerate(command) if word == "-netdev"]
+    devices = [command[i + 1] for i, word in enumerate(command) if word == "-device"]
+    assert [netdev.split(",")[0] for netdev in netdevs] == ["dgram", "dgram"]
+    assert "id=n1," in netdevs[1] and "local.port=4002," in netdevs[1]
+    assert netdevs[1].endswith("remote.port=4003")
+    assert devices == ["virtio-net-pci,netdev=n0,mac=52:54:00:12:34:56,romfile=",
+                       "virtio-net-pci,netdev=n1,mac=52:54:00:12:34:57,romfile="]
+    one = Guest("true", GuestConfig()).command(Image(tmp_path), tmp_path)
+    assert one.count("-netdev") == 1 and one.count("-device") == 1
+
+
 def _free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -203,8 +308,8 @@ def _free_udp_port() -> int:
 
 
 def _demo(runs: tuple[DemoRun, ...], name: str, faults: tuple[str, ...] = (),
-          netdev_options: tuple[str, ...] = (), build: Callable[[], object] | None = None
-          ) -> DemoResult:
+          netdev_options: tuple[str, ...] = (), build: Callable[[], object] | None = None,
+          two_ports: bool = False) -> DemoResult:
     """Run the demo; ``build`` first builds netdev's design, without netdev's start-up
     limit."""
     try:
@@ -220,7 +325,8 @@ def _demo(runs: tuple[DemoRun, ...], name: str, faults: tuple[str, ...] = (),
     result = run_demo(runs, faults=faults, local_port=_free_udp_port(),
                       remote_port=_free_udp_port(), require_retransmissions=bool(faults),
                       out=print, name=name, guest_timeout=600,
-                      netdev_options=netdev_options)
+                      netdev_options=netdev_options,
+                      port2=(_free_udp_port(), _free_udp_port()) if two_ports else None)
     print(f"\nSoft-RoCE demo {name}: {time.monotonic() - started:.1f} s")
     return result
 
@@ -241,6 +347,18 @@ def example() -> DemoResult:
     return _demo(EXAMPLE_RUNS, "test-demo-example",
                  netdev_options=tuple(example_netdev_options(run)),
                  build=lambda: event_core_design(run.size))    # test_event_source.py's
+
+
+#: The two-port case: a WRITE+IMM of three packets and a SEND of one, each on both ports.
+DUAL_RUNS = (
+    DemoRun(write=True, immediate=True, size=3000, count=2, mtu=1024),
+    DemoRun(write=False, immediate=False, size=256, count=3),
+)
+
+
+@pytest.fixture(scope="module")
+def dual() -> DemoResult:
+    return _demo(DUAL_RUNS, "test-demo-ports2", two_ports=True)
 
 
 def _assert_every_message_and_status(result: DemoResult) -> None:
@@ -319,3 +437,20 @@ def test_read_events_gets_every_fragment_of_the_example_source(example: DemoResu
     assert (source["completed"], source["failed"]) == (run.count, 0), source
     assert example.netdev["counters"]["cm.opened"] == 1
     assert example.netdev["counters"]["cm.closed"] == 1
+
+
+@pytest.mark.softroce
+def test_two_ports_every_byte_and_status_per_port(dual: DemoResult) -> None:
+    """Each run's QP on port 1 (10.77.0.2, the guest's rxe0) and on port 2 (10.77.1.2,
+    rxe1): byte-exact and its STATUS agreeing, each port's core on its own channel."""
+    _assert_every_message_and_status(dual)
+    assert [(check.number, check.port) for check in dual.checks] == [
+        (0, 1), (0, 2), (1, 1), (1, 2)]
+    for check in dual.checks:
+        assert check.summary is not None
+        assert (check.summary["device"], check.summary["host_ip"]) == (
+            ("rxe0", "10.77.0.1") if check.port == 1 else ("rxe1", "10.77.1.1"))
+    for summary in (dual.netdev, dual.netdev2):
+        assert summary is not None
+        assert summary["frames"]["to_core"] > 0 and summary["frames"]["to_host"] > 0
+        assert summary["counters"]["cm.opened"] == len(DUAL_RUNS)
