@@ -81,16 +81,21 @@ class Figures:
         return self.messages / self.seconds / 1e6 if self.seconds > 0 else 0.0
 
     def to_json(self) -> dict[str, int | float]:
+        """The figures, the rates to six significant digits (a simulation's are small)."""
         return {"messages": self.messages, "bytes": self.bytes,
-                "seconds": round(self.seconds, 9), "gbits_per_s": round(self.gbits_per_s, 6),
-                "gbytes_per_s": round(self.gbytes_per_s, 6),
-                "mmsgs_per_s": round(self.mmsgs_per_s, 6),
+                "seconds": round(self.seconds, 9), "gbits_per_s": _significant(self.gbits_per_s),
+                "gbytes_per_s": _significant(self.gbytes_per_s),
+                "mmsgs_per_s": _significant(self.mmsgs_per_s),
                 "retransmitted": self.retransmitted, "naks": self.naks,
                 "timeouts": self.timeouts}
 
 
 _HEADINGS = ("messages", "bytes", "seconds", "Gb/s", "GB/s", "Mmsg/s", "retransmitted", "NAKs",
              "timeouts")
+
+
+def _significant(value: float) -> float:
+    return float(f"{value:.6g}")
 
 
 def _rate(value: float) -> str:
