@@ -184,8 +184,8 @@ class NetworkBench:
         # FPGA do: Icarus starts an input no one drove at X, and the core reads some
         # payloads while their valid is low (the pacing gate looks a request's QP up a
         # cycle ahead), so an X there once stopped every work request on Icarus.
-        for port in ("config", "work_request", "qp_write", "roce_config", "cm_config",
-                     "pause_config", "dcqcn_config")[0 if self._config_port else 1:]:
+        for port in ("config", "work_request", "qp_write", "connect", "roce_config",
+                     "cm_config", "pause_config", "dcqcn_config")[0 if self._config_port else 1:]:
             getattr(self.dut, f"{port}__valid").value = 0
             getattr(self.dut, f"{port}__payload").value = 0
         for signal in ("tvalid", "tdata", "tkeep", "tlast", "tuser"):
