@@ -206,42 +206,29 @@ class RejectReason(enum.IntEnum):
     CONSUMER_DEFINED = 28
 
 
-#: A REQ's 92 bytes of private data: rdma_cm's cma_hdr, then the endpoint's user part.
-REQ_PRIVATE = NetworkLayout({
-    "cma": CMA_HEADER,
-    "version": 8,
-    "reserved_1": 24,
-    "rkey": 32,
-    "base": 64,
-    "length": 64,
-    "rest": 8 * (92 - CMA_HEADER.length - 24),
-})
+#: The endpoint's two private data layouts (CM_PROTOCOL.md, "Standard RDMA CM"): a host's
+#: buffer (its REQ to the endpoint, its REP to the endpoint's REQ) and the endpoint's QPN
+#: (its REP, its REQ).
+_BUFFER_FIELDS = {"version": 8, "reserved_1": 24, "rkey": 32, "base": 64, "length": 64}
+_QPN_FIELDS = {"version": 8, "reserved_1": 24, "qpn": 32}
 
-#: A REP's 196 bytes of private data (the endpoint's REP), and the 56 bytes of user
-#: private data of its REQ after the cma_hdr: the same 8 bytes first.
-REP_PRIVATE = NetworkLayout({
-    "version": 8,
-    "reserved_1": 24,
-    "qpn": 32,
-    "rest": 8 * (196 - 8),
-})
-CONNECT_REQ_PRIVATE = NetworkLayout({
-    "cma": CMA_HEADER,
-    "version": 8,
-    "reserved_1": 24,
-    "qpn": 32,
-    "rest": 8 * (92 - CMA_HEADER.length - 8),
-})
 
-#: The host's REP private data (its ``rdma_accept``): the user part of a REQ's.
-ACCEPT_PRIVATE = NetworkLayout({
-    "version": 8,
-    "reserved_1": 24,
-    "rkey": 32,
-    "base": 64,
-    "length": 64,
-    "rest": 8 * (196 - 24),
-})
+def _private_data(fields, *, req):
+    """``fields`` as a CM message's private data, zero after them: a REQ's 92 bytes, after
+    the cma_hdr rdma_cm puts first (``req``), or a REP's 196."""
+    head = {"cma": CMA_HEADER} if req else {}
+    used = sum(Shape.cast(shape).width for shape in {**head, **fields}.values())
+    return NetworkLayout({**head, **fields, "rest": 8 * (92 if req else 196) - used})
+
+
+#: A REQ's 92 bytes of private data from a host: the cma_hdr, then its buffer.
+REQ_PRIVATE = _private_data(_BUFFER_FIELDS, req=True)
+#: The endpoint's REP's 196 bytes of private data: its QPN.
+REP_PRIVATE = _private_data(_QPN_FIELDS, req=False)
+#: The endpoint's REQ's 92 bytes of private data: the cma_hdr, then its QPN.
+CONNECT_REQ_PRIVATE = _private_data(_QPN_FIELDS, req=True)
+#: The host's REP private data (its ``rdma_accept``): its buffer, as in its REQ.
+ACCEPT_PRIVATE = _private_data(_BUFFER_FIELDS, req=False)
 
 #: An allocation request: what the QP table needs of a REQ.
 CM_OPEN = data.StructLayout({
@@ -674,6 +661,22 @@ class IbCm(wiring.Component):
             m.d.sync += [send.eq(_Send.REJ), reason.eq(reason_code)]
             m.d.comb += events[counter].eq(1)
 
+        def new_connection(state, *, response_timeout, max_retries, **fields):
+            """A new connection's entry (``fields`` of :data:`_ENTRY`), in ``state``: the
+            next comm ID its Local Comm ID, the LFSR's PSN, its retries and timer set."""
+            m.d.sync += [
+                entry.eq(0),
+                entry.state.eq(state),
+                entry.local_comm_id.eq(comm_id),
+                entry.psn.eq(psn),
+                entry.response_timeout.eq(response_timeout),
+                entry.max_retries.eq(max_retries),
+                entry.retries.eq(max_retries),
+                entry.ticks.eq(_interval(response_timeout)),
+                *(entry[name].eq(value) for name, value in fields.items()),
+                comm_id.eq(Mux(next_comm_id == 0, 1, next_comm_id)),
+            ]
+
         def offer(state, port, then):
             """A state that offers ``port``'s payload until taken, then goes to ``then``."""
             with m.State(state):
@@ -703,26 +706,12 @@ class IbCm(wiring.Component):
                 with m.Elif(connects.r_rdy & seeded):
                     # A connection to open: its entry, then the REQ.
                     m.d.comb += [connects.r_en.eq(1), events["req_sent"].eq(1)]
-                    interval = _interval(config.req_timeout)
-                    m.d.sync += [
-                        sweeping.eq(0),
-                        index.eq(connecting.qp),
-                        send.eq(_Send.REQ),
-                        entry.eq(0),
-                        entry.state.eq(_State.REQ_SENT),
-                        entry.tid.eq(Cat(comm_id, REQ_TID_HIGH)),
-                        entry.local_comm_id.eq(comm_id),
-                        entry.peer_ip.eq(connecting.remote_ip),
-                        entry.peer_qp.eq(1),
-                        entry.psn.eq(psn),
-                        entry.port.eq(connecting.port),
-                        entry.path_mtu.eq(connecting.path_mtu),
-                        entry.response_timeout.eq(config.req_timeout),
-                        entry.max_retries.eq(REQ_RETRIES),
-                        entry.retries.eq(REQ_RETRIES),
-                        entry.ticks.eq(interval),
-                        comm_id.eq(Mux(next_comm_id == 0, 1, next_comm_id)),
-                    ]
+                    m.d.sync += [sweeping.eq(0), index.eq(connecting.qp), send.eq(_Send.REQ)]
+                    new_connection(_State.REQ_SENT, tid=Cat(comm_id, REQ_TID_HIGH),
+                                   peer_ip=connecting.remote_ip, peer_qp=1,
+                                   response_timeout=config.req_timeout,
+                                   max_retries=REQ_RETRIES, port=connecting.port,
+                                   path_mtu=connecting.path_mtu)
                     m.next = "STORE"
 
             with m.State("DISPATCH"):               # the REQ checks register meanwhile
@@ -867,23 +856,13 @@ class IbCm(wiring.Component):
                     result_open = self.i_opened.payload
                     with m.If(result_open.accepted):
                         m.d.comb += events["rep_sent"].eq(1)
-                        m.d.sync += [
-                            index.eq(result_open.qp),
-                            entry.eq(0),
-                            entry.state.eq(_State.PENDING),
-                            entry.tid.eq(rx.mad.header.transaction_id),
-                            entry.local_comm_id.eq(comm_id),
-                            entry.remote_comm_id.eq(req.local_comm_id),
-                            entry.peer_ip.eq(rx.src_ip),
-                            entry.peer_qp.eq(rx.src_qp),
-                            entry.host_qpn.eq(req.local_qpn),
-                            entry.psn.eq(psn),
-                            entry.response_timeout.eq(req.local_cm_response_timeout),
-                            entry.max_retries.eq(req.max_cm_retries),
-                            entry.retries.eq(req.max_cm_retries),
-                            entry.ticks.eq(_interval(req.local_cm_response_timeout)),
-                            comm_id.eq(Mux(next_comm_id == 0, 1, next_comm_id)),
-                        ]
+                        m.d.sync += index.eq(result_open.qp)
+                        new_connection(_State.PENDING, tid=rx.mad.header.transaction_id,
+                                       peer_ip=rx.src_ip, peer_qp=rx.src_qp,
+                                       response_timeout=req.local_cm_response_timeout,
+                                       max_retries=req.max_cm_retries,
+                                       remote_comm_id=req.local_comm_id,
+                                       host_qpn=req.local_qpn)
                         m.next = "STORE"
                     with m.Elif(result_open.refusal == OpenRefusal.NO_QP):
                         reject(RejectReason.NO_RESOURCES, "rej_no_qp")
