@@ -47,7 +47,7 @@ from .protocol import CM_PORT, generator_payload
 
 __all__ = ["ENDPOINT_PORT", "CONNECT_PRIVATE", "ACCEPT_PRIVATE", "REJ_REASONS", "CmEvent",
            "EventChannel", "CmId", "CmLink", "Rejected", "NoEvent", "connect_private",
-           "parse_accept_private", "event_error", "build_parser", "main"]
+           "connect_failed", "parse_accept_private", "event_error", "build_parser", "main"]
 
 _PROG = "rdma-connect"
 #: The endpoint's rdma_cm port (service ID 0x0106 << 16 | port): the UDP CM's port.
@@ -401,6 +401,20 @@ def check_run(connection: Connection, size: int, count: int, timeout: float) -> 
             "first_wrong": wrong[0] if wrong else None}
 
 
+def connect_failed(result: dict, error: HostError | ImportError, prog: str) -> int:
+    """The JSON ``result`` of a connect program that ``error`` stopped: the error (with a
+    REJ's reason), also printed as ``prog: error: ...``; the exit code, 1."""
+    if isinstance(error, ImportError):
+        result["error"] = f"pyverbs is missing ({error}): install python3-pyverbs"
+    else:
+        result.setdefault("established", False)
+        if isinstance(error, Rejected):
+            result["rej_reason"] = error.reason
+        result["error"] = str(error)
+    print(f"{prog}: error: {result['error']}", file=sys.stderr)
+    return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"python -m host.{__name__.rpartition('.')[2]}",
@@ -461,17 +475,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{_PROG}: error: {run['messages_ok']} of {args.count} messages "
                       f"byte-exact, first wrong {run['first_wrong']}", file=sys.stderr)
         result["disconnect"] = connection.disconnect(args.disconnect_timeout)
-    except HostError as error:
-        result.setdefault("established", False)
-        if isinstance(error, Rejected):
-            result["rej_reason"] = error.reason
-        result["error"] = str(error)
-        print(f"{_PROG}: error: {error}", file=sys.stderr)
-        code = 1
-    except ImportError as error:
-        result["error"] = f"pyverbs is missing ({error}): install python3-pyverbs"
-        print(f"{_PROG}: error: {result['error']}", file=sys.stderr)
-        code = 1
+    except (HostError, ImportError) as error:
+        code = connect_failed(result, error, _PROG)
     finally:
         if connection is not None:
             connection.close()

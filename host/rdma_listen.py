@@ -41,6 +41,7 @@ from .rdma_connect import (
     REJ_REASONS,
     CmId,
     Rejected,
+    connect_failed,
     connect_private,
     event_error,
     parse_accept_private,
@@ -330,17 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       connect_seconds=round(time.monotonic() - started, 2))
         print(f"{_PROG}: ESTABLISHED with endpoint QP {ack.loc.qpn}", file=sys.stderr)
         result["disconnect"] = accepted.listener.disconnect(args.disconnect_timeout)
-    except HostError as error:
-        result.setdefault("established", False)
-        if isinstance(error, Rejected):
-            result["rej_reason"] = error.reason
-        result["error"] = str(error)
-        print(f"{_PROG}: error: {error}", file=sys.stderr)
-        code = 1
-    except ImportError as error:
-        result["error"] = f"pyverbs is missing ({error}): install python3-pyverbs"
-        print(f"{_PROG}: error: {result['error']}", file=sys.stderr)
-        code = 1
+    except (HostError, ImportError) as error:
+        code = connect_failed(result, error, _PROG)
     finally:
         if accepted is not None:
             accepted.close()
