@@ -29,7 +29,9 @@ table gives per clock domain its frequency, flip-flops and the path with
 the most LUT levels into one of its registers, with the domain's logic mapped
 to LUTs alone and for delay (:func:`map_each_domain`: abc9 would otherwise
 deepen every path to the delay of the slowest one, of any clock), against the
-domain's budget (:data:`LUT_LEVEL_BUDGET`); a last line names the worst of these:
+domain's budget (:data:`LUT_LEVEL_BUDGET`), and the delay of its slowest path in
+Yosys's 7-series timing model against the clock's period (:func:`model_delay_ns`);
+a last line names the worst of the LUT-level paths:
 ``worst path: N LUT levels at F MHz (domain, from → to)`` (the one
 furthest over, or closest to, its budget).
 
@@ -59,6 +61,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -205,17 +208,29 @@ class SynthesisError(Exception):
 
 @dataclass
 class DomainDepth:
-    """A clock domain of a board top: its registers and its deepest path."""
+    """A clock domain of a board top: its registers, its deepest path and the delay of
+    its slowest path in Yosys's timing model (:func:`model_delay_ns`; None where not
+    measured)."""
     name: str
     hz: float
     flip_flops: int
     lut_levels: int
     start: str
     end: str
+    delay_ns: float | None = None
 
     @property
     def budget(self) -> int:
         return LUT_LEVEL_BUDGET[domain_kind(self.name)]
+
+    @property
+    def period_ns(self) -> float:
+        return 1e9 / self.hz
+
+    @property
+    def within_period(self) -> bool | None:
+        """Whether the slowest path's model delay fits the clock's period."""
+        return None if self.delay_ns is None else self.delay_ns <= self.period_ns
 
 
 @dataclass
@@ -682,8 +697,10 @@ def present_domains(domain_of: dict[int, str]) -> list[str]:
 
 
 def map_each_domain(yosys: list[str], workdir: Path, timeout: float, hz: dict[str, float],
-                    hard_ip: list[str], reuse: bool = False) -> list[DomainDepth]:
-    """Per clock domain, its deepest path with the domain's logic mapped to LUTs alone.
+                    hard_ip: list[str], reuse: bool = False,
+                    jobs: int = 2) -> list[DomainDepth]:
+    """Per clock domain, its deepest path with the domain's logic mapped to LUTs alone,
+    and the delay of its slowest path in Yosys's timing model.
 
     abc9 maps a netlist against one delay target, that of its slowest path, and
     deepens every faster path up to it to save LUTs: in a netlist of two clocks it
@@ -700,8 +717,10 @@ def map_each_domain(yosys: list[str], workdir: Path, timeout: float, hz: dict[st
     one, a path of carries (a LUT level costs 0.43 ns or more and a 24-bit carry
     chain 0.7 ns in its model), so a path's LUT levels would follow whichever
     adder or comparator is slowest, not its own logic; Vivado maps against the
-    clock's period. ``hard_ip``: the commands that declare the hard IP's ports. With
-    ``reuse``, the maps a finished run left are measured again (:func:`made_from`).
+    clock's period. Each domain is a Yosys run of its own (``jobs`` at once), its
+    log ``yosys-<domain>.log``. ``hard_ip``: the commands that declare the hard
+    IP's ports. With ``reuse``, a domain's map that a finished run left is
+    measured again (:func:`made_from`).
     """
     premap = json.loads((workdir / "premap.json").read_text())["modules"]["top"]
     domain_of = clock_domains(premap)
@@ -712,32 +731,61 @@ def map_each_domain(yosys: list[str], workdir: Path, timeout: float, hz: dict[st
                                      for port, direction in cell["port_directions"].items()
                                      if direction == "input"} - {None}
     # The Xilinx cells as synth_xilinx reads them, then the netlist.
-    commands = ["read_verilog -lib -specify +/xilinx/cells_sim.v",
-                "read_verilog -lib +/xilinx/cells_xtra.v", "read_rtlil premap.il", *hard_ip,
-                "hierarchy -top top", "design -save premap"]
+    read = ["read_verilog -lib -specify +/xilinx/cells_sim.v",
+            "read_verilog -lib +/xilinx/cells_xtra.v", "read_rtlil premap.il", *hard_ip,
+            "hierarchy -top top"]
     measured = present_domains(domain_of)
-    for domain in measured:
+
+    def map_domain(domain: str) -> None:
         for kind, cells in (("keep", [name for name, domains in domains_of_cell.items()
                                       if domain in domains]),
                             ("drop", [name for name, domains in domains_of_cell.items()
                                       if domains and domain not in domains])):
             (workdir / f"{kind}-{domain}.sel").write_text("".join(f"top/{name}\n"
                                                                  for name in cells))
-        commands += ["design -load premap", f"select -read keep-{domain}.sel",
-                     "setattr -set keep 1", f"select -read drop-{domain}.sel", "delete",
-                     "select -clear", f'scratchpad -set abc9.script "{DELAY_ORIENTED_ABC9}"',
-                     f"{SYNTH} -run map_luts:",
-                     f"json -o {domain}.json top"]
-    if not (reuse and made_from(workdir, "premap.json",
-                                [f"{domain}.json" for domain in measured])):
-        run_yosys(yosys, commands, workdir, timeout, log="yosys-domains.log")
+        commands = [*read, f"select -read keep-{domain}.sel", "setattr -set keep 1",
+                    f"select -read drop-{domain}.sel", "delete", "select -clear",
+                    f'scratchpad -set abc9.script "{DELAY_ORIENTED_ABC9}"',
+                    f"{SYNTH} -run map_luts:", f"json -o {domain}.json top"]
+        log = f"yosys-{domain}.log"
+        if not (reuse and made_from(workdir, "premap.json", [f"{domain}.json", log])):
+            run_yosys(yosys, commands, workdir, timeout, log=log)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        # list() so that the first failure is raised here.
+        list(pool.map(map_domain, measured))
     depths = []
     for domain in measured:
         module = json.loads((workdir / f"{domain}.json").read_text())["modules"]["top"]
         paths: list = []
         depth(module, paths)
-        depths += domain_depths(module, paths, hz, only=domain)
+        [found] = domain_depths(module, paths, hz, only=domain)
+        found.delay_ns = model_delay_ns((workdir / f"yosys-{domain}.log").read_text())
+        depths.append(found)
     return depths
+
+
+#: ABC's line for a LUT mapping: the arrival time of its latest output, in ps.
+ABC_DELAY = re.compile(r"^ABC: \w:\s+Del =\s*([\d.]+)\.", re.MULTILINE)
+
+
+def model_delay_ns(log: str) -> float:
+    """The delay of the slowest path of a domain's map in Yosys's timing model, from
+    abc9's report in the map's log (the largest, if ABC ran more than once).
+
+    The model is that of ``synth_xilinx -abc9``: Yosys has none for UltraScale+ and
+    takes 7-series figures (Artix-7, from Project X-Ray, in ``cells_sim.v``'s
+    ``specify`` blocks): a flip-flop's clock to output 303 ps, each LUT input 127 to
+    642 ps, each carry cell its own, and 300 ps of wire before each LUT or carry cell.
+    A path starts at a register's clock and ends at a register's input (no setup
+    time: the model has none for D). UltraScale+ is faster, so a domain's delay over
+    its period here says where Vivado's timing report will be tight, not that it will
+    fail."""
+    delays = [float(value) for value in ABC_DELAY.findall(log)]
+    if not delays:
+        raise SynthesisError("no delay in the per-domain map's log: abc9 did not report "
+                             "its mapping (Del = ...)")
+    return max(delays) / 1000
 
 
 def worst_domain(domains: list[DomainDepth]) -> DomainDepth:
@@ -758,14 +806,19 @@ def domain_table(results: list[Result]) -> Table:
         Column("lut_levels", "LUT levels",
                lambda row: f"{row['lut_levels']}" + ("" if row["within_budget"] else " **over**")),
         Column("budget", "budget"),
+        Column("delay_ns", "model delay (ns)", lambda row: (
+            "-" if row["delay_ns"] is None else
+            f"{row['delay_ns']:.2f}" + ("" if row["within_period"] else " **over**"))),
+        Column("period_ns", "period (ns)", ".2f"),
         Column("path", "deepest path", lambda row: f"{row['start']} → {row['end']}",
                align="left")])
     for r in results:
         for d in r.domains:
             shown.add({"target": r.name, "domain": d.name, "mhz": d.hz / 1e6,
                        "ff": d.flip_flops, "lut_levels": d.lut_levels, "budget": d.budget,
-                       "within_budget": d.lut_levels <= d.budget, "start": d.start,
-                       "end": d.end})
+                       "within_budget": d.lut_levels <= d.budget, "delay_ns": d.delay_ns,
+                       "period_ns": d.period_ns, "within_period": d.within_period,
+                       "start": d.start, "end": d.end})
     return shown
 
 
@@ -918,8 +971,9 @@ def report_tables(results: list[Result], paths: int = 0) -> list[Table]:
     if not boards:
         return [resources]
     domains = domain_table(boards)
-    domains.caption = ("Per clock domain, its logic mapped alone for delay (LUT levels "
-                       "into its registers):")
+    domains.caption = ("Per clock domain, its logic mapped alone for delay: LUT levels "
+                       "into its registers, and its slowest path's delay in Yosys's "
+                       "7-series timing model against the clock's period:")
     worst = Table("worst_paths", [Column("summary", "worst path per board top", align="left")])
     for result in boards:
         domain = worst_domain(result.domains)
@@ -938,7 +992,8 @@ XCVU9P = {"lut": 1_182_240, "ff": 2_364_480, "bram36": 2160, "uram": 960}
 def fit_table(resources: Table, boards: dict[str, Result]) -> Table:
     """Of each board top (``boards`` by name) that synthesized whole: the share of the
     XCVU9P's LUTs, flip-flops, block RAM and UltraRAM it takes (``resources``' row),
-    whether it fits, and whether every clock domain is within its LUT-level budget."""
+    whether it fits, and whether every clock domain is within its LUT-level budget and
+    its slowest path within its clock's period in Yosys's timing model."""
     def share(key):
         return Column(key, key.upper() if key != "bram36" else "BRAM36", ".2%")
 
@@ -946,7 +1001,9 @@ def fit_table(resources: Table, boards: dict[str, Result]) -> Table:
         Column("target", "target", align="left"), *(share(key) for key in XCVU9P),
         Column("fits", "fits the XCVU9P", lambda row: "yes" if row["fits"] else "**no**"),
         Column("within_budget", "every domain within budget",
-               lambda row: "yes" if row["within_budget"] else "**no**")],
+               lambda row: "yes" if row["within_budget"] else "**no**"),
+        Column("within_period", "every domain within its period (model)",
+               lambda row: "yes" if row["within_period"] else "**no**")],
         caption="Of the XCVU9P (the VCU118's FPGA):")
     for row in resources.rows:
         result = boards.get(row["target"])
@@ -955,7 +1012,8 @@ def fit_table(resources: Table, boards: dict[str, Result]) -> Table:
         shares = {key: row[key] / capacity for key, capacity in XCVU9P.items()}
         shown.add({"target": row["target"], **shares,
                    "fits": all(value <= 1 for value in shares.values()),
-                   "within_budget": all(d.lut_levels <= d.budget for d in result.domains)})
+                   "within_budget": all(d.lut_levels <= d.budget for d in result.domains),
+                   "within_period": all(d.within_period for d in result.domains)})
     return shown
 
 

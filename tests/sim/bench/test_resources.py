@@ -16,6 +16,7 @@ import math
 import re
 import subprocess
 from functools import partial
+from pathlib import Path
 from random import Random
 
 import pytest
@@ -171,6 +172,8 @@ def test_each_domain_is_mapped_alone(three_domains):
         assert (inputs - 1) / 5 <= luts <= 2 * (inputs - 1) / 5 + 1, (domain, luts)
         assert depths[domain].lut_levels >= math.ceil(math.log(inputs, 6) - 1e-9)
         assert depths[domain].end in (f"{domain}_xor", f"o_{domain}")
+    # A deeper tree is a slower path in the timing model too.
+    assert depths["sync"].delay_ns > depths["cmac"].delay_ns > depths["init"].delay_ns > 0
 
 
 class TwoPortDomains(wiring.Component):
@@ -233,20 +236,75 @@ def test_a_finished_run_is_measured_again_without_yosys(three_domains, monkeypat
 
 
 def test_a_board_top_fits_the_xcvu9p_when_each_resource_does():
-    def board(name, luts, levels):
+    def board(name, luts, levels, delay_ns):
         result = resources.Result(name, cells={"LUT6": luts, "FDRE": 10, "RAMB36E2": 4,
                                                "URAM288": 2})
-        result.domains = [resources.DomainDepth("cmac1", 322e6, 5, levels, "a", "b"),
-                          resources.DomainDepth("sync", 250e6, 5, 8, "a", "b")]
+        result.domains = [resources.DomainDepth("cmac1", 322e6, 5, levels, "a", "b", 3.0),
+                          resources.DomainDepth("sync", 250e6, 5, 8, "a", "b", delay_ns)]
         return result
-    boards = [board("small", 1000, 6), board("large", resources.XCVU9P["lut"] + 1, 7)]
+    boards = [board("small", 1000, 6, 4.0), board("large", resources.XCVU9P["lut"] + 1, 7, 4.01)]
     fit = resources.fit_table(resources.table(boards), {b.name: b for b in boards})
     small, large = fit.rows
     assert small["lut"] == pytest.approx(1000 / 1_182_240)
     assert small["bram36"] == pytest.approx(4 / 2160) and small["uram"] == 2 / 960
-    assert (small["fits"], small["within_budget"]) == (True, True)
-    assert (large["fits"], large["within_budget"]) == (False, False)
-    assert "| large | 100.00% |" in fit.markdown() and "**no** | **no** |" in fit.markdown()
+    assert (small["fits"], small["within_budget"], small["within_period"]) == (True, True, True)
+    assert (large["fits"], large["within_budget"], large["within_period"]) == \
+        (False, False, False)
+    assert "| large | 100.00% |" in fit.markdown()
+    assert "**no** | **no** | **no** |" in fit.markdown()
+    domains = resources.domain_table(boards).markdown()
+    assert "| 3.00 | 3.11 |" in domains and "| 4.01 **over** | 4.00 |" in domains
+
+
+class OneLut(wiring.Component):
+    """Two registers into an AND into a register, in sync: one LUT2 between registers."""
+
+    def __init__(self):
+        super().__init__({"a": In(1), "b": In(1), "o": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        a, b, o = (Signal(name=name, reset_less=True) for name in ("a_r", "b_r", "o_r"))
+        m.d.sync += [a.eq(self.a), b.eq(self.b), o.eq(a & b)]
+        m.d.comb += self.o.eq(o)
+        return m
+
+
+def cell_delays(cells_sim: str, cell: str) -> list[int]:
+    """The delays (ps) of a cell's timing arcs (``(A => B) = N;``), from Yosys's models."""
+    body = re.search(rf"^module {cell}\b.*?^endmodule", cells_sim, re.MULTILINE | re.DOTALL)[0]
+    return [int(value) for value in re.findall(r"=>[^;]*\)\s*=\s*(\d+);", body)]
+
+
+def test_the_model_delay_of_one_lut_between_registers(tmp_path):
+    """The tool's delay for a register → LUT2 → register path is the model's, worked out
+    from the cells' ``specify`` blocks: the flip-flop's clock to output, the wire into the
+    LUT (abc9's ``-W``), the LUT's slower input."""
+    try:
+        yosys = native_yosys_command()
+    except SynthesisError as error:
+        pytest.skip(str(error))
+    result = synthesize("one LUT", OneLut, yosys, tmp_path, timeout=300, each_domain=True,
+                        whole=False)
+    assert result.error is None, result.error
+    [sync] = result.domains
+    assert (sync.name, sync.lut_levels) == ("sync", 1) and sync.end in ("o_r", "o")
+    log = (tmp_path / "yosys-sync.log").read_text()
+    library = re.search(r"Parsing Verilog input from `(\S+/xilinx/cells_sim\.v)'", log)[1]
+    cells_sim = Path(library).read_text()
+    clock_to_q = max(cell_delays(cells_sim, "FDRE"))
+    wire = int(re.search(r"&if -W (\d+)", log)[1])
+    lut = max(cell_delays(cells_sim, "LUT2"))
+    assert (clock_to_q, wire, lut) == (303, 300, 238)     # Artix-7 figures, Yosys 0.23
+    assert sync.delay_ns == pytest.approx((clock_to_q + wire + lut) / 1000)
+    assert sync.within_period
+
+
+def test_a_map_without_a_delay_is_an_error():
+    with pytest.raises(SynthesisError, match="no delay in the per-domain map's log"):
+        resources.model_delay_ns("ABC: + &if -W 300\n")
+    assert resources.model_delay_ns("ABC: D:  Del = 4533.00.  Ar = 1.0.\n"
+                                    "ABC: D:  Del =  841.00.  Ar = 2.0.\n") == 4.533
 
 
 class LogicBesideAdder(wiring.Component):
