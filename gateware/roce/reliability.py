@@ -115,7 +115,7 @@ class ReliabilityEngine(wiring.Component):
     :class:`ResendWalker` hands the planner the messages to resend, and
     :class:`TickCount` counts the ticks. The timers are start times on a
     count of ticks, checked by a sweep of one QP per cycle and served before
-    acknowledgements: a timer expires up to ``qps`` + 2 cycles after its time, plus
+    acknowledgements: a timer expires up to ``qps`` + 3 cycles after its time, plus
     at most one acknowledgement's work (4 cycles and 1 per message it
     completes). ``i_icrc_error`` and ``i_cnp`` (a QP index each) count the
     acknowledgements dropped for their ICRC and the CNPs of a QP. While

@@ -30,17 +30,19 @@ class TimerSweep(wiring.Component):
     (``r_una`` ≠ ``r_nxt``) and the timeout is not 0; or, while ``rnr_wait``, the RNR
     NAK's wait (IBTA table 45) from the stamped start. A QP in ERROR has no timer.
 
-    The reads (``r_*``, registered and addressed a cycle ahead: ``"transparent"``
-    ports of :class:`ContextMemory`) see the state as it was a cycle before the
-    verdict is registered. The verdict is dropped when the QP's timer state is
-    written in the cycle it is read or held: the handler working on the QP
-    (``i_busy``), a reset of it (``i_reset``), a packet of it sent (``i_sent``). So
-    when the handler takes it, the QP's state is the one it was read from but for a
-    packet sent in that cycle, which cannot start the timer: an expired ACK timer runs
-    with packets outstanding, and an RNR wait sends nothing.
+    A QP is checked in two stages: its state read (``r_*``, registered and addressed
+    a cycle ahead: ``"transparent"`` ports of :class:`ContextMemory`) and its time
+    elapsed and due worked out, then the two compared and the verdict registered. The
+    verdict is dropped when the QP's timer state is written in a cycle of either stage
+    or while it waits: the handler working on the QP (``i_busy``), a reset of it
+    (``i_reset``), a packet of it sent (``i_sent``). So when the handler takes it, the
+    QP's state is the one it was read from but for a packet sent in that cycle, which
+    cannot start the timer: an expired ACK timer runs with packets outstanding, and an
+    RNR wait sends nothing.
 
-    Latency: a timer expires on ``o_expired`` up to ``qps`` + 2 cycles after its time;
-    while a verdict waits the sweep holds. Under reset the sweep addresses QP 0: the
+    Latency: a timer expires on ``o_expired`` up to ``qps`` + 3 cycles after its time;
+    while a verdict waits the sweep holds, and goes on from the QP checked behind it
+    (read again) once it is taken. Under reset the sweep addresses QP 0: the
     read ports' address registers take it too, so nothing downstream of them starts
     undefined (a 4-state simulator shows X there otherwise; the FPGA's flip-flops
     start at 0).
@@ -71,13 +73,22 @@ class TimerSweep(wiring.Component):
         def flag_of(flag, qp):
             return flag.bit_select(qp[:qp_bits], 1)
 
+        def written(index):
+            return Cat(port.valid & (port.p[:qp_bits] == index)
+                       for port in (self.i_busy, self.i_reset, self.i_sent)).any()
+
+        # Two stages: the QP's state read and its time elapsed and due worked out, then
+        # compared, so that no path runs from the read through two carry chains.
+        checked = Signal(data.StructLayout({
+            "valid": 1, "qp": qp_bits, "armed": 1, "rnr_wait": 1, "written": 1,
+            "elapsed": TIME_BITS, "due": TIME_BITS}))
         sweep = Signal(qp_bits)
         sweep_next = Signal(qp_bits)
-        sweep_expired = Signal()
         expired = self.o_expired.valid
         expired_qp = self.o_expired.p.qp
+        # While a verdict waits, the sweep goes back to the QP checked behind it.
         m.d.comb += sweep_next.eq(Mux(ResetSignal(), 0,
-                                      Mux(expired, sweep,
+                                      Mux(expired, checked.qp,
                                           Mux(sweep == qps - 1, 0, sweep + 1))))
         m.d.sync += sweep.eq(sweep_next)
         for reader in (self.r_una, self.r_nxt, self.r_timer, self.r_sent_time, self.r_peer):
@@ -86,21 +97,29 @@ class TimerSweep(wiring.Component):
         w_timer, w_sent_time, w_peer = self.r_timer.data, self.r_sent_time.data, self.r_peer.data
         w_rnr_wait = flag_of(flags.rnr_wait, sweep)
         started = Mux(flag_of(flags.from_sent, sweep) & ~w_rnr_wait, w_sent_time, w_timer.start)
-        elapsed = (self.i_now - started)[:TIME_BITS]
         rnr_delays = Array(C(rnr_delay_ticks(code), TIME_BITS) for code in range(32))
-        m.d.comb += sweep_expired.eq(~flag_of(flags.error, sweep) & Mux(
-            w_rnr_wait,
-            elapsed >= rnr_delays[w_timer.rnr_code],
-            (w_una != w_nxt) & (w_peer.timeout != 0)
-            & (elapsed >= (C(1, TIME_BITS) << w_peer.timeout)[:TIME_BITS])))
-
-        def written(index):
-            return Cat(port.valid & (port.p[:qp_bits] == index)
-                       for port in (self.i_busy, self.i_reset, self.i_sent)).any()
+        with m.If(expired):
+            m.d.sync += checked.valid.eq(0)
+        with m.Else():
+            m.d.sync += [
+                checked.valid.eq(1),
+                checked.qp.eq(sweep),
+                checked.armed.eq(~flag_of(flags.error, sweep) & (
+                    w_rnr_wait | ((w_una != w_nxt) & (w_peer.timeout != 0)))),
+                checked.rnr_wait.eq(w_rnr_wait),
+                checked.written.eq(written(sweep)),
+                checked.elapsed.eq(self.i_now - started),
+                checked.due.eq(Mux(w_rnr_wait, rnr_delays[w_timer.rnr_code],
+                                   (C(1, TIME_BITS) << w_peer.timeout)[:TIME_BITS])),
+            ]
 
         with m.If(~expired):
-            m.d.sync += [expired.eq(sweep_expired & ~written(sweep)), expired_qp.eq(sweep),
-                         self.o_expired.p.rnr_wait.eq(w_rnr_wait)]
+            m.d.sync += [
+                expired.eq(checked.valid & checked.armed & (checked.elapsed >= checked.due)
+                           & ~checked.written & ~written(checked.qp)),
+                expired_qp.eq(checked.qp),
+                self.o_expired.p.rnr_wait.eq(checked.rnr_wait),
+            ]
         with m.Elif(self.o_expired.ready | written(expired_qp)):
             m.d.sync += expired.eq(0)
         return m
