@@ -88,6 +88,11 @@ def _faults(text: str) -> dict[str, float]:
     return {name: getattr(faults, name) for name in ("drop", "duplicate", "reorder", "corrupt")}
 
 
+def _path(text: str) -> Path:
+    """A file the simulation writes: absolute, as it runs in another directory."""
+    return Path(text).resolve()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sim.netdev",
                                      description=__doc__.split("\n\n")[0])
@@ -109,9 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --ports 2: port 2's IPv4 address (default %(default)s)")
     parser.add_argument("--mac2", default=PORT2_ADDRESS["mac"],
                         help="with --ports 2: port 2's MAC (default %(default)s)")
-    parser.add_argument("--pcap", type=Path, default=BUILD / "pcap" / "netdev.pcap",
+    parser.add_argument("--pcap", type=_path, default=BUILD / "pcap" / "netdev.pcap",
                         help="pcap of every frame in both directions (default %(default)s)")
-    parser.add_argument("--summary", type=Path, default=BUILD / "netdev-summary.json",
+    parser.add_argument("--summary", type=_path, default=BUILD / "netdev-summary.json",
                         help="JSON file of the counters, written on exit")
     parser.add_argument("--faults", type=_faults, default=None, metavar="RATES",
                         help="faults in both directions: drop=P,duplicate=P,reorder=P,corrupt=P")

@@ -288,3 +288,14 @@ def test_two_ports_are_built_alike():
     assert [(params["qps"], params["retransmit_beats"], params["messages"])
             for _, params in ports] == [(4, 256, 16)] * 2
     assert ports[0] == ports[1] == design_params(build_parser().parse_args(argv))
+
+
+def test_relative_files_are_the_callers(monkeypatch, tmp_path):
+    """``--pcap`` and ``--summary`` relative to the caller's directory, not to the one the
+    simulation runs in."""
+    from sim.netdev import build_parser
+
+    tmp_path = tmp_path.resolve()
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["--pcap", "run.pcap", "--summary", "out/run.json"])
+    assert (args.pcap, args.summary) == (tmp_path / "run.pcap", tmp_path / "out" / "run.json")
