@@ -15,12 +15,18 @@ remote.port=47002``::
     python -m sim.netdev --local 127.0.0.1:47002 --remote 127.0.0.1:47001 \\
         --ip 10.77.0.2 --mac 02:00:00:00:00:02 --faults drop=0.02
 
+The core is built as the cocotb benches build it (``CORE_PARAMS``); ``--qps``,
+``--retransmit-beats`` and ``--message-slots`` (sim/build_options.py, as ``make
+bitstream`` takes QPS, RETRANSMIT_BEATS and MESSAGES) build it with others, each set a
+build of its own, cached after its first run. The startup line and the summary say
+what was built.
+
 With ``--source example`` it runs the example event source beside the core
 (:class:`gateware.examples.event_core.EventCore`, the design of ``make bitstream
-SOURCE=example``, built as tests/sim/event_source_bench.py builds it, so one
-Verilator build serves both): a host's OPEN_QP starts its run of ``--events``
-fragments of ``--fragment-bytes`` into a ring of ``--slots`` slots at the buffer
-address the OPEN_QP carries, which ``python -m host.read_events`` reads.
+SOURCE=example``, built as tests/sim/event_source_bench.py builds it, so one Verilator
+build serves both; the build options go to its core): a host's OPEN_QP starts its run
+of ``--events`` fragments of ``--fragment-bytes`` into a ring of ``--slots`` slots at
+the buffer address the OPEN_QP carries, which ``python -m host.read_events`` reads.
 
 With ``--ports 2`` it runs the two cores of the two-cage board top
 (:class:`boards.vcu118_top.VCU118DualTop`): port 1 as above, port 2 with its own
@@ -48,11 +54,12 @@ from boards.vcu118_top import PORT2_ADDRESS
 from gateware.core import TOS_ECT0, NetworkCore
 from gateware.examples.event_core import EventCore
 from gateware.roce.requests import PathMtu
+from sim.build_options import add_build_arguments, build_arguments, built_with
 from sim.models.link_faults import parse_faults
 from sim.runner import BUILD, Build, build, run, simulator
 from sim.testbench import CORE_PARAMS, EVENT_CORE_PARAMS
 
-__all__ = ["main", "build_parser", "port_arguments", "event_core_design"]
+__all__ = ["main", "build_parser", "port_arguments", "event_core_design", "design_params"]
 
 #: Cycles of the IB timers' 4.096 us tick in the simulation. A simulated cycle
 #: takes about 0.2 ms of wall time, so with ACK timeout 12 (4096 ticks) a lost
@@ -81,6 +88,11 @@ def _faults(text: str) -> dict[str, float]:
     return {name: getattr(faults, name) for name in ("drop", "duplicate", "reorder", "corrupt")}
 
 
+def _path(text: str) -> Path:
+    """A file the simulation writes: absolute, as it runs in another directory."""
+    return Path(text).resolve()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sim.netdev",
                                      description=__doc__.split("\n\n")[0])
@@ -102,9 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --ports 2: port 2's IPv4 address (default %(default)s)")
     parser.add_argument("--mac2", default=PORT2_ADDRESS["mac"],
                         help="with --ports 2: port 2's MAC (default %(default)s)")
-    parser.add_argument("--pcap", type=Path, default=BUILD / "pcap" / "netdev.pcap",
+    parser.add_argument("--pcap", type=_path, default=BUILD / "pcap" / "netdev.pcap",
                         help="pcap of every frame in both directions (default %(default)s)")
-    parser.add_argument("--summary", type=Path, default=BUILD / "netdev-summary.json",
+    parser.add_argument("--summary", type=_path, default=BUILD / "netdev-summary.json",
                         help="JSON file of the counters, written on exit")
     parser.add_argument("--faults", type=_faults, default=None, metavar="RATES",
                         help="faults in both directions: drop=P,duplicate=P,reorder=P,corrupt=P")
@@ -125,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tos", type=lambda text: int(text, 0), default=TOS_ECT0,
                         help="DSCP/ECN byte of RoCEv2 packets (default %(default)#x: DSCP 26, "
                         "ECT(0))")
+    core, event_core = built_with(CORE_PARAMS), built_with(EVENT_CORE_PARAMS)
+    add_build_arguments(parser, {
+        name: value if event_core[name] == value else
+        f"{value}, {event_core[name]} with --source example" for name, value in core.items()})
     example = parser.add_argument_group("the example event source (--source example)")
     example.add_argument("--source", choices=("generator", "example"), default="generator",
                          help="generator: the core alone; example: the core with the example "
@@ -140,20 +156,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _with(base: dict, **changes) -> dict:
+    """``base`` with the ``changes`` that differ from what a build of ``base`` has, so
+    that a build parameter given at its default makes the same build (and cache key)."""
+    had = {**built_with(base), **base}
+    return {**base, **{name: value for name, value in changes.items() if had[name] != value}}
+
+
+def _build(name: str, params: dict) -> Build:
+    design = {"core": NetworkCore, "event_core": EventCore}[name]
+    return build(name, lambda: design(**params), key=repr(params))
+
+
 def event_core_design(fragment_bytes: int = EVENT_CORE_PARAMS["fragment_bytes"]) -> Build:
     """The EventCore of ``--source example``, built (cached after the first time); with
     the default fragment size it is the build of tests/sim/event_source_bench.py."""
-    params = {**EVENT_CORE_PARAMS, "fragment_bytes": fragment_bytes}
-    return build("event_core", lambda: EventCore(**params), key=repr(params))
+    return _build("event_core", _with(EVENT_CORE_PARAMS, fragment_bytes=fragment_bytes))
 
 
-def _design(args: argparse.Namespace) -> Build:
-    """The design ``args`` ask for, built (cached after the first time)."""
-    print(f"netdev: building the endpoint with {simulator()} (cached after the first run)",
-          flush=True)
+def design_params(args: argparse.Namespace) -> tuple[str, dict]:
+    """The name and the parameters of the design ``args`` ask for: NetworkCore with
+    CORE_PARAMS, or with ``--source example`` EventCore with EVENT_CORE_PARAMS, and
+    the build options given (:mod:`sim.build_options`) where they differ from those."""
     if args.source == "example":
-        return event_core_design(args.fragment_bytes)
-    return build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
+        return "event_core", _with(EVENT_CORE_PARAMS, fragment_bytes=args.fragment_bytes,
+                                   **build_arguments(args))
+    return "core", _with(CORE_PARAMS, **build_arguments(args))
+
+
+def _design(args: argparse.Namespace) -> tuple[Build, dict]:
+    """The design ``args`` ask for, built (cached after the first time), and what it is
+    built with, for the summary: its name, its parameters and the build options'."""
+    name, params = design_params(args)
+    options = built_with(params)
+    shown = ", ".join(f"{option}={value}" for option, value in options.items())
+    print(f"netdev: building the endpoint ({shown}) with {simulator()} (cached after the "
+          "first run)", flush=True)
+    return _build(name, params), {"design": name, **params, **options}
 
 
 def _port2(path: Path) -> Path:
@@ -207,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
 
-    design = _design(args)
+    design, built = _design(args)
     os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     both = args.faults or {}
@@ -216,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         "netmask": args.netmask, "pcap": str(args.pcap), "summary": str(args.summary),
         "stop_file": str(stop_file), "seconds": args.seconds, "tick": args.tick,
         "timeout": args.timeout, "path_mtu": PathMtu.from_bytes(args.path_mtu).value,
-        "tos": args.tos,
+        "tos": args.tos, "build": built,
         "faults_to_core": args.faults_to_core or both,
         "faults_to_host": args.faults_to_host or both,
         "source": None if args.source == "generator" else {

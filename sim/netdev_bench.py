@@ -90,7 +90,7 @@ async def netdev(dut):
     summary = {"cycles": bench.cycle, "seconds": round(time.monotonic() - started, 1),
                "frames": sent, "faults_to_core": to_core.counts,
                "faults_to_host": to_host.counts, "counters": moved,
-               "pcap": PARAMS["pcap"]}
+               "pcap": PARAMS["pcap"], "build": PARAMS["build"]}
     if source is not None:
         summary["source"] = bench.source_status()
     Path(PARAMS["summary"]).write_text(json.dumps(summary, indent=1))

@@ -28,7 +28,7 @@ from .requests import (
     Verb,
 )
 
-__all__ = ["PacketPlanner", "TRANSMIT_CONFIG", "PKEY_DEFAULT"]
+__all__ = ["PacketPlanner", "TRANSMIT_CONFIG", "PKEY_DEFAULT", "check_ring_beats"]
 
 #: Settings of the transmit engine that hold for every QP.
 TRANSMIT_CONFIG = data.StructLayout({
@@ -38,6 +38,19 @@ TRANSMIT_CONFIG = data.StructLayout({
 
 #: The default partition key (full membership), the only one RoCE uses.
 PKEY_DEFAULT = 0xFFFF
+
+
+def check_ring_beats(ring_beats, width=BEAT_BYTES):
+    """``ring_beats`` when it is a retransmit ring (beats of ``width`` bytes per QP) the
+    planner can be built for, else ``ValueError``: a power of 2 that the ring pointers
+    address and that holds a packet of :data:`MAX_PACKET_PAYLOAD` bytes."""
+    low, high = max(4, -(-MAX_PACKET_PAYLOAD // width)), 1 << POINTER_BITS - 2
+    if (not isinstance(ring_beats, int) or not low <= ring_beats <= high
+            or ring_beats & (ring_beats - 1)):
+        raise ValueError(f"Ring beats must be a power of 2, {low}..{high} (a ring of "
+                         f"{width}-byte beats holds a packet of {MAX_PACKET_PAYLOAD} bytes), "
+                         f"not {ring_beats!r}")
+    return ring_beats
 
 #: RoCEv2 source ports lie in 0xC000–0xFFFF (IBTA annex A17): these bits are always set.
 ROCEV2_SOURCE_PORTS = 0xC000
@@ -140,14 +153,9 @@ class PacketPlanner(wiring.Component):
     """
 
     def __init__(self, *, qps, ring_beats, width=BEAT_BYTES):
-        if ring_beats < 4 or ring_beats & (ring_beats - 1) or ring_beats >= 1 << POINTER_BITS - 1:
-            raise ValueError(f"Ring beats must be a power of 2, 4..2^{POINTER_BITS - 2}, "
-                             f"not {ring_beats!r}")
         if width & (width - 1):
             raise ValueError(f"Beat width must be a power of 2, not {width!r}")
-        if ring_beats * width < MAX_PACKET_PAYLOAD:
-            raise ValueError(f"A ring of {ring_beats} beats does not hold a packet of "
-                             f"{MAX_PACKET_PAYLOAD} bytes")
+        check_ring_beats(ring_beats, width)
         self._qps = qps
         self._ring_beats = ring_beats
         self._width = width

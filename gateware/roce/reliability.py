@@ -35,10 +35,20 @@ from .send_tracker import SendTracker
 from .tick_count import TickCount
 from .timer_sweep import SWEPT_FLAGS, TimerSweep
 
-__all__ = ["ReliabilityEngine", "RNR_RETRY_FOREVER", "STATUS_PORTS", "MAX_PACKETS"]
+__all__ = ["ReliabilityEngine", "RNR_RETRY_FOREVER", "STATUS_PORTS", "MAX_PACKETS",
+           "check_message_count"]
 
 #: Read ports of the QP status (user logic, the connection manager).
 STATUS_PORTS = 2
+
+
+def check_message_count(messages):
+    """``messages`` when it is a count of message slots per QP the engine can be built
+    for, else ``ValueError``."""
+    if (not isinstance(messages, int) or not 2 <= messages <= 128
+            or messages & (messages - 1)):
+        raise ValueError(f"Messages per QP must be a power of 2, 2..128, not {messages!r}")
+    return messages
 
 
 class ReliabilityEngine(wiring.Component):
@@ -125,8 +135,7 @@ class ReliabilityEngine(wiring.Component):
 
     def __init__(self, *, qps, messages=128, width=BEAT_BYTES):
         check_qp_count(qps)
-        if messages < 2 or messages & (messages - 1) or messages > 128:
-            raise ValueError(f"Messages per QP must be a power of 2, 2..128, not {messages!r}")
+        check_message_count(messages)
         self._qps = qps
         self._messages = messages
         self._width = width

@@ -37,6 +37,7 @@ from amaranth.lib.wiring import connect
 from sim.bench import report
 from sim.bench.report import Column, Table
 from sim.bench.roce_goodput import message_frames, theoretical_gbps
+from sim.build_options import add_build_arguments, build_arguments
 from sim.models.responder import CLOCK_HZ, round_trip_cycles
 from sim.runner import BUILD, ROOT, build, run, simulator, sources_digest
 
@@ -168,17 +169,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=MESSAGES,
                         help="messages per port (default: %(default)s)")
-    parser.add_argument("--qps", type=int, help="the cores' QPs (default: the board's)")
-    parser.add_argument("--retransmit-beats", type=int,
-                        help="beats of each QP's retransmit ring (default: the board's)")
-    parser.add_argument("--message-slots", type=int, dest="slots",
-                        help="the cores' message slots (NetworkCore's messages; default: "
-                             "the board's)")
+    add_build_arguments(parser, "the board's")
     args = parser.parse_args()
     # Build parameters of both ports' cores, as `make bitstream QSFP=both` passes them.
-    core = {name: value for name, value in (("qps", args.qps),
-                                            ("retransmit_beats", args.retransmit_beats),
-                                            ("messages", args.slots)) if value is not None}
+    core = build_arguments(args)
     origin = report.provenance()
     from boards.vcu118_top import VCU118DualTop
 

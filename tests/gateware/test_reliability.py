@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from gateware.roce.reliability import ReliabilityEngine
+from gateware.roce.reliability import ReliabilityEngine, check_message_count
 from gateware.roce.requests import QP_STATE
 
 from .streams import get_item, put_item, run_testbenches
@@ -158,3 +158,10 @@ def test_an_unacknowledged_packet_times_out_and_is_resent(paused):
         assert status.outstanding == 0 and status.counters.acks == 1
 
     run_testbenches(dut, main)
+
+
+@pytest.mark.parametrize("messages", [0, 1, 3, 96, 256, 2.0])
+def test_a_message_count_the_engine_cannot_have_is_refused(messages):
+    with pytest.raises(ValueError, match=r"power of 2, 2\.\.128, not"):
+        ReliabilityEngine(qps=QPS, messages=messages)
+    assert check_message_count(2) == 2 and check_message_count(128) == 128

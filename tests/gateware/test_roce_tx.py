@@ -8,6 +8,7 @@ import pytest
 from amaranth.lib import data
 
 from gateware.config import parse_ipv4
+from gateware.roce.planner import PacketPlanner, check_ring_beats
 from gateware.roce.requests import QP_STATE, CompletionStatus, PathMtu, Verb
 from gateware.roce.tx import RequesterTransmitter
 from sim.models.rocev2 import ROCEV2_PORT, Message, RetransmitRing, message_packets, roce_frame
@@ -486,3 +487,13 @@ def test_a_silent_responder_exhausts_the_retries_and_other_qps_go_on():
     assert error and error_status == CompletionStatus.RETRY_EXCEEDED
     assert counters.timeouts == 3 and bench.resent == 2 * 3
     assert not status_of(bench, alive)[0]
+
+
+@pytest.mark.parametrize("ring_beats", [2, 32, 48, 96, 1 << 21])
+def test_a_ring_that_cannot_hold_a_packet_or_be_addressed_is_refused(ring_beats):
+    """A ring of 64-byte beats holds a 4096-byte packet from 64 beats on, and the
+    planner's ring pointers reach 2^20 beats."""
+    with pytest.raises(ValueError, match=r"power of 2, 64\.\.1048576 .* not"):
+        PacketPlanner(qps=4, ring_beats=ring_beats)
+    assert check_ring_beats(64) == 64 and check_ring_beats(1 << 20) == 1 << 20
+    assert check_ring_beats(4, width=1024) == 4

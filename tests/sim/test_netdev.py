@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+import pytest
 from scapy.layers.inet import ICMP, IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
@@ -210,3 +211,91 @@ def test_two_ports_each_with_its_own_channel_addresses_and_files():
     assert ports[1].pcap.name == "netdev-port2.pcap" != ports[0].pcap.name
     assert ports[1].summary.name == "netdev-summary-port2.json" != ports[0].summary.name
     assert all(port.seconds == 30 and port.faults["drop"] == 0.01 for port in ports)
+
+
+def test_the_default_build_is_the_benches_core():
+    """Without build options, or with them at their defaults, the design and its cache key
+    are CORE_PARAMS's (the build tests/sim/conftest.py makes), and with ``--source
+    example`` EVENT_CORE_PARAMS's (tests/sim/test_event_source.py's)."""
+    from sim.netdev import build_parser, design_params
+    from sim.testbench import CORE_PARAMS, EVENT_CORE_PARAMS
+
+    for argv in ([], ["--qps", "16", "--retransmit-beats", "512", "--message-slots", "128"]):
+        name, params = design_params(build_parser().parse_args(argv))
+        assert (name, repr(params)) == ("core", repr(CORE_PARAMS))
+    for argv in (["--source", "example"], ["--source", "example", "--qps", "4"]):
+        name, params = design_params(build_parser().parse_args(argv))
+        assert (name, repr(params)) == ("event_core", repr(EVENT_CORE_PARAMS))
+
+
+@pytest.mark.parametrize("source, design, base", [
+    ("generator", "core", "CORE_PARAMS"), ("example", "event_core", "EVENT_CORE_PARAMS")])
+def test_build_options_reach_the_core_and_its_cache_key(monkeypatch, capsys, source, design,
+                                                        base):
+    """``--qps``, ``--retransmit-beats`` and ``--message-slots`` go into the parameters
+    NetworkCore (or the EventCore, which passes them on to it) is built with, into the
+    build's key, onto the startup line and into what the summary records."""
+    import sim.netdev
+    import sim.testbench
+
+    built = {}
+
+    def build(name, elaboratable, *, key):
+        built.update(name=name, params=elaboratable(), key=key)
+        return "the build"
+    monkeypatch.setattr(sim.netdev, "build", build)
+    for core in ("NetworkCore", "EventCore"):
+        monkeypatch.setattr(sim.netdev, core, lambda **params: params)
+    args = sim.netdev.build_parser().parse_args(
+        ["--source", source, "--qps", "8", "--retransmit-beats", "128", "--message-slots", "32"])
+    design_build, summary = sim.netdev._design(args)
+    expected = {**getattr(sim.testbench, base), "retransmit_beats": 128, "qps": 8,
+                "messages": 32}
+    assert design_build == "the build"
+    assert built == {"name": design, "params": expected, "key": repr(expected)}
+    assert summary == {"design": design, **expected}
+    assert "(qps=8, retransmit_beats=128, messages=32)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--qps", "0"], "argument --qps: QP count must be 1..256, not 0"),
+    (["--qps", "300"], "argument --qps: QP count must be 1..256, not 300"),
+    (["--qps", "many"], "argument --qps: not an integer: 'many'"),
+    (["--retransmit-beats", "32"], "argument --retransmit-beats: Ring beats must be a power "
+     "of 2, 64..1048576 (a ring of 64-byte beats holds a packet of 4096 bytes), not 32"),
+    (["--retransmit-beats", "1000"], "power of 2, 64..1048576"),
+    (["--message-slots", "256"], "argument --message-slots: Messages per QP must be a power "
+     "of 2, 2..128, not 256"),
+    (["--message-slots", "48", "--source", "example"], "power of 2, 2..128, not 48"),
+])
+def test_a_build_the_core_refuses_is_a_usage_error(capsys, argv, message):
+    from sim.netdev import build_parser
+
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(argv)
+    assert refused.value.code == 2
+    error = capsys.readouterr().err
+    assert message in error and error.count("error:") == 1, error
+
+
+def test_two_ports_are_built_alike():
+    """``--ports 2``: both ports' simulations get the build options (and so one build)."""
+    from sim.netdev import build_parser, design_params, port_arguments
+
+    argv = ["--ports", "2", "--qps", "4", "--retransmit-beats", "256", "--message-slots", "16"]
+    ports = [design_params(build_parser().parse_args(arguments))
+             for arguments in port_arguments(argv, build_parser().parse_args(argv))]
+    assert [(params["qps"], params["retransmit_beats"], params["messages"])
+            for _, params in ports] == [(4, 256, 16)] * 2
+    assert ports[0] == ports[1] == design_params(build_parser().parse_args(argv))
+
+
+def test_relative_files_are_the_callers(monkeypatch, tmp_path):
+    """``--pcap`` and ``--summary`` relative to the caller's directory, not to the one the
+    simulation runs in."""
+    from sim.netdev import build_parser
+
+    tmp_path = tmp_path.resolve()
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["--pcap", "run.pcap", "--summary", "out/run.json"])
+    assert (args.pcap, args.summary) == (tmp_path / "run.pcap", tmp_path / "out" / "run.json")
