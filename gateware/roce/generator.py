@@ -189,6 +189,7 @@ class TrafficGenerator(wiring.Component):
         # only picks among them, so that it does not feed the add and the compare.
         consumed = Signal(32)               # messages the host reported consumed
         advance = Signal(32)                # what the last credit added, not yet in ``free``
+        advance_less = Signal(32)           # ``advance`` − 1
         credited = Signal()                 # ``advance`` is to be added this cycle
         wrapped = Signal()                  # the first pass through the ring has ended
         free = Signal(32)                   # free slots (consumed + slots − issued) once wrapped
@@ -198,13 +199,17 @@ class TrafficGenerator(wiring.Component):
         m.d.comb += ahead.eq(offered_credit.p - consumed)
         m.d.sync += credited.eq(0)
         with m.If(offered_credit.valid & running & (ahead != 0) & ~ahead[31]):
-            m.d.sync += [consumed.eq(offered_credit.p), advance.eq(ahead), credited.eq(1)]
+            m.d.sync += [consumed.eq(offered_credit.p), advance.eq(ahead),
+                         # p − consumed − 1 = p + ~consumed: one carry chain.
+                         advance_less.eq(offered_credit.p + ~consumed), credited.eq(1)]
         kept = Signal(32)                   # free slots if no request is taken
         spent = Signal(32)                  # free slots if one is
         first_wrap = past_end & ~wrapped    # a request taken now ends the first pass
+        # Each an add of its own (not ``kept`` − 1), so that no path into ``blocked`` runs
+        # through two carry chains before its compare.
         m.d.comb += [
             kept.eq(free + Mux(credited, advance, 0)),
-            spent.eq(kept - 1),
+            spent.eq(free + Mux(credited, advance_less, C(-1, 32))),
         ]
         taken_now = request.valid & request.ready
         none_left = Signal()

@@ -293,3 +293,54 @@ def test_a_credited_run_sends_message_k_once_k_minus_slots_is_consumed(length, r
     run_testbenches(dut, bench, request_sink, payload_sink)
     assert requests == [model_request(run, k) for k in range(count)]
     assert payloads == [generator_payload(k, length) for k in range(count)]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_credits_at_any_cycle_never_let_a_run_pass_the_host(seed):
+    """Credits offered at random cycles, often in the cycle a request is taken, with the
+    ring wrapped or not, and requests taken with random gaps: the run never has taken
+    more than ``consumed + slots`` requests, and once quiet it has taken exactly that
+    many (at most the run's count)."""
+    length, ring = 16, 64
+    slots = ring // length
+    count = 12 * slots
+    run = make_run(length, count, ring=ring) | {"credited": 1}
+    dut = TrafficGenerator(width=8)
+    rng = random.Random(seed)
+    requests = []
+    most = [0]                          # the most consumed offered so far
+
+    async def bench(ctx):
+        ctx.set(dut.i_start.valid, 1)
+        ctx.set(dut.i_start.payload, run)
+        await ctx.tick()
+        ctx.set(dut.i_start.valid, 0)
+        consumed = 0
+        while consumed < count:
+            consumed = min(count, consumed + rng.choice([0, 1, 1, 2, slots]))
+            most[0] = max(most[0], consumed)
+            ctx.set(dut.i_credit.valid, 1)
+            ctx.set(dut.i_credit.payload, consumed)
+            await ctx.tick()
+            ctx.set(dut.i_credit.valid, 0)
+            for _ in range(rng.choice([0, 0, 1, 3, 10, 40])):
+                await ctx.tick()
+            if rng.random() < 0.1:
+                for _ in range(30 + 12 * length):
+                    await ctx.tick()
+                assert len(requests) == min(count, most[0] + slots), (most, len(requests))
+        await wait_for(ctx, lambda: not ctx.get(dut.o_running), 2000)
+        assert len(requests) == count
+
+    async def request_sink(ctx):
+        gaps = random.Random(seed + 10)
+        for _ in range(count):
+            requests.append(await get_request(ctx, dut.o_request, gaps))
+            assert len(requests) <= most[0] + slots, (most, len(requests))
+
+    async def payload_sink(ctx):
+        for _ in range(count):
+            await get_packet(ctx, dut.o_payload, width=8, gaps=random.Random(seed))
+
+    run_testbenches(dut, bench, request_sink, payload_sink)
+    assert requests == [model_request(run, k) for k in range(count)]
