@@ -73,6 +73,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m sim.bench.tx_efficiency
 	$(VENV)/bin/python -m sim.bench.roce_goodput
 	$(VENV)/bin/python -m sim.bench.connectx
+	$(VENV)/bin/python -m sim.bench.latency
 	$(VENV)/bin/python -m sim.bench.dual
 	$(VENV)/bin/python -m sim.bench.pause
 	$(VENV)/bin/python -m sim.bench.dcqcn

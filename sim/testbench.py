@@ -157,6 +157,7 @@ class NetworkBench:
         self.roce_sent = []               # (cycle, dest QP, PSN) of every RoCEv2 frame sent
         self._tos, self._dcqcn = TOS_ECT0, True   # the core's defaults
         self.answers = []                 # (cycle, frame) of every responder frame sent in
+        self.request_cycles = []          # the cycle in which each work request was taken
         self.completion_cycles = []       # the cycle of each completion
         self.pcap = PcapWriter(pcap)
         self.width = len(dut.tx__tkeep)
@@ -298,6 +299,7 @@ class NetworkBench:
                 self._request_ready.clear()
                 await self._request_ready.wait()
             await self._put("work_request", WORK_REQUEST, self._requests.popleft())
+            self.request_cycles.append(self.cycle)
 
     async def _payload_driver(self):
         """Drives each payload as one packet, a beat per cycle but for random gaps

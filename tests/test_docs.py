@@ -23,7 +23,7 @@ DOCS = ROOT / "docs"
 #: What the pages include from docs/generated/, relative to docs/.
 GENERATED = {
     *(f"generated/bench/{name}.md" for name in (
-        "tx_efficiency", "roce_goodput", "connectx_rate", "connectx_goodput", "dual",
+        "tx_efficiency", "roce_goodput", "connectx_rate", "connectx_goodput", "latency", "dual",
         "pause", "dcqcn", "checker", "cm_setup", "connect_rate")),
     "generated/resources/resources.md",
     *(f"generated/waves/{port}.json" for port in (

@@ -34,6 +34,8 @@ from sim.testbench import CORE_PARAMS
 
 #: The retransmit ring of each QP in the VCU118 build (NetworkCore's default).
 BOARD_RETRANSMIT_BEATS = inspect.signature(NetworkCore).parameters["retransmit_beats"].default
+#: The core as this bench builds it by default: the tests' build with the board's rings.
+CONNECTX_PARAMS = {**CORE_PARAMS, "retransmit_beats": BOARD_RETRANSMIT_BEATS}
 RATE_MESSAGES = 1024
 RATE_TARGET = 0.99
 LOSSES = (0.0, 0.0001, 0.001, 0.01)
@@ -197,7 +199,7 @@ def main() -> int:
                         help="beats of each QP's retransmit ring (default: the board's)")
     args = parser.parse_args()
     origin = report.provenance()
-    params = {**CORE_PARAMS, "retransmit_beats": args.retransmit_beats}
+    params = {**CONNECTX_PARAMS, "retransmit_beats": args.retransmit_beats}
     design = core_design(params)
     ok = True
     if "rate" in args.tables:

@@ -55,6 +55,15 @@ class Run:
         self.peers[index] = peer
         return peer
 
+    async def open_warm(self, qps, *, path_mtu, round_trip):
+        """Open QPs 0 to ``qps`` - 1 (:meth:`open`) and warm them up (:meth:`warm_up`);
+        returns their indices."""
+        indices = range(qps)
+        for index in indices:
+            await self.open(index, path_mtu=path_mtu, round_trip=round_trip)
+        await self.warm_up(indices)
+        return indices
+
     def post(self, index, verb, length, k):
         """Message ``k`` (generator_payload) to the QP's model, at slot k of its memory."""
         payload = generator_payload(k, length)
@@ -129,10 +138,7 @@ async def message_rate(dut):
     rows = []
     for number, row in enumerate(PARAMS["rate"]):
         run = Run(bench, number)
-        indices = range(row["qps"])
-        for index in indices:
-            await run.open(index, path_mtu=4096, round_trip=row["round_trip"])
-        await run.warm_up(indices)
+        indices = await run.open_warm(row["qps"], path_mtu=4096, round_trip=row["round_trip"])
         ks = range(1, row["messages"] // row["qps"] + 1)
         for k in ks:
             for index in indices:
