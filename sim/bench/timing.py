@@ -72,14 +72,10 @@ def cell_arcs(library: dict[str, Arcs], kind: str) -> Arcs:
     if kind not in KIN:
         return library.get(kind, Arcs({}, {}))
     kin = library[KIN[kind]]
-
-    def letter(bit: str) -> str:           # ADDRE[3] → ADDRA[3], DOE[1] → DOA[1]
-        return re.sub(r"^(ADDR|DO|DI)[A-H]", r"\1A", bit)
-
     through = {}
     for port in "ABCDEFGH":
         for (source, sink), ps in kin.through.items():
-            if letter(source) == source and source.startswith("ADDRA"):
+            if source.startswith("ADDRA"):
                 through[source.replace("ADDRA", f"ADDR{port}", 1),
                         sink.replace("DOA", f"DO{port}", 1)] = ps
     from_clock = {sink.replace("DOA", f"DO{port}", 1): ps
@@ -105,6 +101,16 @@ def _bit_name(port: str, index: int, width: int) -> str:
     return f"{port}[{index}]" if width > 1 else port
 
 
+def _cell_name(cell_name: str, cell: dict, names: dict[int, str]) -> str:
+    """A cell named by its (first) output's net, or by its type where synthesis dropped
+    the name."""
+    out = next((bit for port, bits in cell["connections"].items()
+                if cell["port_directions"][port] == "output" for bit in bits), None)
+    name = re.sub(r"\[\d+\]$", "", names.get(out, "$"))
+    return f"a {cell['type']} ({cell_name.rsplit('$', 1)[-1]})" if name.startswith("$") \
+        else name
+
+
 def path_ends(module: dict, names: dict[int, str], sequential,
               clock_of) -> dict[int, tuple[str, int | None]]:
     """Where paths end: each output port's bits, and each input bit of a sequential
@@ -118,11 +124,7 @@ def path_ends(module: dict, names: dict[int, str], sequential,
         if not sequential(cell["type"]):
             continue
         connections, directions = cell["connections"], cell["port_directions"]
-        out = next((bit for port, bits in connections.items()
-                    if directions[port] == "output" for bit in bits), None)
-        name = re.sub(r"\[\d+\]$", "", names.get(out, "$"))
-        if name.startswith("$"):
-            name = f"a {cell['type']} ({cell_name.rsplit('$', 1)[-1]})"
+        name = _cell_name(cell_name, cell, names)
         for port, bits in connections.items():
             if directions[port] == "input":
                 clock = clock_of(cell, port)
@@ -144,11 +146,14 @@ def slowest_paths(module: dict, library: dict[str, Arcs], sequential, clock_of,
     # with the wire)]. Inputs sampled on a clock that are not a sequential cell's.
     launch: dict[int, int] = {}
     fanin: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    sampled: list[tuple[dict, int]] = []
-    for cell in module["cells"].values():
+    sampled: list[tuple[str, dict, int]] = []
+    arcs_of: dict[str, Arcs] = {}
+    for cell_name, cell in module["cells"].items():
         kind, connections = cell["type"], cell["connections"]
         directions = cell["port_directions"]
-        arcs = cell_arcs(library, kind)
+        if kind not in arcs_of:
+            arcs_of[kind] = cell_arcs(library, kind)
+        arcs = arcs_of[kind]
         bits = {_bit_name(port, index, len(values)): value
                 for port, values in connections.items() for index, value in enumerate(values)}
         for sink, ps in arcs.from_clock.items():
@@ -161,7 +166,7 @@ def slowest_paths(module: dict, library: dict[str, Arcs], sequential, clock_of,
                     launch.update((bit, launch.get(bit, 0)) for bit in values
                                   if isinstance(bit, int))
             continue
-        sampled += [(cell, bit) for name, bit in bits.items()
+        sampled += [(cell_name, cell, bit) for name, bit in bits.items()
                     if isinstance(bit, int) and directions.get(name.split("[")[0]) == "input"
                     and (name in arcs.sampled or name.split("[")[0] in arcs.sampled)]
         for (source, sink), ps in arcs.through.items():
@@ -193,14 +198,9 @@ def slowest_paths(module: dict, library: dict[str, Arcs], sequential, clock_of,
         return arrival[bit]
 
     ends = path_ends(module, names, sequential, clock_of)
-    for cell, bit in sampled:
+    for cell_name, cell, bit in sampled:
         # A distributed RAM's write or a shift register's input: named by its data out.
-        out = next((bit for port, bits in cell["connections"].items()
-                    if cell["port_directions"][port] == "output" for bit in bits), None)
-        name = re.sub(r"\[\d+\]$", "", names.get(out, "$"))
-        if name.startswith("$"):
-            name = f"a {cell['type']}"
-        ends.setdefault(bit, (name, clock_of(cell, "WE")))
+        ends.setdefault(bit, (_cell_name(cell_name, cell, names), clock_of(cell, "WE")))
     worst: dict[tuple[str, int | None], tuple[float, str]] = {}
     for bit, end in ends.items():
         ps = settle(bit)

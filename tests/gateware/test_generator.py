@@ -11,7 +11,14 @@ from gateware.roce.generator import TrafficGenerator
 from gateware.roce.requests import Verb
 from sim.models.rocev2 import generator_payload
 
-from .streams import StreamMonitor, get_item_random_ready, get_packet, run_testbenches, wait_for
+from .streams import (
+    StreamMonitor,
+    get_item_random_ready,
+    get_packet,
+    put_item,
+    run_testbenches,
+    wait_for,
+)
 
 
 def model_address(run, k):
@@ -269,10 +276,7 @@ def test_a_credited_run_sends_message_k_once_k_minus_slots_is_consumed(length, r
             await ctx.tick()
 
     async def bench(ctx):
-        ctx.set(dut.i_start.valid, 1)
-        ctx.set(dut.i_start.payload, run)
-        await ctx.tick()
-        ctx.set(dut.i_start.valid, 0)
+        await put_item(ctx, dut.i_start, run)
         most = 0
         for consumed in (1, 1, 0, slots, slots - 1, 2 * slots + 1, count):
             await credit(ctx, consumed)
@@ -311,10 +315,7 @@ def test_credits_at_any_cycle_never_let_a_run_pass_the_host(seed):
     most = [0]                          # the most consumed offered so far
 
     async def bench(ctx):
-        ctx.set(dut.i_start.valid, 1)
-        ctx.set(dut.i_start.payload, run)
-        await ctx.tick()
-        ctx.set(dut.i_start.valid, 0)
+        await put_item(ctx, dut.i_start, run)
         consumed = 0
         while consumed < count:
             consumed = min(count, consumed + rng.choice([0, 1, 1, 2, slots]))
