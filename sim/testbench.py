@@ -35,6 +35,7 @@ from gateware.config import NetworkConfig
 from gateware.core import TOS_ECT0, NetworkCore
 from gateware.eth.mac_control import PAUSE_CONFIG
 from gateware.examples.event_source import EVENT_CONFIG, EVENT_STATUS
+from gateware.headers import UDP_PORT_ROCEV2
 from gateware.roce.dcqcn import DCQCN_CONFIG, DCQCN_DEFAULTS
 from gateware.roce.planner import TRANSMIT_CONFIG
 from gateware.roce.requests import COMPLETION, QP_STATUS, QP_WRITE, WORK_REQUEST
@@ -62,6 +63,12 @@ EVENT_CORE_PARAMS = {**CORE_PARAMS, "qps": 4, "generator_runs": 1, "fragment_byt
 
 #: A MAC on the wire never delivers less (without FCS); shorter frames are padded.
 MIN_FRAME = 60
+
+
+def _is_roce(frame):
+    """Whether ``frame`` is a RoCEv2 frame: IPv4 (no options), UDP to port 4791."""
+    return (frame[12:14] == b"\x08\x00" and frame[14] == 0x45 and frame[23] == 17
+            and frame[36:38] == UDP_PORT_ROCEV2.to_bytes(2, "big"))
 
 
 def _decode(layout, value):
@@ -148,7 +155,9 @@ class NetworkBench:
         self.line = line
         self._line_credit = 0.0           # bytes the line may take (negative: it is behind)
         self._line_debt = 0.0             # bytes the line still had to send at the last beat
-        self.tx_first_cycle = None        # the cycles of the first and the last beat sent
+        # The cycles of the first and the last beat of the RoCEv2 frames sent (an ARP
+        # refresh after a measured run's last frame is no part of it).
+        self.tx_first_cycle = None
         self.tx_last_cycle = None
         self.timing = False               # note the cycles below (record_timing)
         self.rx_last_cycles = []          # the cycle of each frame's last beat into the core
@@ -431,8 +440,9 @@ class NetworkBench:
         await ClockCycles(self.dut.clk, cycles)
 
     def line_cycles(self):
-        """Cycles the line was busy from the first beat on until it has sent the last
-        frame, its FCS and gap included (``line=True``)."""
+        """Cycles the line was busy from the first beat of a RoCEv2 frame on until it has
+        sent the last RoCEv2 frame, its FCS and gap included (``line=True``); the other
+        frames in between count too."""
         return self.tx_last_cycle - self.tx_first_cycle + 1 + \
             self._line_debt / LINE_BYTES_PER_CYCLE
 
@@ -456,11 +466,8 @@ class NetworkBench:
                 self.tx_cycles_valid += 1
                 if dut.tx__tready.value == 1:
                     self.tx_beats += 1
-                    if self.tx_first_cycle is None:
-                        self.tx_first_cycle = self.cycle
                     if not frame:
                         self._frame_start = self.cycle
-                    self.tx_last_cycle = self.cycle
                     keep = dut.tx__tkeep.value.to_unsigned()
                     count = bin(keep).count("1")
                     assert keep == (1 << count) - 1, f"tkeep {keep:#x} is not contiguous"
@@ -468,7 +475,11 @@ class NetworkBench:
                     frame += beat[:count]
                     last = dut.tx__tlast.value == 1
                     self._line_credit -= count + (LINE_OVERHEAD if last else 0)
-                    self._line_debt = max(0.0, -self._line_credit)
+                    if last and _is_roce(frame):
+                        if self.tx_first_cycle is None:
+                            self.tx_first_cycle = self._frame_start
+                        self.tx_last_cycle = self.cycle
+                        self._line_debt = max(0.0, -self._line_credit)
                     if last:
                         self._deliver(bytes(frame))
                         frame = bytearray()
