@@ -125,7 +125,7 @@ def _bitstream(args) -> int:
         ("mac", args.mac), ("ip", args.ip), ("netmask", args.netmask),
         ("gateway", args.gateway), ("qps", args.qps),
         ("retransmit_beats", args.retransmit_beats), ("messages", args.messages),
-        ("generator_runs", args.generator_runs),
+        ("message_slots", args.message_slots), ("generator_runs", args.generator_runs),
         ("path_mtu", PathMtu.from_bytes(args.path_mtu) if args.path_mtu else None),
     ] if value is not None}
     if args.source != "generator":
@@ -231,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     for option, helptext in [
             ("--qps", "queue pairs (default 16)"),
             ("--retransmit-beats", "64-byte beats of each QP's retransmit ring (default 2048)"),
-            ("--messages", "unacknowledged messages per QP (default 128)"),
+            ("--messages", "unacknowledged messages per QP, its cap on the slot pool "
+                           "(default 1024)"),
+            ("--message-slots", "message slots all QPs share (default 4096)"),
             ("--generator-runs", "generator runs at once (default 4)")]:
         bitstream.add_argument(option, type=int, help=helptext)
     bitstream.add_argument("--path-mtu", type=int, choices=[mtu.bytes for mtu in PathMtu],

@@ -136,7 +136,13 @@ class NetworkCore(wiring.Component):
         payload a QP may have unacknowledged. The default, 128 KiB, is 10.5 us
         at 100 Gb/s, more than the ACK timeout of 8.2 us (timeout 1).
     messages : int
-        Unacknowledged messages a QP may have.
+        Unacknowledged messages a QP may have, a power of 2: its cap on the pool of
+        message slots. The default, 1,024, keeps the line full of 64-byte messages
+        on one QP at a 10 us round trip (770 messages).
+    message_slots : int
+        Message slots all QPs share, a power of 2: outstanding messages, plus one
+        per QP for its next message (so more than ``qps``).
+        A slot costs a little over 30 bytes of block RAM (twice: two readers).
     generator_runs : int
         Generator runs that may be in progress at once (each on its own QP).
     path_mtu, qp_timeout, retry_count, rnr_retry :
@@ -159,7 +165,8 @@ class NetworkCore(wiring.Component):
                  gateway="0.0.0.0", clock_hz=CMAC_CLOCK_HZ, arp_retry_interval=None,
                  arp_lifetime=None, arp_retries=3, ib_cm_ms=None, rx_depth=512,
                  echo_depth=256, qps=16,
-                 retransmit_beats=2048, messages=128, generator_runs=4,
+                 retransmit_beats=2048, messages=1024, message_slots=4096,
+                 generator_runs=4,
                  path_mtu=PathMtu.MTU_4096, qp_timeout=14, retry_count=7, rnr_retry=7,
                  cm_lease=None, roce_priority=ROCE_PRIORITY, pause_quantum_cycles=None,
                  width=BEAT_BYTES):
@@ -172,6 +179,7 @@ class NetworkCore(wiring.Component):
         self._qps = qps
         self._retransmit_beats = retransmit_beats
         self._messages = messages
+        self._message_slots = message_slots
         self._generator_runs = generator_runs
         self._cm_defaults = CM_CONFIG.const({
             "path_mtu": path_mtu, "timeout": qp_timeout, "retry_count": retry_count,
@@ -251,7 +259,7 @@ class NetworkCore(wiring.Component):
         m.submodules.requests = requests = RequestArbiter(inputs=2, width=width)
         m.submodules.roce_tx = roce_tx = RequesterTransmitter(
             qps=self._qps, ring_beats=self._retransmit_beats, messages=self._messages,
-            width=width)
+            message_slots=self._message_slots, width=width)
         m.submodules.udp_mux = udp_mux = PacketArbiter(UDP_TX_META, inputs=4, width=width)
         m.submodules.udp_tx = udp_tx = UdpTransmitter(width=width)
         m.submodules.ip_mux = ip_mux = PacketArbiter(IP_TX_META, inputs=2, priority=True,

@@ -1,8 +1,9 @@
 """The core's build parameters as command-line options, for the programs that build
 :class:`~gateware.core.NetworkCore` (``python -m sim.netdev``, ``python -m
 sim.bench.dual``), as ``make bitstream`` takes them (``QPS``, ``RETRANSMIT_BEATS``,
-``MESSAGES``). Each value is checked when it is parsed, by the check of the gateware
-block that takes it, so a value the core cannot be built with is a usage error."""
+``MESSAGES``, ``MESSAGE_SLOTS``). Each value is checked when it is parsed, by the check of
+the gateware block that takes it, so a value the core cannot be built with is a usage
+error (a pool too small for the QPs is refused as the core is built)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Callable, Mapping
 
 from gateware.core import NetworkCore
 from gateware.roce.planner import check_ring_beats
-from gateware.roce.reliability import check_message_count
+from gateware.roce.reliability import check_message_count, check_message_slots
 from gateware.roce.requests import check_qp_count
 
 __all__ = ["BUILD_OPTIONS", "add_build_arguments", "build_arguments", "built_with"]
@@ -23,8 +24,9 @@ BUILD_OPTIONS: tuple[tuple[str, str, str, Callable[[int], int]], ...] = (
     ("--qps", "qps", "each core's QPs", check_qp_count),
     ("--retransmit-beats", "retransmit_beats", "beats of each QP's retransmit ring",
      check_ring_beats),
-    ("--message-slots", "messages", "each QP's message slots, NetworkCore's messages",
+    ("--messages", "messages", "unacknowledged messages per QP, its cap on the slot pool",
      check_message_count),
+    ("--message-slots", "message_slots", "message slots all QPs share", check_message_slots),
 )
 
 

@@ -16,10 +16,10 @@ remote.port=47002``::
         --ip 10.77.0.2 --mac 02:00:00:00:00:02 --faults drop=0.02
 
 The core is built as the cocotb benches build it (``CORE_PARAMS``); ``--qps``,
-``--retransmit-beats`` and ``--message-slots`` (sim/build_options.py, as ``make
-bitstream`` takes QPS, RETRANSMIT_BEATS and MESSAGES) build it with others, each set a
-build of its own, cached after its first run. The startup line and the summary say
-what was built.
+``--retransmit-beats``, ``--messages`` and ``--message-slots`` (sim/build_options.py, as
+``make bitstream`` takes QPS, RETRANSMIT_BEATS, MESSAGES and MESSAGE_SLOTS) build it
+with others, each set a build of its own, cached after its first run. The startup line
+and the summary say what was built.
 
 With ``--source example`` it runs the example event source beside the core
 (:class:`gateware.examples.event_core.EventCore`, the design of ``make bitstream

@@ -4,16 +4,18 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 
 from amaranth import Shape
 
 from gateware.cm.manager import CM_ENTRY
+from gateware.core import NetworkCore
 from gateware.roce.ack_intake import AckIntake
-from gateware.roce.descriptor import MESSAGE
 from gateware.roce.qp_table import QP_PATH
 from gateware.roce.reliability import ReliabilityEngine
 from gateware.roce.requests import CompletionStatus
+from gateware.roce.slot_pool import slot_entry
 from gateware.stream import BEAT_BYTES
 
 #: The generator pool keeps the message count of each QP's last run.
@@ -24,9 +26,9 @@ COUNTERS = ("sent_counters", "event_counters", "intake_counters", "icrc_errors",
 Row = tuple[str, str, int]
 
 
-def rows(messages: int, ring_beats: int) -> tuple[list[Row], list[Row]]:
-    """The QP context, and the QP's queues: (where, what, bits) each."""
-    engine = ReliabilityEngine.qp_state_bits(messages)
+def rows(messages: int, message_slots: int, ring_beats: int) -> tuple[list[Row], list[Row]]:
+    """The QP context, and the queues: (where, what, bits) each."""
+    engine = ReliabilityEngine.qp_state_bits(messages, message_slots)
     context = [
         ("QP table (`roce/qp_table.py`)",
          "path: remote QPN, rkey, remote IPv4, path MTU, UDP source port", QP_PATH.size),
@@ -42,11 +44,13 @@ def rows(messages: int, ring_beats: int) -> tuple[list[Row], list[Row]]:
          CM_ENTRY.size),
         ("generator pool", "messages of the last run", GENERATOR_BITS),
     ]
-    slot = MESSAGE.size + Shape.cast(CompletionStatus).width
+    slot = (Shape.cast(slot_entry((message_slots - 1).bit_length())).width
+            + Shape.cast(CompletionStatus).width)
     queues = [
-        ("message slots (send queue)", f"{messages} outstanding messages × {slot} bits",
-         messages * slot),
-        ("retransmit ring", f"{ring_beats} beats × {BEAT_BYTES} bytes",
+        ("message slot pool (send queues of all QPs)",
+         f"{message_slots} slots × {slot} bits; a QP up to {messages}",
+         message_slots * slot),
+        ("retransmit ring (each QP)", f"{ring_beats} beats × {BEAT_BYTES} bytes",
          ring_beats * BEAT_BYTES * 8),
     ]
     return context, queues
@@ -54,10 +58,14 @@ def rows(messages: int, ring_beats: int) -> tuple[list[Row], list[Row]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--messages", type=int, default=128)
-    parser.add_argument("--ring-beats", type=int, default=2048)
+    defaults = inspect.signature(NetworkCore).parameters
+    parser.add_argument("--messages", type=int, default=defaults["messages"].default)
+    parser.add_argument("--message-slots", type=int,
+                        default=defaults["message_slots"].default)
+    parser.add_argument("--ring-beats", type=int,
+                        default=defaults["retransmit_beats"].default)
     args = parser.parse_args(argv)
-    context, queues = rows(args.messages, args.ring_beats)
+    context, queues = rows(args.messages, args.message_slots, args.ring_beats)
     print("| kept in | what | bits |")
     print("|---|---|---:|")
     for where, what, bits in context:

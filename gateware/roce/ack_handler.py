@@ -9,7 +9,7 @@ from amaranth.lib.wiring import In, Out
 from ..stream import BEAT_BYTES
 from .ack import AETH_ACK, AETH_NAK, AETH_RNR_NAK, NAK_SEQUENCE
 from .ack_intake import ACK_TAKEN
-from .descriptor import MESSAGE, POINTER_BITS, SLOT_BITS
+from .descriptor import POINTER_BITS, SLOT_BITS
 from .qp_context import (
     EVENT_COUNTERS,
     PEER,
@@ -17,7 +17,6 @@ from .qp_context import (
     lookup,
     per_qp_layouts,
     qp_bits_of,
-    slot_address,
     update,
 )
 from .qp_flags import ENGINE_FLAG_WRITES
@@ -30,6 +29,7 @@ from .requests import (
     PathMtu,
     check_qp_count,
 )
+from .slot_pool import slot_entry
 from .timer_sweep import expired_timer
 
 __all__ = ["AckHandler", "RNR_RETRY_FOREVER", "MAX_PACKETS", "HANDLER_FLAGS"]
@@ -72,6 +72,10 @@ class AckHandler(wiring.Component):
     (``i_expired``, so that acknowledgements streaming in do not hold it), an
     acknowledgement (``i_ack``, from :class:`AckIntake`).
 
+    - Reset: taken once the QP's list of messages is empty; a QP with messages
+      outstanding is closed first (below), so that each of them completes and
+      its slot goes back to the pool.
+
     - Acknowledgement for p (an ACK covers p, a NAK or RNR NAK the PSNs before p):
       checked again against the QP's window (one behind ``una`` says nothing new),
       then ``una`` advances; progress restores both retry counts and restarts the
@@ -89,32 +93,32 @@ class AckHandler(wiring.Component):
     retires the QP's oldest messages in order (``o_completion``): each whose last
     packet is acknowledged with the status its payload ended with (``r_status``),
     and in ERROR every one (the failed work request with the error status, the
-    others FLUSHED); the ring room of a message that is not done is freed up to
-    its packets acknowledged.
+    others FLUSHED), and gives its slot back to the pool (``o_free``); the ring
+    room of a message that is not done is freed up to its packets acknowledged.
 
     It reads the QP's state through registered ports addressed a cycle ahead
     (``r_*`` of the per-QP memories, ``"transparent"``), the oldest message slot
-    through registered ports of the ring (``r_ring``, ``r_status``), and writes
-    the QP's state (``w_*``; a reset writes the QP's settings and clears the rest)
-    and its flags (``o_flags``). ``o_reset`` shows the reset it takes.
+    through registered ports of the slot pool (``r_ring``, ``r_status``), and
+    writes the QP's state (``w_*``; a reset writes the QP's settings and clears
+    the rest but its list, empty by then) and its flags (``o_flags``).
+    ``o_reset`` shows the reset it takes.
 
     Latency, from IDLE back to IDLE: an acknowledgement 4 cycles (IDLE, ACK,
     ACK_APPLY, RETIRE; 3 when it says nothing new by then) and 1 more per message
     it completes; an expired timer 2 (IDLE, EXPIRE), 4 when it fails the QP (then
-    RETIRE_READ, RETIRE); a close 4 (IDLE, CLOSE, RETIRE_READ, RETIRE); a reset 1.
+    RETIRE_READ, RETIRE); a close 4 (IDLE, CLOSE, RETIRE_READ, RETIRE); a reset 1,
+    or 2 when the FSM's QP was another (its list is read first).
     A failed QP takes 1 cycle more per message it flushes. The reads of ``r_*``
     come a cycle after their address, so each state acts on the QP it was entered
     with.
     """
 
-    def __init__(self, *, qps, messages, width=BEAT_BYTES):
+    def __init__(self, *, qps, slots, count_bits, width=BEAT_BYTES):
         self._qps = check_qp_count(qps)
-        self._messages = messages
         self._width = width
         entries = 1 << qp_bits_of(qps)
-        slot_bits = (messages - 1).bit_length()
-        ring_bits = slot_bits + qp_bits_of(qps)
-        layouts = per_qp_layouts(slot_bits)
+        slot_bits = (slots - 1).bit_length()
+        layouts = per_qp_layouts(slot_bits, count_bits)
         members = {
             "i_reset": In(stream.Signature(QP_WRITE)),
             "i_quiet": In(1),
@@ -123,8 +127,9 @@ class AckHandler(wiring.Component):
             "i_ack": In(stream.Signature(ACK_TAKEN)),
             "i_now": In(TIME_BITS),
             "i_flags": In(data.StructLayout({name: entries for name in HANDLER_FLAGS})),
-            "r_ring": Out(lookup(MESSAGE, ring_bits)),
-            "r_status": Out(lookup(CompletionStatus, ring_bits)),
+            "r_ring": Out(lookup(slot_entry(slot_bits), slot_bits)),
+            "r_status": Out(lookup(CompletionStatus, slot_bits)),
+            "o_free": Out(stream.Signature(slot_bits, always_ready=True)),
             "o_flags": Out(ENGINE_FLAG_WRITES),
             "o_reset": Out(stream.Signature(QP_WRITE, always_ready=True)),
             "o_busy": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
@@ -140,7 +145,6 @@ class AckHandler(wiring.Component):
         m = Module()
         qps = self._qps
         qp_bits = qp_bits_of(qps)
-        slot_bits = (self._messages - 1).bit_length()
         beat_bits = (self._width - 1).bit_length()
         reset = self.i_reset.p
         flags = self.i_flags
@@ -190,15 +194,14 @@ class AckHandler(wiring.Component):
         # NAK the ones before it), worked out as the acknowledgement is: the ACK state
         # only compares it with ``una``.
         una_after = Signal(24)
-        record = Signal(MESSAGE)
+        entry = self.r_ring.data
+        record = entry.message
         # The oldest message's slot is read a cycle ahead; while the FSM retires messages,
         # the one after it (so that it retires one a cycle; it reads again after a stall).
-        retire_slot = Signal(slot_bits + 1)
-        retire_address = slot_address(qp, retire_slot, qp_bits=qp_bits, slot_bits=slot_bits)
+        retire_slot = Signal.like(self.r_ring.addr)
         m.d.comb += [
-            self.r_ring.addr.eq(retire_address),
-            self.r_status.addr.eq(retire_address),
-            record.eq(self.r_ring.data),
+            self.r_ring.addr.eq(retire_slot),
+            self.r_status.addr.eq(retire_slot),
         ]
         expired_rnr_wait = Signal()         # the timer taken is an RNR wait
 
@@ -239,11 +242,21 @@ class AckHandler(wiring.Component):
 
         with m.FSM() as engine:
             with m.State("IDLE"):
-                m.d.comb += self.i_reset.ready.eq(self.i_quiet)
+                m.d.comb += self.i_reset.ready.eq(resetting)
                 # While a reset waits for quiet, nothing else goes in (the views soon
-                # block new packets): the other choices do not wait on ``i_quiet``.
+                # block new packets): the other choices do not wait on ``i_quiet``. The
+                # QP's list is read first (for ``qp``, the QP of the cycle before): with
+                # messages in it, the QP is closed first.
                 with m.If(self.i_reset.valid):
-                    m.d.comb += resetting.eq(self.i_quiet)
+                    m.d.comb += qp_next.eq(reset.qp)
+                    listed = s_positions.first.slot != s_end.slot
+                    with m.If(reset.qp >= qps):
+                        m.d.comb += resetting.eq(self.i_quiet)
+                    with m.Elif(qp == reset.qp):
+                        with m.If(listed):
+                            m.next = "CLOSE"
+                        with m.Else():
+                            m.d.comb += resetting.eq(self.i_quiet)
                 with m.Elif(self.i_close.valid):
                     m.d.comb += [self.i_close.ready.eq(1), qp_next.eq(self.i_close.p)]
                     with m.If(self.i_close.p < qps):
@@ -389,14 +402,17 @@ class AckHandler(wiring.Component):
                                                  s_retry.error_status))),
                 ]
                 beats = (record.request.length + self._width - 1) >> beat_bits
-                with m.If(s_positions.first == s_end):
+                with m.If(s_positions.first.slot == s_end.slot):
                     m.next = "IDLE"
                 with m.Elif(done | s_error):
                     m.d.comb += self.o_completion.valid.eq(1)
                     with m.If(self.o_completion.ready):
                         m.d.comb += [
+                            self.o_free.valid.eq(1),
+                            self.o_free.p.eq(s_positions.first.slot),
                             positions_write.en.eq(1),
-                            positions_write.data.first.eq(s_positions.first + 1),
+                            positions_write.data.first.slot.eq(entry.next),
+                            positions_write.data.first.count.eq(s_positions.first.count + 1),
                             positions_write.data.head.eq(record.start + beats),
                             retry_write.en.eq(1),
                             retry_write.data.error_reported.eq(s_error),
@@ -415,7 +431,7 @@ class AckHandler(wiring.Component):
         m.d.comb += [
             self.o_busy.valid.eq(~engine.ongoing("IDLE")),
             self.o_busy.p.eq(qp),
-            retire_slot.eq(s_positions.first + engine.ongoing("RETIRE")),
+            retire_slot.eq(Mux(engine.ongoing("RETIRE"), entry.next, s_positions.first.slot)),
         ]
 
         # The FSM's counts, and a reset of what it owns.
@@ -431,7 +447,7 @@ class AckHandler(wiring.Component):
                 una_write.data.eq(reset.state.next_psn),
                 una_write.en.eq(1),
                 positions_write.addr.eq(reset.qp),
-                positions_write.data.eq(0),
+                positions_write.data.head.eq(0),
                 positions_write.en.eq(1),
                 retry_write.addr.eq(reset.qp),
                 retry_write.data.eq(0),

@@ -34,8 +34,9 @@ MAX_PACKET_PAYLOAD = 4096
 ROCE_TX_META = meta_with(UDP_TX_META, transport=TRANSPORT,
                          transport_length=range(TRANSPORT.length + 1))
 
-#: Bits of a slot in a QP's ring of outstanding messages (up to 256 messages).
-SLOT_BITS = 8
+#: Bits of a message slot, in the pool of outstanding messages all QPs share (up to
+#: 65,536 slots).
+SLOT_BITS = 16
 
 #: Bits of a position in a QP's retransmit ring, counted in beats, with one bit more
 #: than the ring needs so that a full ring and an empty one differ (up to 2^21 beats).
@@ -55,7 +56,7 @@ MESSAGE = data.StructLayout({
     "path_mtu": PathMtu,
 })
 
-#: The planner took a new message for a QP (into the QP's next message slot).
+#: The planner took a new message for a QP (into the QP's empty message slot).
 MESSAGE_LOADED = data.StructLayout({"qp": QP_INDEX_BITS, "message": MESSAGE})
 
 #: The planner sent a packet: the QP's next PSN and ring position after it.

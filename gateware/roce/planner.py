@@ -149,7 +149,8 @@ class PacketPlanner(wiring.Component):
     QP fails while it is sent ends with a ``drop`` descriptor that drains the
     rest of its payload. Two cycles per message load, then a packet per cycle.
     ``holds`` tells whether a context is in the middle of a message of QP
-    ``holds_qp``.
+    ``holds_qp``. While ``i_setting`` (a QP is being set) it takes no new request,
+    so that a request that comes after a QP's setting sees it.
     """
 
     def __init__(self, *, qps, ring_beats, width=BEAT_BYTES):
@@ -175,6 +176,7 @@ class PacketPlanner(wiring.Component):
             "o_read": Out(stream.Signature(BUFFER_READ)),
             "holds_qp": In(QP_INDEX_BITS),
             "holds": Out(1),
+            "i_setting": In(1),
         })
 
     def elaborate(self, platform):
@@ -415,7 +417,8 @@ class PacketPlanner(wiring.Component):
                         replay.offset.eq(command.message.start + (packet_offset >> beat_bits)),
                     ]
                     m.next = "LOAD_REPLAY"
-                with m.Elif(self.i_request.valid & ~new_sending & ~new_refusing):
+                with m.Elif(self.i_request.valid & ~new_sending & ~new_refusing
+                            & ~self.i_setting):
                     m.d.comb += self.read_qp.eq(self.i_request.p.qp)
                     m.next = "LOAD_NEW"
 

@@ -8,9 +8,9 @@ from amaranth.lib.wiring import In, Out
 from .descriptor import POINTER_BITS
 from .requests import QP_COUNTERS, QP_STATE, CompletionStatus
 
-__all__ = ["ContextMemory", "lookup", "update", "qp_bits_of", "slot_address", "per_qp_layouts",
-           "FLAGS", "TIME_BITS", "PEER", "RETRIES", "TIMER", "SENT_COUNTERS", "INTAKE_COUNTERS",
-           "EVENT_COUNTERS"]
+__all__ = ["ContextMemory", "lookup", "update", "qp_bits_of", "per_qp_layouts", "QP_LAYOUTS",
+           "message_list", "FLAGS", "TIME_BITS", "PEER", "RETRIES", "TIMER", "SENT_COUNTERS",
+           "INTAKE_COUNTERS", "EVENT_COUNTERS"]
 
 #: Bits of the tick count the timers are stamped with: an ACK timeout is up to 2^31 ticks.
 TIME_BITS = 32
@@ -48,38 +48,51 @@ FLAGS = ("error", "resend", "rnr_wait", "retrying", "from_sent", "icrc_cleared",
          "cnp_cleared", "intake_cleared")
 
 
-def per_qp_layouts(slot_bits):
-    """The shape of each per-QP memory of the engine, by name."""
+#: The shape of each per-QP memory of the engine that does not hold message slots, by
+#: name.
+QP_LAYOUTS = {
+    # the planner's side: written by each new packet sent, packet sent
+    "nxt": 24,
+    "tail": POINTER_BITS,
+    "sent_time": TIME_BITS,
+    # the engine's side: written by the FSM, the settings by a reset
+    "una": 24,
+    "retry": RETRIES,
+    "timer": TIMER,
+    "resend_psn": 24,
+    "peer": PEER,
+    # counters, each memory with one writer
+    "sent_counters": SENT_COUNTERS,
+    "event_counters": EVENT_COUNTERS,
+    "intake_counters": INTAKE_COUNTERS,
+    "icrc_errors": 32,
+    "cnps": 32,
+}
+
+
+def message_list(slot_bits, count_bits):
+    """An end of a QP's list of outstanding messages in the slot pool: its slot, and
+    the messages that passed it (modulo 2^``count_bits``), so that the list's length is
+    the count at its end less the count at its start."""
+    return data.StructLayout({"slot": slot_bits, "count": count_bits})
+
+
+def per_qp_layouts(slot_bits, count_bits):
+    """The shape of each per-QP memory of the engine, by name: :data:`QP_LAYOUTS`, and
+    the ends of the QP's list of messages (``end``, written by each message loaded: the
+    QP's empty slot; ``positions``, by the FSM: its oldest message, and the ring position
+    of its oldest unacknowledged payload)."""
     return {
-        # the planner's side: written by each new packet sent, message loaded, packet sent
-        "nxt": 24,
-        "tail": POINTER_BITS,
-        "end": slot_bits + 1,
-        "sent_time": TIME_BITS,
-        # the engine's side: written by the FSM, the settings by a reset
-        "una": 24,
-        "positions": data.StructLayout({"head": POINTER_BITS, "first": slot_bits + 1}),
-        "retry": RETRIES,
-        "timer": TIMER,
-        "resend_psn": 24,
-        "peer": PEER,
-        # counters, each memory with one writer
-        "sent_counters": SENT_COUNTERS,
-        "event_counters": EVENT_COUNTERS,
-        "intake_counters": INTAKE_COUNTERS,
-        "icrc_errors": 32,
-        "cnps": 32,
+        **QP_LAYOUTS,
+        "end": message_list(slot_bits, count_bits),
+        "positions": data.StructLayout({"head": POINTER_BITS,
+                                        "first": message_list(slot_bits, count_bits)}),
     }
 
 
 def qp_bits_of(qps):
     """Bits of a QP index inside the engine's memories (1 or more)."""
     return max((qps - 1).bit_length(), 1)
-
-
-def slot_address(qp, slot, *, qp_bits, slot_bits):
-    """The message ring's address of a QP's message slot."""
-    return Cat(slot[:slot_bits], qp[:qp_bits])
 
 
 def lookup(shape, addr_bits):
@@ -101,12 +114,12 @@ class ContextMemory(wiring.Component):
     as a combinational read would give it then (a write in the cycle of ``addr`` shows);
     ``"sync"`` gives, a cycle after ``addr``, the entry as it was in the cycle of
     ``addr``. A write takes effect at the end of its cycle. Addresses wider than the
-    memory are truncated.
+    memory are truncated. ``init``: the entries' values at start (default all zero).
     """
 
     _READS = ("comb", "transparent", "sync")
 
-    def __init__(self, *, shape, depth, reads, addr_bits):
+    def __init__(self, *, shape, depth, reads, addr_bits, init=()):
         for kind in reads:
             if kind not in self._READS:
                 raise ValueError(f"Read kind must be one of {self._READS}, not {kind!r}")
@@ -115,6 +128,7 @@ class ContextMemory(wiring.Component):
         self._shape = shape
         self._depth = depth
         self._reads = tuple(reads)
+        self._init = list(init)
         super().__init__({
             "w": In(update(shape, addr_bits)),
             "r": In(lookup(shape, addr_bits)).array(len(self._reads)),
@@ -127,7 +141,7 @@ class ContextMemory(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.memory = store = memory.Memory(shape=self._shape, depth=self._depth,
-                                                    init=[])
+                                                    init=self._init)
         write = store.write_port()
         m.d.comb += [
             write.addr.eq(self.w.addr),

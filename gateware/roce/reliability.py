@@ -12,7 +12,6 @@ from .ack_counters import AckCounters
 from .ack_handler import HANDLER_FLAGS, MAX_PACKETS, RNR_RETRY_FOREVER, AckHandler
 from .ack_intake import AckIntake
 from .descriptor import (
-    MESSAGE,
     MESSAGE_END,
     MESSAGE_LOADED,
     PACKET_SENT,
@@ -32,30 +31,23 @@ from .requests import (
 )
 from .resend_walker import WALKED_FLAGS, ResendWalker
 from .send_tracker import SendTracker
+from .slot_pool import SlotPool, check_message_count, check_message_slots, slot_entry
 from .tick_count import TickCount
 from .timer_sweep import SWEPT_FLAGS, TimerSweep
 
 __all__ = ["ReliabilityEngine", "RNR_RETRY_FOREVER", "STATUS_PORTS", "MAX_PACKETS",
-           "check_message_count"]
+           "check_message_count", "check_message_slots"]
 
 #: Read ports of the QP status (user logic, the connection manager).
 STATUS_PORTS = 2
 
 
-def check_message_count(messages):
-    """``messages`` when it is a count of message slots per QP the engine can be built
-    for, else ``ValueError``."""
-    if (not isinstance(messages, int) or not 2 <= messages <= 128
-            or messages & (messages - 1)):
-        raise ValueError(f"Messages per QP must be a power of 2, 2..128, not {messages!r}")
-    return messages
-
-
 class ReliabilityEngine(wiring.Component):
     """Tracks every QP's outstanding packets and messages and acts on acknowledgements.
 
-    The planner tells it of each new message (``i_loaded``: it takes the QP's
-    next message slot, one of ``messages``) and each packet it sends
+    The planner tells it of each new message (``i_loaded``: it takes a slot of
+    the pool all QPs share, ``message_slots``, up to ``messages`` a QP) and each
+    packet it sends
     (``i_sent``); it tells the planner, per QP, the next PSN, the ring room
     and whether the QP may send (``new_view``/``replay_view``, combinational
     from ``new_qp``/``replay_qp``; an event shows from the next cycle on, a
@@ -118,6 +110,11 @@ class ReliabilityEngine(wiring.Component):
     Each QP's state lives in memories (:class:`ContextMemory`: distributed RAM
     where a view reads it combinationally; the parts' own reads are registered,
     addressed a cycle ahead), its 1-bit flags in registers (:class:`QpFlags`).
+    Its outstanding messages are a list through the slots of a :class:`SlotPool`,
+    from its oldest message (``positions.first``) to the empty slot its next
+    message takes (``end``; each QP holds one from the start, slot = its index);
+    the pool keeps a few slots back, and a QP at its cap or a pool with none left
+    shows no free slot in the views.
     The parts: :class:`SendTracker` writes what the planner's events change,
     :class:`AckIntake` checks acknowledgements, :class:`AckCounters` counts them,
     :class:`TimerSweep` checks the timers, :class:`AckHandler` acts on
@@ -133,11 +130,13 @@ class ReliabilityEngine(wiring.Component):
     stands still, so pause time counts against no ACK timer or RNR wait.
     """
 
-    def __init__(self, *, qps, messages=128, width=BEAT_BYTES):
+    def __init__(self, *, qps, messages=128, message_slots=4096, width=BEAT_BYTES):
         check_qp_count(qps)
         check_message_count(messages)
+        check_message_slots(message_slots, qps)
         self._qps = qps
         self._messages = messages
+        self._slots = message_slots
         self._width = width
         super().__init__({
             "i_reset": In(stream.Signature(QP_WRITE)),
@@ -161,30 +160,36 @@ class ReliabilityEngine(wiring.Component):
         })
 
     @staticmethod
-    def qp_state_bits(messages=128):
+    def qp_state_bits(messages=128, message_slots=4096):
         """Bits the engine keeps per QP, by memory (and ``flags``, in registers)."""
-        slot_bits = (messages - 1).bit_length()
         bits = {name: Shape.cast(shape).width
-                for name, shape in per_qp_layouts(slot_bits).items()}
+                for name, shape in per_qp_layouts((message_slots - 1).bit_length(),
+                                                  messages.bit_length() + 1).items()}
         return {**bits, "flags": len(FLAGS)}
 
     def elaborate(self, platform):
         m = Module()
-        qps, messages = self._qps, self._messages
-        slot_bits = (messages - 1).bit_length()
+        qps, messages, slots = self._qps, self._messages, self._slots
+        slot_bits = (slots - 1).bit_length()
+        # A QP's count of messages, with room to tell its list's length (up to
+        # ``messages``) from how far behind its oldest message a slot the walker holds is.
+        count_bits = messages.bit_length() + 1
         qp_bits = qp_bits_of(qps)
         entries = 1 << qp_bits
-        layouts = per_qp_layouts(slot_bits)
+        layouts = per_qp_layouts(slot_bits, count_bits)
 
         m.submodules.tick = tick = TickCount()
         m.submodules.flags = flags = QpFlags(qps=qps, views=2)
-        m.submodules.tracker = tracker = SendTracker(qps=qps, messages=messages)
+        m.submodules.pool = pool = SlotPool(slots=slots, reserved=entries)
+        m.submodules.tracker = tracker = SendTracker(qps=qps, slots=slots,
+                                                     count_bits=count_bits)
         m.submodules.intake = intake = AckIntake(qps=qps)
         m.submodules.counters = counters = AckCounters(qps=qps, ports=STATUS_PORTS)
-        m.submodules.sweep = sweep = TimerSweep(qps=qps, messages=messages)
-        m.submodules.walker = walker = ResendWalker(qps=qps, messages=messages)
-        m.submodules.handler = handler = AckHandler(qps=qps, messages=messages,
-                                                    width=self._width)
+        m.submodules.sweep = sweep = TimerSweep(qps=qps)
+        m.submodules.walker = walker = ResendWalker(qps=qps, slots=slots,
+                                                    count_bits=count_bits)
+        m.submodules.handler = handler = AckHandler(qps=qps, slots=slots,
+                                                    count_bits=count_bits, width=self._width)
         flag = flags.o_flags
         reset = handler.o_reset
 
@@ -208,6 +213,8 @@ class ReliabilityEngine(wiring.Component):
         connect(m, flipped(self.i_message_end), tracker.i_message_end)
         connect(m, reset, tracker.i_reset)
         connect(m, tracker.o_timer_from_sent, flags.i_timer_from_sent)
+        m.d.comb += [pool.i_take.eq(tracker.o_take), tracker.i_spare.eq(pool.o_slot)]
+        connect(m, handler.o_free, pool.i_free)
 
         # Acknowledgements: checked by the intake against the QP's window, counted, and
         # handed to the handler.
@@ -251,11 +258,12 @@ class ReliabilityEngine(wiring.Component):
 
         # The memories, each with its writer and readers: a part's port, or the top's
         # own (``None``: the views, the intake's window, the status ports).
-        def context(name, writer, readers, *, shape=None, depth=entries, addr_bits=None):
+        def context(name, writer, readers, *, shape=None, depth=entries, addr_bits=None,
+                    init=()):
             m.submodules[name] = store = ContextMemory(
                 shape=layouts[name] if shape is None else shape, depth=depth,
                 reads=[kind for kind, _ in readers],
-                addr_bits=QP_INDEX_BITS if addr_bits is None else addr_bits)
+                addr_bits=QP_INDEX_BITS if addr_bits is None else addr_bits, init=init)
             connect(m, writer, store.w)
             own = []
             for (_, reader), port in zip(readers, store.r, strict=True):
@@ -266,14 +274,15 @@ class ReliabilityEngine(wiring.Component):
             return own
 
         view, status = [("comb", None)] * 2, [("sync", None)] * STATUS_PORTS
-        ring_bits = slot_bits + qp_bits
+        # Each QP's list starts empty, at the slot of its index.
+        own_slots = [{"slot": qp} for qp in range(entries)]
         nxt = context("nxt", tracker.w_nxt, [
             ("comb", tracker.r_nxt), ("comb", None), *view, ("transparent", handler.r_nxt),
             ("transparent", sweep.r_nxt), *status])
         tail = context("tail", tracker.w_tail, view)
         end = context("end", tracker.w_end, [
             ("comb", tracker.r_end), *view, ("transparent", handler.r_end),
-            ("transparent", walker.r_end)])
+            ("transparent", walker.r_end)], init=own_slots)
         context("sent_time", tracker.w_sent_time, [("transparent", sweep.r_sent_time)])
         sent_counters = context("sent_counters", tracker.w_sent_counters, [
             ("comb", tracker.r_sent_counters), *status])
@@ -281,7 +290,8 @@ class ReliabilityEngine(wiring.Component):
             ("comb", tracker.r_una), ("comb", None), ("transparent", handler.r_una),
             ("transparent", sweep.r_una), *status])
         positions = context("positions", handler.w_positions, [
-            *view, ("transparent", handler.r_positions), ("transparent", walker.r_positions)])
+            *view, ("transparent", handler.r_positions), ("transparent", walker.r_positions)],
+            init=[{"first": own} for own in own_slots])
         retry = context("retry", handler.w_retry, [("transparent", handler.r_retry), *status])
         context("timer", handler.w_timer, [("transparent", sweep.r_timer)])
         context("resend_psn", handler.w_resend_psn, [("transparent", walker.r_resend_psn)])
@@ -289,13 +299,13 @@ class ReliabilityEngine(wiring.Component):
             ("comb", None), ("transparent", handler.r_peer), ("transparent", sweep.r_peer)])
         event_counters = context("event_counters", handler.w_event_counters, [
             ("transparent", handler.r_event_counters), *status])
-        # Outstanding messages, and the status each one's payload ended with; reads see
-        # a write in the same cycle: a slot may be filled as it is read.
+        # The slot pool's messages, and the status each one's payload ended with; reads
+        # see a write in the same cycle: a slot may be filled as it is read.
         context("ring", tracker.w_ring, [("transparent", handler.r_ring),
                                          ("transparent", walker.r_ring)],
-                shape=MESSAGE, depth=messages << qp_bits, addr_bits=ring_bits)
+                shape=slot_entry(slot_bits), depth=slots, addr_bits=slot_bits)
         context("statuses", tracker.w_status, [("transparent", handler.r_status)],
-                shape=CompletionStatus, depth=messages << qp_bits, addr_bits=ring_bits)
+                shape=CompletionStatus, depth=slots, addr_bits=slot_bits)
 
         # The intake's window of the QP it checks.
         window = {"una": una.pop(0), "nxt": nxt.pop(0), "peer": peer.pop(0)}
@@ -325,9 +335,10 @@ class ReliabilityEngine(wiring.Component):
                 view.next_psn.eq(shown["nxt"]),
                 view.head.eq(shown["positions"].head),
                 view.tail.eq(shown["tail"]),
-                view.slot.eq(shown["end"][:slot_bits]),
-                view.slot_free.eq(((shown["end"] - shown["positions"].first)[:slot_bits + 1]
-                                   != messages) & ~reset_waiting),
+                view.slot.eq(shown["end"].slot),
+                view.slot_free.eq(
+                    ((shown["end"].count - shown["positions"].first.count)[:count_bits]
+                     != messages) & pool.o_available & ~reset_waiting),
                 flags.view_qp[index].eq(qp),
             ]
             flags_after = flags.o_view[index]

@@ -6,9 +6,10 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .ack_intake import lowest_set
-from .descriptor import MESSAGE, REPLAY
-from .qp_context import lookup, per_qp_layouts, qp_bits_of, slot_address
+from .descriptor import REPLAY
+from .qp_context import lookup, per_qp_layouts, qp_bits_of
 from .requests import QP_INDEX_BITS, check_qp_count
+from .slot_pool import slot_entry
 
 __all__ = ["ResendWalker", "WALKED_FLAGS"]
 
@@ -23,11 +24,14 @@ class ResendWalker(wiring.Component):
     It takes the lowest QP with ``resend`` set and neither ``rnr_wait`` nor ``error``,
     unless ``i_hold`` (a reset waits), and clears its ``resend`` (``o_taken``, in
     the cycle after it picks the QP). It reads the QP's resend PSN (``r_resend_psn``),
-    oldest and next message slot (``r_positions``, ``r_end``: registered reads
-    addressed a cycle ahead) and each message slot from the oldest on (``r_ring``,
-    registered). It stops after the QP's last outstanding message, when the QP enters
-    ERROR, or when a new resend of the QP is due before a hand-over (which starts the
-    walk again).
+    the ends of its list of messages (``r_positions``, ``r_end``: registered reads
+    addressed a cycle ahead) and each message slot from the oldest on along the list
+    (``r_ring``, registered). It stops after the QP's last outstanding message, when
+    the QP enters ERROR, or when a new resend of the QP is due before a hand-over
+    (which starts the walk again). A slot it comes to that is no longer in the list
+    (its message completed while the walker waited) may hold another QP's message by
+    then: it goes on from the list's oldest message instead, resending that one from
+    its first packet if the resend PSN is older.
 
     Latency: the first message is offered 4 cycles after the cycle the walker picks
     the QP (then clear, read, find, offer), plus 2 cycles per older message it skips;
@@ -36,16 +40,16 @@ class ResendWalker(wiring.Component):
     walker waits for a QP.
     """
 
-    def __init__(self, *, qps, messages):
+    def __init__(self, *, qps, slots, count_bits):
         self._qps = check_qp_count(qps)
-        self._messages = messages
+        self._count_bits = count_bits
         entries = 1 << qp_bits_of(qps)
-        slot_bits = (messages - 1).bit_length()
-        layouts = per_qp_layouts(slot_bits)
+        slot_bits = (slots - 1).bit_length()
+        layouts = per_qp_layouts(slot_bits, count_bits)
         members = {
             "i_flags": In(data.StructLayout({name: entries for name in WALKED_FLAGS})),
             "i_hold": In(1),
-            "r_ring": Out(lookup(MESSAGE, slot_bits + qp_bits_of(qps))),
+            "r_ring": Out(lookup(slot_entry(slot_bits), slot_bits)),
             "o_replay": Out(stream.Signature(REPLAY)),
             "o_taken": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "o_busy": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
@@ -58,7 +62,7 @@ class ResendWalker(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         qp_bits = qp_bits_of(self._qps)
-        slot_bits = (self._messages - 1).bit_length()
+        count_bits = self._count_bits
         entries = 1 << qp_bits
         flags = self.i_flags
 
@@ -69,7 +73,9 @@ class ResendWalker(wiring.Component):
         walk_qp = Signal(QP_INDEX_BITS)
         walk = Signal(REPLAY)
         walk_psn = Signal(24)
-        walk_slot = Signal(slot_bits + 1)
+        walk_slot = Signal.like(self.r_ring.addr)
+        walk_count = Signal(count_bits)         # the list's count at ``walk_slot``
+        walk_after = Signal.like(walk_slot)     # the slot after the message handed over
         walk_clear = self.o_taken.valid
         walk_next = Signal(QP_INDEX_BITS)
         m.d.comb += walk_next.eq(walk_qp)
@@ -79,11 +85,10 @@ class ResendWalker(wiring.Component):
         k_resend_psn, k_positions, k_end = (self.r_resend_psn.data, self.r_positions.data,
                                             self.r_end.data)
         k_error = flag_of(flags.error, walk_qp)
-        walk_record = Signal(MESSAGE)
+        walk_entry = self.r_ring.data
+        walk_record = walk_entry.message
         m.d.comb += [
-            self.r_ring.addr.eq(slot_address(walk_qp, walk_slot, qp_bits=qp_bits,
-                                             slot_bits=slot_bits)),
-            walk_record.eq(self.r_ring.data),
+            self.r_ring.addr.eq(walk_slot),
             self.o_replay.p.eq(walk),
             self.o_taken.p.eq(walk_qp),
             self.o_busy.valid.eq(walking | walk_clear),
@@ -102,32 +107,50 @@ class ResendWalker(wiring.Component):
                 m.d.sync += [
                     walking.eq(1),
                     walk_psn.eq(k_resend_psn),
-                    walk_slot.eq(k_positions.first),
+                    walk_slot.eq(k_positions.first.slot),
+                    walk_count.eq(k_positions.first.count),
                 ]
                 m.next = "READ"
             with m.State("READ"):
                 m.next = "FIND"
             with m.State("FIND"):
+                # Where the slot is in the QP's list, as the list was when it was read:
+                # from its oldest message (0) to its empty slot (the length), or behind
+                # the oldest (completed, far below 2^count_bits).
                 into = (walk_psn - walk_record.first_psn)[:24]
-                with m.If((walk_slot == k_end) | k_error):
+                before = into[23]               # the resend PSN is older than the message
+                listed = (walk_count - k_positions.first.count)[:count_bits]
+                length = (k_end.count - k_positions.first.count)[:count_bits]
+                with m.If((walk_count == k_end.count) | k_error):
                     m.d.sync += walking.eq(0)
                     m.next = "IDLE"
-                with m.Elif(into < walk_record.packets):
+                with m.Elif(listed > length):
+                    m.d.sync += [
+                        walk_slot.eq(k_positions.first.slot),
+                        walk_count.eq(k_positions.first.count),
+                    ]
+                    m.next = "READ"
+                with m.Elif(before | (into < walk_record.packets)):
                     m.d.sync += [
                         walk.qp.eq(walk_qp),
-                        walk.slot.eq(walk_slot[:slot_bits]),
-                        walk.packet.eq(into),
+                        walk.slot.eq(walk_slot),
+                        walk.packet.eq(Mux(before, 0, into)),
                         walk.message.eq(walk_record),
+                        walk_after.eq(walk_entry.next),
                     ]
                     m.next = "ISSUE"
                 with m.Else():
-                    m.d.sync += walk_slot.eq(walk_slot + 1)
+                    m.d.sync += [
+                        walk_slot.eq(walk_entry.next),
+                        walk_count.eq(walk_count + 1),
+                    ]
                     m.next = "READ"
             with m.State("ISSUE"):
                 m.d.comb += self.o_replay.valid.eq(1)
                 with m.If(self.o_replay.ready):
                     m.d.sync += [
-                        walk_slot.eq(walk_slot + 1),
+                        walk_slot.eq(walk_after),
+                        walk_count.eq(walk_count + 1),
                         walk_psn.eq(walk.message.first_psn + walk.message.packets),
                     ]
                     with m.If(flag_of(flags.resend, walk_qp) | k_error):

@@ -1,14 +1,16 @@
 """The planner's side of the reliability engine's per-QP state: what each message loaded
-and each packet sent writes (next PSN, ring tail, next message slot, the ACK timer's
-start, the sent counters), and the messages themselves into the message ring."""
+and each packet sent writes (next PSN, ring tail, the end of the QP's list of messages,
+the ACK timer's start, the sent counters), and the messages themselves into the slot
+pool."""
 
 from amaranth import *
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .descriptor import MESSAGE, MESSAGE_END, MESSAGE_LOADED, PACKET_SENT
-from .qp_context import TIME_BITS, lookup, per_qp_layouts, qp_bits_of, slot_address, update
+from .descriptor import MESSAGE_END, MESSAGE_LOADED, PACKET_SENT
+from .qp_context import TIME_BITS, lookup, per_qp_layouts, update
 from .requests import QP_INDEX_BITS, QP_WRITE, CompletionStatus, check_qp_count
+from .slot_pool import slot_entry
 
 __all__ = ["SendTracker"]
 
@@ -23,21 +25,21 @@ class SendTracker(wiring.Component):
     through ``r_una`` and ``r_nxt``) starts the ACK timer: it stamps ``w_sent_time``
     with ``i_now`` and shows on ``o_timer_from_sent``; the others leave it running
     (IBTA 9.7.6.1.3: the timer measures from the oldest unacknowledged packet; progress
-    restarts it). A message loaded (``i_loaded``) goes into the QP's next message slot
-    of the ring (``w_ring``) and advances that slot (``w_end``). A message whose payload
-    ended (``i_message_end``) leaves its status in the ring (``w_status``).
+    restarts it). A message loaded (``i_loaded``) goes into the QP's empty slot, the
+    end of its list (``r_end``), with the slot the pool hands out (``i_spare``, taken
+    by ``o_take``) as the one after it (``w_ring``); that slot is the QP's empty one
+    from then on (``w_end``, with one more message counted). A message whose payload
+    ended (``i_message_end``) leaves its status in its slot (``w_status``).
 
     ``i_reset`` (a QP being set, when nothing else writes here) writes the QP's next
-    PSN and clears its tail, next slot and sent counters, instead of the events.
-    The reads (``r_*``) are combinational.
+    PSN and clears its tail and sent counters, instead of the events; its list, empty
+    by then, stays. The reads (``r_*``) are combinational.
     """
 
-    def __init__(self, *, qps, messages):
+    def __init__(self, *, qps, slots, count_bits):
         self._qps = check_qp_count(qps)
-        self._messages = messages
-        slot_bits = (messages - 1).bit_length()
-        ring_bits = slot_bits + qp_bits_of(qps)
-        layouts = per_qp_layouts(slot_bits)
+        slot_bits = (slots - 1).bit_length()
+        layouts = per_qp_layouts(slot_bits, count_bits)
         members = {
             "i_sent": In(stream.Signature(PACKET_SENT, always_ready=True)),
             "i_loaded": In(stream.Signature(MESSAGE_LOADED, always_ready=True)),
@@ -45,8 +47,10 @@ class SendTracker(wiring.Component):
             "i_reset": In(stream.Signature(QP_WRITE, always_ready=True)),
             "i_now": In(TIME_BITS),
             "o_timer_from_sent": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
-            "w_ring": Out(update(MESSAGE, ring_bits)),
-            "w_status": Out(update(CompletionStatus, ring_bits)),
+            "i_spare": In(slot_bits),
+            "o_take": Out(1),
+            "w_ring": Out(update(slot_entry(slot_bits), slot_bits)),
+            "w_status": Out(update(CompletionStatus, slot_bits)),
         }
         for name in ("una", "nxt", "end", "sent_counters"):
             members[f"r_{name}"] = Out(lookup(layouts[name], QP_INDEX_BITS))
@@ -56,13 +60,8 @@ class SendTracker(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        qp_bits = qp_bits_of(self._qps)
-        slot_bits = (self._messages - 1).bit_length()
         sent, loaded, ended = self.i_sent, self.i_loaded, self.i_message_end
         reset = self.i_reset.p
-
-        def ring_address(qp, slot):
-            return slot_address(qp, slot, qp_bits=qp_bits, slot_bits=slot_bits)
 
         end_loaded, counted_sent = self.r_end, self.r_sent_counters
         timer_starts = self.o_timer_from_sent.valid
@@ -72,10 +71,12 @@ class SendTracker(wiring.Component):
             timer_starts.eq(sent.valid & ~sent.p.replay & (self.r_una.data == self.r_nxt.data)),
             self.o_timer_from_sent.p.eq(sent.p.qp),
             end_loaded.addr.eq(loaded.p.qp),
-            self.w_ring.addr.eq(ring_address(loaded.p.qp, end_loaded.data)),
-            self.w_ring.data.eq(loaded.p.message),
+            self.w_ring.addr.eq(end_loaded.data.slot),
+            self.w_ring.data.message.eq(loaded.p.message),
+            self.w_ring.data.next.eq(self.i_spare),
             self.w_ring.en.eq(loaded.valid),
-            self.w_status.addr.eq(ring_address(ended.p.completion.qp, ended.p.slot)),
+            self.o_take.eq(loaded.valid),
+            self.w_status.addr.eq(ended.p.slot),
             self.w_status.data.eq(ended.p.completion.status),
             self.w_status.en.eq(ended.valid & ended.p.tracked),
             counted_sent.addr.eq(sent.p.qp),
@@ -92,8 +93,6 @@ class SendTracker(wiring.Component):
                 nxt_write.en.eq(1),
                 tail_write.addr.eq(reset.qp),
                 tail_write.en.eq(1),
-                end_write.addr.eq(reset.qp),
-                end_write.en.eq(1),
                 sent_counters_write.addr.eq(reset.qp),
                 sent_counters_write.en.eq(1),
             ]
@@ -106,7 +105,8 @@ class SendTracker(wiring.Component):
                 tail_write.data.eq(sent.p.next_tail),
                 tail_write.en.eq(sent.valid & ~sent.p.replay),
                 end_write.addr.eq(loaded.p.qp),
-                end_write.data.eq(end_loaded.data + 1),
+                end_write.data.slot.eq(self.i_spare),
+                end_write.data.count.eq(end_loaded.data.count + 1),
                 end_write.en.eq(loaded.valid),
                 sent_counters_write.addr.eq(sent.p.qp),
                 sent_counters_write.data.eq(counted_sent.data),

@@ -5,7 +5,7 @@ from amaranth import *
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .qp_context import TIME_BITS, lookup, per_qp_layouts, qp_bits_of
+from .qp_context import QP_LAYOUTS, TIME_BITS, lookup, qp_bits_of
 from .requests import QP_INDEX_BITS, check_qp_count
 from .timers import rnr_delay_ticks
 
@@ -48,10 +48,9 @@ class TimerSweep(wiring.Component):
     start at 0).
     """
 
-    def __init__(self, *, qps, messages):
+    def __init__(self, *, qps):
         self._qps = check_qp_count(qps)
         entries = 1 << qp_bits_of(qps)
-        layouts = per_qp_layouts((messages - 1).bit_length())
         members = {
             "i_now": In(TIME_BITS),
             "i_flags": In(data.StructLayout({name: entries for name in SWEPT_FLAGS})),
@@ -61,7 +60,7 @@ class TimerSweep(wiring.Component):
             "o_expired": Out(stream.Signature(expired_timer(qps))),
         }
         for name in ("una", "nxt", "timer", "sent_time", "peer"):
-            members[f"r_{name}"] = Out(lookup(layouts[name], QP_INDEX_BITS))
+            members[f"r_{name}"] = Out(lookup(QP_LAYOUTS[name], QP_INDEX_BITS))
         super().__init__(members)
 
     def elaborate(self, platform):

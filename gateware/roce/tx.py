@@ -55,8 +55,10 @@ class RequesterTransmitter(wiring.Component):
     ``i_qp_close`` flushes it (see :class:`ReliabilityEngine`); ``status_qp[n]`` →
     ``status[n]`` reads a QP's state and counters a cycle later. Each QP keeps the
     payload of its unacknowledged packets in a ring of ``ring_beats`` beats
-    and up to ``messages`` unacknowledged messages; when either is full, the
-    QP waits (and the request and payload streams with it). ``i_paused``
+    and up to ``messages`` unacknowledged messages in the pool of
+    ``message_slots`` all QPs share; when its ring is full, it has
+    ``messages`` outstanding or the pool has no slot left, the QP waits (and the
+    request and payload streams with it). ``i_paused``
     (the link pauses RoCEv2 frames) stops the ACK timers and RNR waits.
 
     Register → planner → descriptor FIFO → register → segmenter (payload: new from
@@ -73,11 +75,12 @@ class RequesterTransmitter(wiring.Component):
     registers, so that no path runs from one of these blocks through another.
     """
 
-    def __init__(self, *, qps=16, ring_beats=2048, messages=128, width=BEAT_BYTES,
-                 descriptors=4):
+    def __init__(self, *, qps=16, ring_beats=2048, messages=128, message_slots=4096,
+                 width=BEAT_BYTES, descriptors=4):
         self._qps = qps
         self._ring_beats = ring_beats
         self._messages = messages
+        self._message_slots = message_slots
         self._width = width
         self._descriptors = descriptors
         super().__init__({
@@ -117,7 +120,8 @@ class RequesterTransmitter(wiring.Component):
         m.submodules.planner = planner = PacketPlanner(
             qps=self._qps, ring_beats=self._ring_beats, width=width)
         m.submodules.reliability = reliability = ReliabilityEngine(
-            qps=self._qps, messages=self._messages, width=width)
+            qps=self._qps, messages=self._messages, message_slots=self._message_slots,
+            width=width)
         m.submodules.descriptors = descriptors = fifo.SyncFIFOBuffered(
             width=PACKET_DESCRIPTOR.size, depth=self._descriptors)
         # A register slice between the descriptor queue and the segmenter: the segmenter's
@@ -137,11 +141,13 @@ class RequesterTransmitter(wiring.Component):
         m.submodules.pacer = pacer = Pacer(qps=self._qps)
 
         # Setting a QP (between its messages): its path into the table, its PSN and
-        # timers into the engine.
+        # timers into the engine. New requests wait for it, so that one that comes after
+        # it sees the QP set.
         connect(m, flipped(self.i_qp_write), qp_write_in.i)
         qp_write = qp_write_in.o
         m.d.comb += [
             planner.holds_qp.eq(qp_write.p.qp),
+            planner.i_setting.eq(qp_write.valid),
             reliability.i_reset.valid.eq(qp_write.valid & ~planner.holds),
             reliability.i_reset.p.eq(qp_write.p),
             qp_write.ready.eq(reliability.i_reset.ready & ~planner.holds),

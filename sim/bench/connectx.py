@@ -36,7 +36,11 @@ from sim.testbench import CORE_PARAMS
 BOARD_RETRANSMIT_BEATS = inspect.signature(NetworkCore).parameters["retransmit_beats"].default
 #: The core as this bench builds it by default: the tests' build with the board's rings.
 CONNECTX_PARAMS = {**CORE_PARAMS, "retransmit_beats": BOARD_RETRANSMIT_BEATS}
-RATE_MESSAGES = 1024
+#: Messages of a message-rate row: at a 10 µs round trip some 770 are in flight, so a
+#: row runs five round trips and more with the line full.
+RATE_MESSAGES = 4096
+#: The rows' round trips (µs), and the QP counts at each.
+RATE_ROUND_TRIPS = {1: (1, 16), 2: (1, 16), 5: (1,), 10: (1,)}
 RATE_TARGET = 0.99
 LOSSES = (0.0, 0.0001, 0.001, 0.01)
 GOODPUT_LENGTH, GOODPUT_MTU = 64 * 1024, 4096
@@ -77,7 +81,8 @@ def measure(design, table, rows):
 def rate_table(design, origin: report.Provenance) -> bool:
     rows = [{"verb": verb, "qps": qps, "messages": RATE_MESSAGES,
              "round_trip": round_trip_cycles(us)}
-            for us in (1, 2) for qps in (1, 16) for verb in ("RDMA_WRITE", "SEND")]
+            for us, counts in RATE_ROUND_TRIPS.items() for qps in counts
+            for verb in ("RDMA_WRITE", "SEND")]
     table = Table("rate", [
         Column("verb", "verb", align="left"), Column("qps", "QPs"),
         Column("round_trip", "round trip"), Column("frame", "frame B"),
@@ -95,15 +100,14 @@ def rate_table(design, origin: report.Provenance) -> bool:
         frame = frame_length(row["verb"], 64)
         per_message = line_cycles_per_frame(frame)
         fraction = row["messages"] * per_message / row["line_cycles"]
-        if row["round_trip"] == round_trip_cycles(1) or row["qps"] == 16:
-            worst = min(worst, fraction)
+        worst = min(worst, fraction)
         print(table.add({**row, "round_trip_us": round(row["round_trip"] / CLOCK_HZ * 1e6),
                          "frame": frame, "line_cycles_per_message": per_message,
                          "mmsg_per_s": row["messages"] / row["line_cycles"] * CLOCK_HZ / 1e6,
                          "line_mmsg_per_s": CLOCK_HZ / per_message / 1e6,
                          "of_line": fraction}), flush=True)
-    table.note = (f"Worst fraction of the line (1 µs, and 16 QPs at 2 µs): {worst:.2%} "
-                  f"(target ≥ {RATE_TARGET:.0%}).")
+    table.note = (f"Worst fraction of the line: {worst:.2%} (target ≥ {RATE_TARGET:.0%} in "
+                  "every row).")
     print(f"\n{table.note}")
     report.write("connectx_rate", [table], origin=origin, figures={
         "connectx_rate.svg": (rate_figure(table), "64-byte message rate against round trip")})

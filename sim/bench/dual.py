@@ -167,8 +167,8 @@ def peer_ip(ip: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=MESSAGES,
-                        help="messages per port (default: %(default)s)")
+    parser.add_argument("--writes", type=int, default=MESSAGES,
+                        help="4 KiB RDMA WRITEs per port (default: %(default)s)")
     add_build_arguments(parser, "the board's")
     args = parser.parse_args()
     # Build parameters of both ports' cores, as `make bitstream QSFP=both` passes them.
@@ -190,7 +190,7 @@ def main() -> int:
                    key=f"{sources_digest(ROOT / 'boards')} {core!r}")
     os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
-    table = dual_table(measure(design, ports, args.messages, round_trip_cycles(ROUND_TRIP_US)))
+    table = dual_table(measure(design, ports, args.writes, round_trip_cycles(ROUND_TRIP_US)))
     built = ", ".join(f"{name}={value}" for name, value in core.items())
     table.caption += (f" Each core: VCU118DualTop's with {built}." if core else
                       " Each core: VCU118DualTop's default build.")

@@ -100,11 +100,10 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "HeaderInserter (IPv4)": lambda: _load("gateware.packet.insert.HeaderInserter")(
         "ip", IPV4, meta_with(NEXT_HOP_META, ip=IPV4), width=WIDTH),
     "NetworkCore": lambda: _load("gateware.core.NetworkCore")(width=WIDTH),
-    # 256 QPs with the send queues of 16 in all: 2 MiB of retransmit rings (8 KiB a QP;
-    # the default 128 KiB would be 32 MiB, all of the XCVU9P's UltraRAM) and 2048 message
-    # slots.
+    # 256 QPs with the retransmit rings of 16 in all: 2 MiB (8 KiB a QP; the default
+    # 128 KiB would be 32 MiB, all of the XCVU9P's UltraRAM), and the default slot pool.
     "NetworkCore (256 QPs)": lambda: _load("gateware.core.NetworkCore")(
-        qps=256, retransmit_beats=128, messages=8, width=WIDTH),
+        qps=256, retransmit_beats=128, width=WIDTH),
     "ArpLayer": lambda: _load("gateware.arp.layer.ArpLayer")(
         lifetime=60 * 322_265_625, retry_interval=322_265_625,
         patient_ports=(4791, 17185), width=WIDTH),
@@ -116,13 +115,13 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "RequesterTransmitter (16 QPs)": lambda: _load("gateware.roce.tx.RequesterTransmitter")(
         qps=16, width=WIDTH),
     "RequesterTransmitter (2 QPs)": lambda: _load("gateware.roce.tx.RequesterTransmitter")(
-        qps=2, ring_beats=64, messages=8, width=WIDTH),
+        qps=2, ring_beats=64, messages=8, message_slots=16, width=WIDTH),
     "PayloadSegmenter": lambda: _load("gateware.roce.segmenter.PayloadSegmenter")(
         ring_beats=64, width=WIDTH),
     "ReliabilityEngine (16 QPs)": lambda: _load("gateware.roce.reliability.ReliabilityEngine")(
         qps=16, width=WIDTH),
     "ReliabilityEngine (2 QPs)": lambda: _load("gateware.roce.reliability.ReliabilityEngine")(
-        qps=2, messages=8, width=WIDTH),
+        qps=2, messages=8, message_slots=16, width=WIDTH),
     "TrafficGenerator": lambda: _load("gateware.roce.generator.TrafficGenerator")(width=WIDTH),
     "RequestArbiter (2 inputs)": lambda: _load("gateware.roce.request_arbiter.RequestArbiter")(
         inputs=2, width=WIDTH),
@@ -145,8 +144,8 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
 
 #: The reduced core of ``VCU118Top (2 QPs)``, which the logic-depth budget test synthesizes:
 #: every block of the core, with 2 QPs, one generator run and small buffers.
-SMALL_CORE = {"qps": 2, "retransmit_beats": 64, "messages": 8, "generator_runs": 1,
-              "rx_depth": 64, "echo_depth": 64}
+SMALL_CORE = {"qps": 2, "retransmit_beats": 64, "messages": 8, "message_slots": 16,
+              "generator_runs": 1, "rx_depth": 64, "echo_depth": 64}
 
 #: Per kind of clock domain of a board top, the most LUT levels a path into one of its
 #: registers may have: 6 on a CMAC's 322 MHz (comfortable on UltraScale+), 8 in the

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from gateware.roce.reliability import ReliabilityEngine, check_message_count
+from gateware.roce.reliability import ReliabilityEngine, check_message_count, check_message_slots
 from gateware.roce.requests import QP_STATE
 
 from .streams import get_item, put_item, run_testbenches
@@ -145,7 +145,8 @@ def test_an_unacknowledged_packet_times_out_and_is_resent(paused):
             assert cycles < 200, "no resend"
         assert paused + 2 * 8 <= cycles <= paused + 2 * 8 + QPS + 8, cycles
         replay = await get_item(ctx, dut.o_replay)
-        assert (replay.qp, replay.slot, replay.packet, replay.message.first_psn) == (3, 0, 0, 20)
+        # QP 3's first message takes its own empty slot, slot 3
+        assert (replay.qp, replay.slot, replay.packet, replay.message.first_psn) == (3, 3, 0, 20)
         status = await status_of(ctx, dut, 3)
         assert status.counters.timeouts == 1 and status.outstanding == 1
         ctx.set(dut.i_ack.valid, 1)
@@ -160,8 +161,20 @@ def test_an_unacknowledged_packet_times_out_and_is_resent(paused):
     run_testbenches(dut, main)
 
 
-@pytest.mark.parametrize("messages", [0, 1, 3, 96, 256, 2.0])
+@pytest.mark.parametrize("messages", [0, 1, 3, 96, 1 << 16, 2.0])
 def test_a_message_count_the_engine_cannot_have_is_refused(messages):
-    with pytest.raises(ValueError, match=r"power of 2, 2\.\.128, not"):
+    with pytest.raises(ValueError, match=r"power of 2, 2\.\.32768, not"):
         ReliabilityEngine(qps=QPS, messages=messages)
-    assert check_message_count(2) == 2 and check_message_count(128) == 128
+    assert check_message_count(2) == 2 and check_message_count(32768) == 32768
+
+
+@pytest.mark.parametrize(("slots", "qps", "match"), [
+    (8, 4, r"power of 2, 16\.\.65536, not 8"),
+    (48, 4, r"power of 2, 16\.\.65536, not 48"),
+    (1 << 17, 4, r"power of 2, 16\.\.65536"),
+    (256, 256, r"256 message slots are too few for 256 QPs: .* at least 512"),
+])
+def test_a_slot_pool_the_engine_cannot_have_is_refused(slots, qps, match):
+    with pytest.raises(ValueError, match=match):
+        ReliabilityEngine(qps=qps, message_slots=slots)
+    assert check_message_slots(512, 256) == 512

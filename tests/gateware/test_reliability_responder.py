@@ -25,7 +25,8 @@ def qp_state(*, next_psn=0, timeout=10, retry_count=3, rnr_retry=3):
 class Requester:
     """What the planner does around the engine: loads messages and sends their packets
     (one-packet messages of 64 bytes unless told), resends what ``o_replay`` hands over,
-    and notes every completion and resend with its cycle. One call of :meth:`cycle` is
+    and notes every completion and resend (taken: ``o_replay.ready`` is the test's) with
+    its cycle. One call of :meth:`cycle` is
     one clock cycle, with at most one message loaded, packet sent and acknowledgement."""
 
     def __init__(self, dut, ctx):
@@ -33,7 +34,6 @@ class Requester:
         self.now = 0
         self.nxt = {}
         self.tail = {}
-        self.slots = {}
         self.completions = []       # (cycle, qp, tag, status, first_psn, packets)
         self.replays = []           # (cycle, qp, psn of the first packet resent, packets)
         self.resends = []           # packets to send again: (qp, psn)
@@ -51,7 +51,6 @@ class Requester:
         ctx.set(dut.i_reset.valid, 0)
         self.nxt[qp] = state.next_psn
         self.tail[qp] = 0
-        self.slots[qp] = 0
 
     def message(self, qp, *, tag=0, packets=1, length=64, path_mtu=PathMtu.MTU_256):
         """The next message of ``qp``, for ``loaded``; its packets are for ``send``."""
@@ -85,7 +84,7 @@ class Requester:
             done = ctx.get(dut.o_completion.p)
             self.completions.append((self.now, done.qp, done.tag, done.status,
                                      done.first_psn, done.packets))
-        if ctx.get(dut.o_replay.valid):
+        if ctx.get(dut.o_replay.valid) and ctx.get(dut.o_replay.ready):
             replay = ctx.get(dut.o_replay.p)
             first = replay.message.first_psn + replay.packet
             count = replay.message.packets - replay.packet

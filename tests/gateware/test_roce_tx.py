@@ -497,3 +497,25 @@ def test_a_ring_that_cannot_hold_a_packet_or_be_addressed_is_refused(ring_beats)
         PacketPlanner(qps=4, ring_beats=ring_beats)
     assert check_ring_beats(64) == 64 and check_ring_beats(1 << 20) == 1 << 20
     assert check_ring_beats(4, width=1024) == 4
+
+
+def test_a_request_right_after_its_qps_setting_sees_it():
+    """A request offered from the cycle after its QP's setting was taken is planned with
+    that setting, not refused for the invalid path MTU the QP had before: new requests
+    wait while a QP is being set."""
+    bench = Bench(seed=5, gaps=False)
+    qp = bench.add_qp(Qp(1, remote_qpn=0x21, psn=5, rkey=3, remote_ip="10.77.0.9",
+                         path_mtu=1024, src_port=0xC001))
+    bench.message(qp, Message("RDMA_WRITE", pattern(100, 1), 0x1000, 0))
+
+    async def setup(ctx):
+        ctx.set(bench.dut.i_config, {"tos": bench.tos, "tick": 1})
+        await put_item(ctx, bench.dut.i_qp_write, {"qp": 1, "state": bench.qps[1]})
+        await put_item(ctx, bench.dut.i_request, bench.requests[0][0])
+
+    async def no_other_requests(ctx):
+        pass
+
+    bench.setup = setup
+    bench.request_source = no_other_requests
+    bench.run()

@@ -58,7 +58,7 @@ class Harness:
 def test_every_verdict_agrees_with_the_model():
     """QPs' state changes at random, each change shown on the port that writes it; every
     verdict offered is an expired timer in the model, and each is taken, at random."""
-    dut = TimerSweep(qps=QPS, messages=4)
+    dut = TimerSweep(qps=QPS)
     rng = random.Random(5)
     qps = [idle_qp() for _ in range(QPS)]
     harness = Harness(dut, qps)
@@ -106,7 +106,7 @@ def test_an_expired_timer_is_found_within_qps_and_3_cycles(lead):
     """One QP's ACK timer runs out ``lead`` cycles after the bench starts (so the sweep
     is anywhere then); the others have none. The verdict comes no earlier and at most
     ``qps`` + 3 cycles after."""
-    dut = TimerSweep(qps=QPS, messages=4)
+    dut = TimerSweep(qps=QPS)
     qps = [idle_qp() for _ in range(QPS)]
     qps[5].update({"una": 1, "nxt": 2, "start": 1000, "timeout": 5})   # due at 1032
     harness = Harness(dut, qps)
@@ -127,7 +127,7 @@ def test_an_expired_timer_is_found_within_qps_and_3_cycles(lead):
 def test_a_waiting_verdict_holds_the_sweep_and_loses_no_qp():
     """QPs 2 and 3 expired at once: 2 is offered first and waits 10 cycles; once it is
     taken (and its timer restarted, as the handler does), 3 follows within 4 cycles."""
-    dut = TimerSweep(qps=QPS, messages=4)
+    dut = TimerSweep(qps=QPS)
     qps = [idle_qp() for _ in range(QPS)]
     for qp in (2, 3):
         qps[qp].update({"una": 1, "nxt": 2, "start": 0, "timeout": 2})

@@ -220,7 +220,8 @@ def test_the_default_build_is_the_benches_core():
     from sim.netdev import build_parser, design_params
     from sim.testbench import CORE_PARAMS, EVENT_CORE_PARAMS
 
-    for argv in ([], ["--qps", "16", "--retransmit-beats", "512", "--message-slots", "128"]):
+    for argv in ([], ["--qps", "16", "--retransmit-beats", "512", "--messages", "1024",
+                      "--message-slots", "4096"]):
         name, params = design_params(build_parser().parse_args(argv))
         assert (name, repr(params)) == ("core", repr(CORE_PARAMS))
     for argv in (["--source", "example"], ["--source", "example", "--qps", "4"]):
@@ -232,7 +233,8 @@ def test_the_default_build_is_the_benches_core():
     ("generator", "core", "CORE_PARAMS"), ("example", "event_core", "EVENT_CORE_PARAMS")])
 def test_build_options_reach_the_core_and_its_cache_key(monkeypatch, capsys, source, design,
                                                         base):
-    """``--qps``, ``--retransmit-beats`` and ``--message-slots`` go into the parameters
+    """``--qps``, ``--retransmit-beats``, ``--messages`` and ``--message-slots`` go into
+    the parameters
     NetworkCore (or the EventCore, which passes them on to it) is built with, into the
     build's key, onto the startup line and into what the summary records."""
     import sim.netdev
@@ -247,14 +249,16 @@ def test_build_options_reach_the_core_and_its_cache_key(monkeypatch, capsys, sou
     for core in ("NetworkCore", "EventCore"):
         monkeypatch.setattr(sim.netdev, core, lambda **params: params)
     args = sim.netdev.build_parser().parse_args(
-        ["--source", source, "--qps", "8", "--retransmit-beats", "128", "--message-slots", "32"])
+        ["--source", source, "--qps", "8", "--retransmit-beats", "128", "--messages", "32",
+         "--message-slots", "256"])
     design_build, summary = sim.netdev._design(args)
     expected = {**getattr(sim.testbench, base), "retransmit_beats": 128, "qps": 8,
-                "messages": 32}
+                "messages": 32, "message_slots": 256}
     assert design_build == "the build"
     assert built == {"name": design, "params": expected, "key": repr(expected)}
     assert summary == {"design": design, **expected}
-    assert "(qps=8, retransmit_beats=128, messages=32)" in capsys.readouterr().out
+    assert ("(qps=8, retransmit_beats=128, messages=32, message_slots=256)"
+            in capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -264,9 +268,11 @@ def test_build_options_reach_the_core_and_its_cache_key(monkeypatch, capsys, sou
     (["--retransmit-beats", "32"], "argument --retransmit-beats: Ring beats must be a power "
      "of 2, 64..1048576 (a ring of 64-byte beats holds a packet of 4096 bytes), not 32"),
     (["--retransmit-beats", "1000"], "power of 2, 64..1048576"),
-    (["--message-slots", "256"], "argument --message-slots: Messages per QP must be a power "
-     "of 2, 2..128, not 256"),
-    (["--message-slots", "48", "--source", "example"], "power of 2, 2..128, not 48"),
+    (["--messages", "1"], "argument --messages: Messages per QP must be a power "
+     "of 2, 2..32768, not 1"),
+    (["--messages", "48", "--source", "example"], "power of 2, 2..32768, not 48"),
+    (["--message-slots", "8"], "argument --message-slots: Message slots must be a power "
+     "of 2, 16..65536, not 8"),
 ])
 def test_a_build_the_core_refuses_is_a_usage_error(capsys, argv, message):
     from sim.netdev import build_parser
@@ -282,11 +288,12 @@ def test_two_ports_are_built_alike():
     """``--ports 2``: both ports' simulations get the build options (and so one build)."""
     from sim.netdev import build_parser, design_params, port_arguments
 
-    argv = ["--ports", "2", "--qps", "4", "--retransmit-beats", "256", "--message-slots", "16"]
+    argv = ["--ports", "2", "--qps", "4", "--retransmit-beats", "256", "--messages", "16",
+            "--message-slots", "64"]
     ports = [design_params(build_parser().parse_args(arguments))
              for arguments in port_arguments(argv, build_parser().parse_args(argv))]
-    assert [(params["qps"], params["retransmit_beats"], params["messages"])
-            for _, params in ports] == [(4, 256, 16)] * 2
+    assert [(params["qps"], params["retransmit_beats"], params["messages"],
+             params["message_slots"]) for _, params in ports] == [(4, 256, 16, 64)] * 2
     assert ports[0] == ports[1] == design_params(build_parser().parse_args(argv))
 
 
