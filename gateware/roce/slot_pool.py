@@ -52,11 +52,12 @@ class SlotPool(wiring.Component):
     """Hands out message slots, one a cycle, and takes them back.
 
     The first ``reserved`` slots are never handed out (each QP's first empty slot);
-    the others go out in order first, then those given back (``i_free``), oldest
-    first. ``o_slot`` is the slot the next take gets; a cycle with ``i_take`` takes it,
-    and ``o_slot`` shows the next one from the next cycle. ``o_available``, a register,
-    says there are more than :data:`SLOT_MARGIN` slots left (counting the takes and
-    frees of the cycle before): a user that takes only while it is set, and at most
+    the others go out in order first, then those given back (``i_free``, through a
+    register: a slot given back counts from the cycle after next), oldest first.
+    ``o_slot`` is the slot the next take gets; a cycle with ``i_take`` takes it, and
+    ``o_slot`` shows the next one from the next cycle. ``o_available``, a register,
+    says there are more than :data:`SLOT_MARGIN` slots left (counting the takes of
+    the cycle before): a user that takes only while it is set, and at most
     :data:`SLOT_MARGIN` times before its takes show there, never takes from an empty
     pool. ``o_free`` counts the slots left.
     """
@@ -87,19 +88,24 @@ class SlotPool(wiring.Component):
                                                              init=[])
         write = given_back.write_port()
         read = given_back.read_port(transparent_for=(write,))
+        # A slot given back passes a register first: the path of the user's decision to
+        # give one back (a completion) ends there.
+        freed = Signal(bits)
+        freed_valid = Signal()
+        m.d.sync += [freed.eq(self.i_free.p), freed_valid.eq(self.i_free.valid)]
         put = Signal(bits + 1)
         got = Signal(bits + 1)
         from_fresh = fresh != slots
         taken_back = self.i_take & ~from_fresh
         m.d.comb += [
             write.addr.eq(put[:bits]),
-            write.data.eq(self.i_free.p),
-            write.en.eq(self.i_free.valid),
+            write.data.eq(freed),
+            write.en.eq(freed_valid),
             read.addr.eq((got + taken_back)[:bits]),
             self.o_slot.eq(Mux(from_fresh, fresh, read.data)),
         ]
         m.d.sync += [
-            put.eq(put + self.i_free.valid),
+            put.eq(put + freed_valid),
             got.eq(got + taken_back),
             fresh.eq(fresh + (self.i_take & from_fresh)),
         ]
@@ -107,6 +113,6 @@ class SlotPool(wiring.Component):
         free = self.o_free
         m.d.comb += free.eq(slots - fresh + (put - got)[:bits + 1])
         free_after = Signal(range(slots + 1))
-        m.d.comb += free_after.eq(free + self.i_free.valid - self.i_take)
+        m.d.comb += free_after.eq(free + freed_valid - self.i_take)
         m.d.sync += self.o_available.eq(free_after > SLOT_MARGIN)
         return m

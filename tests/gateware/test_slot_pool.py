@@ -19,8 +19,9 @@ from .test_reliability_responder import NAK_SEQUENCE, qp_state, run
 def test_the_pool_never_hands_out_a_slot_in_use(slots, reserved, seed):
     """Takes while ``o_available`` (at most one every other cycle, as the planner loads)
     and frees of held slots at random: every slot taken is one not held, never a
-    reserved one, ``o_free`` counts the slots not held, and once all come back every
-    slot but the reserved ones is there to take again."""
+    reserved one, ``o_free`` counts the slots not held (one given back counts from the
+    cycle after next), and once all come back every slot but the reserved ones is there
+    to take again."""
     dut = SlotPool(slots=slots, reserved=reserved)
     rng = random.Random(seed)
 
@@ -37,15 +38,17 @@ def test_the_pool_never_hands_out_a_slot_in_use(slots, reserved, seed):
             ctx.set(dut.i_free.valid, bool(free))
             if free:
                 ctx.set(dut.i_free.p, held.pop(rng.randrange(len(held))))
+            in_flight = 1 if free else 0
             if take:
                 assert slot not in held and slot >= reserved, (cycle, slot)
                 held.append(slot)
                 ever.add(slot)
                 last_take = cycle
             await ctx.tick()
-            assert ctx.get(dut.o_free) == slots - reserved - len(held), cycle
+            assert ctx.get(dut.o_free) == slots - reserved - len(held) - in_flight, cycle
         ctx.set(dut.i_take, 0)
         ctx.set(dut.i_free.valid, 0)
+        await ctx.tick()
         assert not held
         assert ever == set(range(reserved, slots))
         await ctx.tick()
