@@ -42,6 +42,12 @@ __all__ = ["ReliabilityEngine", "RNR_RETRY_FOREVER", "STATUS_PORTS", "MAX_PACKET
 STATUS_PORTS = 2
 
 
+def _count_bits(messages):
+    """Bits of a QP's count of messages: room to tell its list's length (up to
+    ``messages``) from how far behind its oldest message a slot the walker holds is."""
+    return messages.bit_length() + 1
+
+
 class ReliabilityEngine(wiring.Component):
     """Tracks every QP's outstanding packets and messages and acts on acknowledgements.
 
@@ -164,16 +170,14 @@ class ReliabilityEngine(wiring.Component):
         """Bits the engine keeps per QP, by memory (and ``flags``, in registers)."""
         bits = {name: Shape.cast(shape).width
                 for name, shape in per_qp_layouts((message_slots - 1).bit_length(),
-                                                  messages.bit_length() + 1).items()}
+                                                  _count_bits(messages)).items()}
         return {**bits, "flags": len(FLAGS)}
 
     def elaborate(self, platform):
         m = Module()
         qps, messages, slots = self._qps, self._messages, self._slots
         slot_bits = (slots - 1).bit_length()
-        # A QP's count of messages, with room to tell its list's length (up to
-        # ``messages``) from how far behind its oldest message a slot the walker holds is.
-        count_bits = messages.bit_length() + 1
+        count_bits = _count_bits(messages)
         qp_bits = qp_bits_of(qps)
         entries = 1 << qp_bits
         layouts = per_qp_layouts(slot_bits, count_bits)
