@@ -28,6 +28,9 @@ sim: $(STAMP)
 sim-scapy: $(STAMP)
 	$(VENV)/bin/python -m sim.network_demo
 
+# Every test but the two that synthesize the design with Yosys (the reduced core's netlist
+# simulated against its RTL, the reduced board top's logic depth: some 35 CPU-minutes,
+# pytest's "synthesis" mark); SYNTHESIS=1 runs them too, as CI does (.ci/run).
 # One pytest worker per CPU (JOBS=N for N, JOBS=0 for none); the tests of a module that share an
 # expensive fixture (a QEMU guest, a board tree) stay on one worker (xdist_group); the workers
 # take the tests in the order tests/conftest.py collects them, the longest first
@@ -53,7 +56,7 @@ test: $(STAMP)
 	  fi; \
 	fi
 	$(VENV)/bin/python -m pytest -n $(or $(JOBS),auto) --dist loadgroup \
-	    --no-loadscope-reorder --durations=15
+	    --no-loadscope-reorder --durations=15 $(if $(SYNTHESIS),,-m "not synthesis")
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -33,7 +33,8 @@ LONGEST_FIRST = (
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "synthesis: synthesizes the reduced core with Yosys (minutes of CPU)")
+        "markers", "synthesis: synthesizes the design with Yosys (tens of CPU-minutes; "
+                   "make test leaves these out, make test SYNTHESIS=1 and CI run them)")
 
 
 def _unit(item) -> str:

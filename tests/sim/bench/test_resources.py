@@ -49,10 +49,11 @@ from sim.runner import BUILD
 #: receive-reset watchdog's countdown in :class:`~boards.cmac_port.CmacPort` (5).
 MEASURED_LUT_LEVELS = {"0.23": {"cmac": 4, "sync": 7, "init": 5}}
 
-pytestmark = pytest.mark.synthesis
 
-#: The tests of the board top's synthesis, which they share: on one pytest worker.
-board_synthesis = pytest.mark.xdist_group("board-synthesis")
+def board_synthesis(test):
+    """A test of the board top's synthesis, which they share: on one pytest worker, and
+    a ``synthesis`` test (``make test SYNTHESIS=1``)."""
+    return pytest.mark.synthesis(pytest.mark.xdist_group("board-synthesis")(test))
 
 
 @pytest.fixture(scope="module")
