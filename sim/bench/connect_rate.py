@@ -8,8 +8,8 @@ connect through rdma_cm (:class:`host.rdma_connect.Connection`: address and rout
 resolved, REQ, REP, RTU; timed to ESTABLISHED) then ``rdma_disconnect``, and
 CLOSE_QP when no DISCONNECTED follows within 2 s. The table gives the time per
 connect and its inverse; ``make bench`` writes it to ``docs/generated/bench``. These
-are simulation figures: the core runs under Verilator at a few thousand cycles per
-second and the guest under QEMU TCG, so they compare the two ways in the same setting
+are simulation figures: the core runs under Verilator at some ten thousand cycles
+a second and the guest under QEMU TCG, so they compare the two ways in the same setting
 and say nothing of hardware rates.
 """
 

@@ -79,7 +79,7 @@ ENDPOINT_IP, ENDPOINT_MAC = "10.77.0.2", "02:00:00:00:00:02"
 ENDPOINT2_IP, ENDPOINT2_MAC = PORT2_ADDRESS["ip"], PORT2_ADDRESS["mac"]
 #: Each port's endpoint and the guest's RDMA device on the NIC cabled to it.
 PORT_ENDPOINTS = ((ENDPOINT_IP, "rxe0"), (ENDPOINT2_IP, "rxe1"))
-#: qp-server's CM reply timeout and stall limit: the simulation runs some 6,000
+#: qp-server's CM reply timeout and stall limit: the simulation runs some 10,000
 #: cycles per second, so a CM round trip takes tenths of a second and a run
 #: with retransmissions many seconds.
 QP_SERVER_OPTIONS = ("--timeout", "5", "--stall", "120")
@@ -711,7 +711,7 @@ def report(result: DemoResult, out: Callable[[str], None] = print) -> None:
     table = simulation_figures(result.checks)
     if table:
         out("simulation figures, perftest-style (host landing times, first message to last; "
-            "the simulated endpoint runs a few thousand cycles per second, so these are the "
+            "the simulated endpoint runs some ten thousand cycles per second, so these are the "
             "simulation's rates, not the board's):")
         for line in table:
             out(f"  {line}")
