@@ -3,7 +3,9 @@
 
 Yosys leaves the registers of memory read ports without one; Icarus (4-state) then starts
 them at X, and X that a port's next address takes from its own data never clears (under
-Icarus it would hold every timer of the reliability engine dead)."""
+Icarus it would hold every timer of the reliability engine dead).
+
+And the Verilator model: only the top module's signals are public."""
 
 import re
 import shutil
@@ -14,7 +16,7 @@ from amaranth import *
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 
-from sim.runner import _installed_icarus_base, icarus_base, simulation_verilog
+from sim.runner import _installed_icarus_base, build, icarus_base, simulation_verilog
 
 
 class Sweep(wiring.Component):
@@ -86,3 +88,38 @@ def test_icarus_base_leaves_out_only_nodangle_and_simulates_alike(tmp_path):
         outputs.append(run.stdout)
     assert "tail 01010101" in outputs[0] or "tail 10101010" in outputs[0], outputs[0]
     assert outputs[1] == outputs[0]
+
+
+class Counter(wiring.Component):
+    o: Out(8)
+
+    def elaborate(self, platform):
+        m = Module()
+        hidden = Signal(8, name="hidden_count")
+        m.d.sync += hidden.eq(hidden + 1)
+        m.d.comb += self.o.eq(hidden)
+        return m
+
+
+class Wrapper(wiring.Component):
+    """:class:`Counter` as a submodule, its output the top's port."""
+
+    o: Out(8)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.counter = counter = Counter()
+        m.d.comb += self.o.eq(counter.o)
+        return m
+
+
+def test_the_verilator_model_makes_only_the_top_modules_signals_public():
+    """The benches reach the ports alone; a submodule's signals stay out of the model's
+    public variables (the VPI's), so that Verilator may optimize them."""
+    design = build("ports-public", Wrapper(), sim="verilator")
+    symbols = (design.directory / "Vtop__Syms__Slow.cpp").read_text()
+    public = re.findall(r'(\w+)->varInsert\("([^"]+)"', symbols)
+    names = {name for _, name in public}
+    assert {"clk", "rst", "o"} <= names, public
+    assert not any("hidden_count" in name for name in names), public
+    assert {scope for scope, _ in public} == {"__Vscopep_TOP", "__Vscopep_top"}, public
