@@ -94,7 +94,8 @@ resources: $(STAMP)
 # The Vivado build for a board: writes build/$(BOARD)-qsfp$(QSFP)/ (Verilog, XDC, Tcl with
 # the CMAC IP recipes) and runs Vivado if it is on PATH. QSFP=1 or 2: a port on that cage;
 # QSFP=both: a port on each cage, two CMACs and two cores. Optional core build parameters:
-# MAC IP NETMASK GATEWAY QPS RETRANSMIT_BEATS MESSAGES MESSAGE_SLOTS GENERATOR_RUNS PATH_MTU
+# MAC IP NETMASK GATEWAY QPS RETRANSMIT_BEATS RETRANSMIT_PAGES MESSAGES MESSAGE_SLOTS
+# GENERATOR_RUNS PATH_MTU
 # RSFEC=0|1;
 # with QSFP=both, port 2's addresses: MAC2 IP2 NETMASK2 GATEWAY2.
 # SOURCE=example builds the example event source onto the core's user request ports
@@ -102,8 +103,8 @@ resources: $(STAMP)
 BOARD ?= vcu118
 QSFP  ?= 1
 BOARD_ARGS = --board $(BOARD) --qsfp $(QSFP) $(if $(BUILD_DIR),--build-dir $(BUILD_DIR))
-CORE_VARS = MAC IP NETMASK GATEWAY MAC2 IP2 NETMASK2 GATEWAY2 QPS RETRANSMIT_BEATS MESSAGES \
-            MESSAGE_SLOTS GENERATOR_RUNS PATH_MTU RSFEC SOURCE FRAGMENT_BYTES RING_SLOTS
+CORE_VARS = MAC IP NETMASK GATEWAY MAC2 IP2 NETMASK2 GATEWAY2 QPS RETRANSMIT_BEATS \
+            RETRANSMIT_PAGES MESSAGES MESSAGE_SLOTS GENERATOR_RUNS PATH_MTU RSFEC SOURCE FRAGMENT_BYTES RING_SLOTS
 CORE_ARGS = $(foreach v,$(CORE_VARS),$(if $($(v)),--$(subst _,-,$(shell echo $(v) | tr A-Z a-z)) $($(v))))
 
 bitstream: $(STAMP)

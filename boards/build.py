@@ -124,7 +124,8 @@ def _bitstream(args) -> int:
     core = {name: value for name, value in [
         ("mac", args.mac), ("ip", args.ip), ("netmask", args.netmask),
         ("gateway", args.gateway), ("qps", args.qps),
-        ("retransmit_beats", args.retransmit_beats), ("messages", args.messages),
+        ("retransmit_beats", args.retransmit_beats),
+        ("retransmit_pages", args.retransmit_pages), ("messages", args.messages),
         ("message_slots", args.message_slots), ("generator_runs", args.generator_runs),
         ("path_mtu", PathMtu.from_bytes(args.path_mtu) if args.path_mtu else None),
     ] if value is not None}
@@ -230,7 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         bitstream.add_argument(option, help=helptext)
     for option, helptext in [
             ("--qps", "queue pairs (default 16)"),
-            ("--retransmit-beats", "64-byte beats of each QP's retransmit ring (default 2048)"),
+            ("--retransmit-beats", "64-byte beats of each QP's retransmit ring: the most of "
+                                   "the pool it may hold (default 2048)"),
+            ("--retransmit-pages", "4 KiB pages of the retransmit pool all QPs share "
+                                   "(default 512)"),
             ("--messages", "unacknowledged messages per QP, its cap on the slot pool "
                            "(default 1024)"),
             ("--message-slots", "message slots all QPs share (default 4096)"),

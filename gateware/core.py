@@ -132,9 +132,16 @@ class NetworkCore(wiring.Component):
     qps : int
         RoCEv2 queue pairs (QPN 256 + index).
     retransmit_beats : int
-        Beats (64 bytes) of each QP's retransmit ring, a power of 2: the
-        payload a QP may have unacknowledged. The default, 128 KiB, is 10.5 us
-        at 100 Gb/s, more than the ACK timeout of 8.2 us (timeout 1).
+        Beats (64 bytes) of each QP's retransmit ring, a power of 2: the most
+        payload a QP may have unacknowledged (``roce_config.qp_pages`` caps it
+        lower at run time). The default, 128 KiB, is 10.5 us at 100 Gb/s, more
+        than a 10 us round trip and the ACK timeout of 8.2 us (timeout 1).
+    retransmit_pages : int
+        Pages (4 KiB) of the retransmit pool all QPs share, a power of 2. A QP
+        takes pages as it sends and gives them back as its packets are
+        acknowledged (an idle QP holds none), so the pool is sized by the
+        bandwidth-delay product, not the QP count: the default, 2 MiB, is
+        168 us of a 100 Gb/s line, 16 round trips of 10 us in flight.
     messages : int
         Unacknowledged messages a QP may have, a power of 2: its cap on the pool of
         message slots. The default, 1,024, keeps the line full of 64-byte messages
@@ -165,7 +172,8 @@ class NetworkCore(wiring.Component):
                  gateway="0.0.0.0", clock_hz=CMAC_CLOCK_HZ, arp_retry_interval=None,
                  arp_lifetime=None, arp_retries=3, ib_cm_ms=None, rx_depth=512,
                  echo_depth=256, qps=16,
-                 retransmit_beats=2048, messages=1024, message_slots=4096,
+                 retransmit_beats=2048, retransmit_pages=512, messages=1024,
+                 message_slots=4096,
                  generator_runs=4,
                  path_mtu=PathMtu.MTU_4096, qp_timeout=14, retry_count=7, rnr_retry=7,
                  cm_lease=None, roce_priority=ROCE_PRIORITY, pause_quantum_cycles=None,
@@ -178,6 +186,7 @@ class NetworkCore(wiring.Component):
         self._echo_depth = echo_depth
         self._qps = qps
         self._retransmit_beats = retransmit_beats
+        self._retransmit_pages = retransmit_pages
         self._messages = messages
         self._message_slots = message_slots
         self._generator_runs = generator_runs
@@ -221,6 +230,7 @@ class NetworkCore(wiring.Component):
             "icmp": ICMP_COUNTERS,
             "udp_echo_dropped": unsigned(COUNTER_BITS),
             "roce_ack": ACK_COUNTERS,
+            "roce_tx": RequesterTransmitter.counters_layout(),
             "cm": ConnectionManager.counters_layout(),
             "generator": GeneratorPool.counters_layout(),
             "mac_control": MacControl.counters_layout(),
@@ -258,7 +268,8 @@ class NetworkCore(wiring.Component):
             qps=self._qps, runs=self._generator_runs, width=width)
         m.submodules.requests = requests = RequestArbiter(inputs=2, width=width)
         m.submodules.roce_tx = roce_tx = RequesterTransmitter(
-            qps=self._qps, ring_beats=self._retransmit_beats, messages=self._messages,
+            qps=self._qps, ring_beats=self._retransmit_beats,
+            pages=self._retransmit_pages, messages=self._messages,
             message_slots=self._message_slots, width=width)
         m.submodules.udp_mux = udp_mux = PacketArbiter(UDP_TX_META, inputs=4, width=width)
         m.submodules.udp_tx = udp_tx = UdpTransmitter(width=width)
@@ -449,6 +460,7 @@ class NetworkCore(wiring.Component):
             self.counters.icmp.eq(icmp.o_counters),
             self.counters.udp_echo_dropped.eq(udp_echo.o_dropped),
             self.counters.roce_ack.eq(ack_rx.o_counters),
+            self.counters.roce_tx.eq(roce_tx.counters),
             self.counters.cm.eq(cm.o_counters),
             self.counters.generator.eq(generator.o_counters),
             self.counters.mac_control.eq(mac_control.o_counters),

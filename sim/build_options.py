@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Callable, Mapping
 
 from gateware.core import NetworkCore
+from gateware.roce.page_pool import check_retransmit_pages
 from gateware.roce.planner import check_ring_beats
 from gateware.roce.reliability import check_message_count, check_message_slots
 from gateware.roce.requests import check_qp_count
@@ -22,8 +23,10 @@ __all__ = ["BUILD_OPTIONS", "add_build_arguments", "build_arguments", "built_wit
 #: check of its values.
 BUILD_OPTIONS: tuple[tuple[str, str, str, Callable[[int], int]], ...] = (
     ("--qps", "qps", "each core's QPs", check_qp_count),
-    ("--retransmit-beats", "retransmit_beats", "beats of each QP's retransmit ring",
-     check_ring_beats),
+    ("--retransmit-beats", "retransmit_beats",
+     "beats of each QP's retransmit ring: the most of the pool a QP may hold", check_ring_beats),
+    ("--retransmit-pages", "retransmit_pages", "4 KiB pages of the retransmit pool all QPs share",
+     check_retransmit_pages),
     ("--messages", "messages", "unacknowledged messages per QP, its cap on the slot pool",
      check_message_count),
     ("--message-slots", "message_slots", "message slots all QPs share", check_message_slots),

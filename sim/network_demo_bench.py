@@ -14,12 +14,12 @@ from host import protocol
 from sim.models.responder import Completion, Responder
 from sim.models.rocev2 import (
     Message,
-    RetransmitRing,
+    RetransmitPages,
     generator_payload,
     message_packets,
     roce_frame,
 )
-from sim.testbench import CORE_PARAMS, MIN_FRAME, NetworkBench
+from sim.testbench import MIN_FRAME, NetworkBench
 
 PARAMS = json.loads(os.environ["BENCH_PARAMS"])
 HOST_MAC, HOST_IP = "52:54:00:12:34:56", "10.77.0.1"
@@ -99,8 +99,7 @@ async def roce_demo(bench):
                      memory_size=len(write.payload), path_mtu=1024)
     host.post_receive(4)
     bench.attach(host)
-    ring = RetransmitRing(CORE_PARAMS["retransmit_beats"]) \
-        if "retransmit_beats" in CORE_PARAMS else None
+    ring = RetransmitPages()
     runs = [("RDMA WRITE with immediate, 2500 bytes, path MTU 1024, from user logic", write)]
     runs += [(f"generator: SEND {k}, 100 bytes", Message("SEND", generator_payload(k, 100)))
              for k in range(3)]

@@ -12,6 +12,7 @@ from amaranth import Shape
 from gateware.cm.manager import CM_ENTRY
 from gateware.core import NetworkCore
 from gateware.roce.ack_intake import AckIntake
+from gateware.roce.page_pool import PAGE_BYTES, PagePool
 from gateware.roce.qp_table import QP_PATH
 from gateware.roce.reliability import ReliabilityEngine
 from gateware.roce.requests import CompletionStatus
@@ -26,9 +27,12 @@ COUNTERS = ("sent_counters", "event_counters", "intake_counters", "icrc_errors",
 Row = tuple[str, str, int]
 
 
-def rows(messages: int, message_slots: int, ring_beats: int) -> tuple[list[Row], list[Row]]:
+def rows(messages: int, message_slots: int, ring_beats: int,
+         pages: int) -> tuple[list[Row], list[Row]]:
     """The QP context, and the queues: (where, what, bits) each."""
     engine = ReliabilityEngine.qp_state_bits(messages, message_slots)
+    pool = PagePool(qps=2, pages=pages, ring_beats=ring_beats)
+    ring_pages = ring_beats * BEAT_BYTES // PAGE_BYTES
     context = [
         ("QP table (`roce/qp_table.py`)",
          "path: remote QPN, rkey, remote IPv4, path MTU, UDP source port", QP_PATH.size),
@@ -43,6 +47,8 @@ def rows(messages: int, message_slots: int, ring_beats: int) -> tuple[list[Row],
          "open, the host's IPv4 and QPN, first PSN, path MTU, buffer address, runs",
          CM_ENTRY.size),
         ("generator pool", "messages of the last run", GENERATOR_BITS),
+        ("retransmit page pool (`roce/page_pool.py`)", "the first page of its ring it holds",
+         pool.vpage_bits),
     ]
     slot = (Shape.cast(slot_entry((message_slots - 1).bit_length())).width
             + Shape.cast(CompletionStatus).width)
@@ -50,8 +56,10 @@ def rows(messages: int, message_slots: int, ring_beats: int) -> tuple[list[Row],
         ("message slot pool (send queues of all QPs)",
          f"{message_slots} slots × {slot} bits; a QP up to {messages}",
          message_slots * slot),
-        ("retransmit ring (each QP)", f"{ring_beats} beats × {BEAT_BYTES} bytes",
-         ring_beats * BEAT_BYTES * 8),
+        ("page table (each QP)", f"{ring_pages} pages of its ring × {pool.page_bits} bits",
+         ring_pages * pool.page_bits),
+        ("retransmit pool (the payload of all QPs)", f"{pages} pages × {PAGE_BYTES} bytes; "
+         f"a QP up to {ring_beats * BEAT_BYTES // 1024} KiB", pages * PAGE_BYTES * 8),
     ]
     return context, queues
 
@@ -64,8 +72,11 @@ def main(argv: list[str] | None = None) -> int:
                         default=defaults["message_slots"].default)
     parser.add_argument("--ring-beats", type=int,
                         default=defaults["retransmit_beats"].default)
+    parser.add_argument("--retransmit-pages", type=int,
+                        default=defaults["retransmit_pages"].default)
     args = parser.parse_args(argv)
-    context, queues = rows(args.messages, args.message_slots, args.ring_beats)
+    context, queues = rows(args.messages, args.message_slots, args.ring_beats,
+                           args.retransmit_pages)
     print("| kept in | what | bits |")
     print("|---|---|---:|")
     for where, what, bits in context:

@@ -51,7 +51,7 @@ CLOCK_PERIOD_PS = 3104
 #: The core as the benches build it: ARP timers (in cycles) and the IB CM's millisecond
 #: (10,000 cycles, 31 µs: its REP and DREQ retransmissions) small enough that retries
 #: and expiry fit in a short simulation, and retransmit rings of 512 beats (32 KiB) per
-#: QP, so that a quarter of a ring is a few packets.
+#: QP, so that a QP holds a few packets' pages of the retransmit pool at most.
 CORE_PARAMS = {"arp_retry_interval": 3000, "arp_lifetime": 40_000, "arp_retries": 3,
                "ib_cm_ms": 10_000, "retransmit_beats": 512}
 

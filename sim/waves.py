@@ -47,8 +47,8 @@ WAVES_DIR = ROOT / "docs" / "generated" / "waves"
 
 #: The reduced core (``sim.bench.resources.SMALL_CORE``), with a clock slow enough that
 #: the ARP and ACK timers do not matter in a short run.
-CORE = {"qps": 2, "retransmit_beats": 64, "messages": 8, "generator_runs": 1,
-        "rx_depth": 64, "echo_depth": 64, "clock_hz": 10_000_000}
+CORE = {"qps": 2, "retransmit_beats": 128, "retransmit_pages": 4, "messages": 8,
+        "generator_runs": 1, "rx_depth": 64, "echo_depth": 64, "clock_hz": 10_000_000}
 WIDTH = 64
 CORE_MAC, CORE_IP = "02:00:00:00:00:02", "10.77.0.2"
 PEER_MAC, PEER_IP = "52:54:00:12:34:56", "10.77.0.1"

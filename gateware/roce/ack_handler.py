@@ -68,7 +68,8 @@ _WRITES = ("una", "positions", "retry", "timer", "resend_psn", "peer", "event_co
 class AckHandler(wiring.Component):
     """Acts on one QP at a time, ``qp``, in an FSM; between two jobs it waits in IDLE
     (``o_busy`` low) and takes, in this order: a reset (``i_reset``, once ``i_quiet``
-    says nothing else writes the QP's state), a close (``i_close``), an expired timer
+    says nothing else writes the QP's state and ``i_pages_clear`` that the QP holds no
+    retransmit page), a close (``i_close``), an expired timer
     (``i_expired``, so that acknowledgements streaming in do not hold it), an
     acknowledgement (``i_ack``, from :class:`AckIntake`).
 
@@ -122,6 +123,7 @@ class AckHandler(wiring.Component):
         members = {
             "i_reset": In(stream.Signature(QP_WRITE)),
             "i_quiet": In(1),
+            "i_pages_clear": In(1),
             "i_close": In(stream.Signature(QP_INDEX_BITS)),
             "i_expired": In(stream.Signature(expired_timer(qps))),
             "i_ack": In(stream.Signature(ACK_TAKEN)),
@@ -256,7 +258,7 @@ class AckHandler(wiring.Component):
                         with m.If(listed):
                             m.next = "CLOSE"
                         with m.Else():
-                            m.d.comb += resetting.eq(self.i_quiet)
+                            m.d.comb += resetting.eq(self.i_quiet & self.i_pages_clear)
                 with m.Elif(self.i_close.valid):
                     m.d.comb += [self.i_close.ready.eq(1), qp_next.eq(self.i_close.p)]
                     with m.If(self.i_close.p < qps):

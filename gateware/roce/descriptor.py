@@ -80,8 +80,7 @@ REPLAY = data.StructLayout({
 #: What the planner needs to know of a QP from the reliability engine.
 QP_VIEW = data.StructLayout({
     "next_psn": 24,             # the PSN of the QP's next new packet
-    "head": POINTER_BITS,       # the ring position of its oldest unacknowledged payload
-    "tail": POINTER_BITS,       # and of its next new payload
+    "tail": POINTER_BITS,       # the ring position of its next new payload
     "slot": SLOT_BITS,          # the message slot a new message takes
     "slot_free": 1,
     "error": 1,                 # the QP is in ERROR

@@ -18,6 +18,7 @@ from .descriptor import (
 )
 from .icrc import ICRC_BYTES
 from .opcodes import Opcode
+from .page_pool import MIN_QP_PAGES, PAGE_BYTES, page_beats, page_take
 from .qp_table import QP_PATH
 from .requests import (
     MAX_MESSAGE_BYTES,
@@ -34,6 +35,9 @@ __all__ = ["PacketPlanner", "TRANSMIT_CONFIG", "PKEY_DEFAULT", "check_ring_beats
 TRANSMIT_CONFIG = data.StructLayout({
     "tos": 8,               # IPv4 DSCP/ECN byte of every RoCEv2 packet
     "tick": 16,             # clock cycles of the 4.096 us tick of the IB timers
+    # retransmit pages a QP may hold: 2 up to its ring's (0: its ring's), so that one QP
+    # cannot take the whole pool
+    "qp_pages": 16,
 })
 
 #: The default partition key (full membership), the only one RoCE uses.
@@ -41,15 +45,16 @@ PKEY_DEFAULT = 0xFFFF
 
 
 def check_ring_beats(ring_beats, width=BEAT_BYTES):
-    """``ring_beats`` when it is a retransmit ring (beats of ``width`` bytes per QP) the
-    planner can be built for, else ``ValueError``: a power of 2 that the ring pointers
-    address and that holds a packet of :data:`MAX_PACKET_PAYLOAD` bytes."""
-    low, high = max(4, -(-MAX_PACKET_PAYLOAD // width)), 1 << POINTER_BITS - 2
+    """``ring_beats`` when it is a retransmit ring (beats of ``width`` bytes per QP: the
+    most of the retransmit pool a QP may hold) the planner can be built for, else
+    ``ValueError``: a power of 2 that the ring pointers address, of
+    :data:`MIN_QP_PAGES` pages or more."""
+    low, high = MIN_QP_PAGES * page_beats(width), 1 << POINTER_BITS - 2
     if (not isinstance(ring_beats, int) or not low <= ring_beats <= high
             or ring_beats & (ring_beats - 1)):
         raise ValueError(f"Ring beats must be a power of 2, {low}..{high} (a ring of "
-                         f"{width}-byte beats holds a packet of {MAX_PACKET_PAYLOAD} bytes), "
-                         f"not {ring_beats!r}")
+                         f"{width}-byte beats holds {MIN_QP_PAGES} pages of {PAGE_BYTES} "
+                         f"bytes), not {ring_beats!r}")
     return ring_beats
 
 #: RoCEv2 source ports lie in 0xC000–0xFFFF (IBTA annex A17): these bits are always set.
@@ -132,14 +137,24 @@ class PacketPlanner(wiring.Component):
     with its top two bits set, so always in 0xC000–0xFFFF), the payload bytes,
     and where the payload sits in the QP's retransmit ring.
 
+    A QP's ring is mapped to pages of the retransmit pool (:class:`PagePool`) as it
+    is written: a new packet that starts a page of the ring or crosses into one takes
+    a page (``o_take``), and waits while the pool has none (``pages_available``) or
+    the QP would hold more than ``i_config.qp_pages`` (it holds the pages from
+    ``pages_released``, of ``new_qp``, to the one it sends into); ``o_page_wait``
+    shows each cycle a packet waits so. A message whose first packet starts in a
+    page the pool took back from the idle QP takes that page again first
+    (``again``). ``o_active[0]`` and ``[1]`` name the QP the new and the replay
+    context work on (loading or sending its message).
+
     Two contexts take turns packet by packet: a *replay* (go-back-N resend of a
     message the reliability engine hands over, from one of its packets up to
     the QP's next new PSN; first) and the *new* message (a work request and its
     QP's path from the table, when the reliability engine has a free message
     slot and ring room for each packet, and the QP is not due a resend). A
     packet requests an ACK when it is the last of its message, when its
-    payload crosses a quarter of the QP's ring (so a ring never fills without
-    an ACK on its way), and when it ends a resend. A resent packet is
+    payload starts a page of the ring or crosses into one (so a QP never holds
+    all the pages it may without an ACK on its way), and when it ends a resend. A resent packet is
     otherwise the same as its original. A resend stops when its QP starts an
     RNR wait (the engine resends again after it).
 
@@ -160,6 +175,7 @@ class PacketPlanner(wiring.Component):
         self._qps = qps
         self._ring_beats = ring_beats
         self._width = width
+        vpage_bits = POINTER_BITS - (page_beats(width) - 1).bit_length()
         super().__init__({
             "i_request": In(stream.Signature(WORK_REQUEST)),
             "i_replay": In(stream.Signature(REPLAY)),
@@ -177,6 +193,11 @@ class PacketPlanner(wiring.Component):
             "holds_qp": In(QP_INDEX_BITS),
             "holds": Out(1),
             "i_setting": In(1),
+            "pages_released": In(vpage_bits),
+            "pages_available": In(1),
+            "o_take": Out(stream.Signature(page_take(vpage_bits), always_ready=True)),
+            "o_page_wait": Out(1),
+            "o_active": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)).array(2),
         })
 
     def elaborate(self, platform):
@@ -184,7 +205,9 @@ class PacketPlanner(wiring.Component):
         width = self._width
         ring_bits = (self._ring_beats - 1).bit_length()
         beat_bits = (width - 1).bit_length()
-        quarter_bits = ring_bits - 2
+        offset_bits = (page_beats(width) - 1).bit_length()
+        ring_pages = self._ring_beats >> offset_bits
+        vpage_bits = len(self.pages_released)
 
         new = Signal(_CONTEXT)
         new_sending = Signal()                  # the new context has packets to send
@@ -247,7 +270,12 @@ class PacketPlanner(wiring.Component):
         last = packet.last
         payload_length = packet.length
         beats = packet.beats
-        crosses_quarter = (context.offset[:quarter_bits] + beats) >> quarter_bits != 0
+        # Whether the packet's payload starts a page of the ring or crosses into one.
+        def enters_page(context, packet):
+            return ((packet.beats != 0)
+                    & ((context.offset[:offset_bits] == 0)
+                       | ((context.offset[:offset_bits] + packet.beats - 1) >> offset_bits != 0)))
+        enters = enters_page(context, packet)
         resend_end = replay_go & (replay_psn_next == replay_view.next_psn)
         first = packet.first
         pad = (-payload_length)[:2]
@@ -265,16 +293,33 @@ class PacketPlanner(wiring.Component):
                         with m.Case(last_value | first_value << 1 | verb_value.value << 2):
                             m.d.comb += opcode.eq(_opcode(verb_value, first_value, last_value))
 
+        # A new packet that enters a page takes one from the pool for the ring's page of
+        # its last beat: when the pool has one and the QP holds fewer than it may. (The
+        # pages a QP holds are fewer than its ring's, so its ring's pages map one each.)
+        qp_pages = Signal(range(ring_pages + 1))
+        m.d.sync += qp_pages.eq(Mux((self.i_config.qp_pages == 0)
+                                    | (self.i_config.qp_pages > ring_pages), ring_pages,
+                                    Mux(self.i_config.qp_pages < MIN_QP_PAGES, MIN_QP_PAGES,
+                                        self.i_config.qp_pages)))
+        new_enters = enters_page(new, new_next)
+        new_vpage = Signal(vpage_bits)
+        held = Signal(vpage_bits)               # the pages the QP holds with this one
+        new_again = Signal()                    # the page the message starts in, again first
+        m.d.comb += [
+            new_vpage.eq((new.offset + new_next.beats - 1)[offset_bits:]),
+            held.eq(new_vpage - self.pages_released + 1),
+        ]
+        page_room = self.pages_available & (held <= qp_pages)
         room = Signal()
-        # The ring never holds more than ``ring_beats`` (each packet waits for room), so the
-        # beats in use are the difference of the positions' low bits, and the carry chains
-        # are those of a ring position, not of a whole pointer.
-        used = (new.offset - new_view.head)[:ring_bits + 1]
-        m.d.comb += room.eq(used + new_next.beats <= self._ring_beats)
+        m.d.comb += room.eq(~new_again & (~new_enters | page_room))
         new_turn = ~replay_go & new_sending
         replay_same_qp = replaying & (replay.qp == new.qp)
         new_go = new_turn & ~new_view.error & ~new_view.blocked & ~replay_same_qp & room
         new_abort = new_turn & new_view.error
+        new_may = new_turn & ~new_view.error & ~new_view.blocked & ~replay_same_qp
+        take_again = new_may & new_again & self.pages_available & ~self.i_setting
+        m.d.comb += self.o_page_wait.eq(new_may & Mux(new_again, ~self.pages_available,
+                                                      new_enters & ~page_room))
         refuse = ~replay_go & new_refusing
 
         descriptor = self.o_packet.p
@@ -288,7 +333,7 @@ class PacketPlanner(wiring.Component):
             bth.pad_count.eq(pad),
             bth.pkey.eq(PKEY_DEFAULT),
             bth.dest_qp.eq(path.remote_qpn),
-            bth.ack_request.eq(last | crosses_quarter | resend_end),
+            bth.ack_request.eq(last | enters | resend_end),
             bth.psn.eq(context.psn),
             reth.virtual_address.eq(request.remote_address),
             reth.rkey.eq(path.rkey),
@@ -359,6 +404,14 @@ class PacketPlanner(wiring.Component):
                 replay_psn_next.eq(replay_psn_next + 1),
                 replay_index_next.eq(replay_index_next + 1),
             ]
+        m.d.comb += [
+            self.o_take.valid.eq((new_taken & new_go & new_enters) | take_again),
+            self.o_take.p.qp.eq(new.qp),
+            self.o_take.p.vpage.eq(Mux(new_again, new.offset[offset_bits:], new_vpage)),
+            self.o_take.p.again.eq(new_again),
+        ]
+        with m.If(take_again):
+            m.d.sync += new_again.eq(0)
         with m.If(new_taken):
             with m.If(new_go):
                 m.d.sync += [new.eq(new_advanced), new_next.eq(new_following)]
@@ -392,7 +445,7 @@ class PacketPlanner(wiring.Component):
         new_first = _next_packet(m, self.i_request.p.length, path_mtu_bytes, width, "new_first",
                                  first=1)
         refused = _next_packet(m, new.remaining, 0, width, "refused", first=new.index == 0)
-        with m.FSM():
+        with m.FSM() as fsm:
             with m.State("IDLE"):
                 with m.If(self.i_replay.valid & ~replaying):
                     m.d.comb += [
@@ -480,10 +533,21 @@ class PacketPlanner(wiring.Component):
                         new.psn.eq(new_view.next_psn),
                         new.index.eq(0),
                         new.offset.eq(new_view.tail),
+                        new_again.eq((new_view.tail[:offset_bits] != 0)
+                                     & (self.pages_released
+                                        == (new_view.tail[offset_bits:] + 1)[:vpage_bits])),
                         new_next.eq(new_first),
                         new_sending.eq(1),
                         new_holds.eq(1 << request.qp[:qp_bits]),
                     ]
                 m.next = "IDLE"
 
+        # Which QP each context works on, for the page pool.
+        loading_new = fsm.ongoing("LOAD_NEW")
+        m.d.comb += [
+            self.o_active[0].valid.eq(loading_new | new_sending | new_refusing),
+            self.o_active[0].p.eq(Mux(loading_new, self.i_request.p.qp, new.qp)),
+            self.o_active[1].valid.eq(fsm.ongoing("LOAD_REPLAY") | replaying),
+            self.o_active[1].p.eq(replay.qp),
+        ]
         return m

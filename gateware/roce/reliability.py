@@ -18,6 +18,7 @@ from .descriptor import (
     QP_VIEW,
     REPLAY,
 )
+from .page_pool import PAGE_STATE
 from .planner import TRANSMIT_CONFIG
 from .qp_context import FLAGS, ContextMemory, per_qp_layouts, qp_bits_of
 from .qp_flags import QpFlags
@@ -54,7 +55,7 @@ class ReliabilityEngine(wiring.Component):
     The planner tells it of each new message (``i_loaded``: it takes a slot of
     the pool all QPs share, ``message_slots``, up to ``messages`` a QP) and each
     packet it sends
-    (``i_sent``); it tells the planner, per QP, the next PSN, the ring room
+    (``i_sent``); it tells the planner, per QP, the next PSN, the ring tail
     and whether the QP may send (``new_view``/``replay_view``, combinational
     from ``new_qp``/``replay_qp``; an event shows from the next cycle on, a
     message loaded or a packet sent, which pass a register first, from the
@@ -72,9 +73,13 @@ class ReliabilityEngine(wiring.Component):
     there is no queue to overflow. An ACK for PSN p acknowledges
     every packet up to p; a NAK or RNR NAK for p every packet before p. Every
     message whose last packet is acknowledged completes (``o_completion``) in
-    order, with the status its payload ended with; its ring room is freed
-    packet by packet, so a message longer than the ring (up to 2^23 packets:
-    2^31 bytes at path MTU 256) completes as it is acknowledged. Latency: the
+    order, with the status its payload ended with; the ring position of the
+    QP's oldest unacknowledged payload moves on packet by packet (the page pool
+    gives the pages behind it back: ``pages_qp`` → ``pages_state``, a cycle
+    later, and ``o_head_moved`` names the QP whenever it moves), so a message
+    longer than the ring (up to 2^23 packets: 2^31 bytes at path MTU 256)
+    completes as it is acknowledged. A reset waits for ``i_pages_clear`` (the
+    QP holds no retransmit page) and sets both positions to 0. Latency: the
     engine acts on an acknowledgement 4 cycles after ``i_ack`` at the
     earliest, takes 4 cycles for it (3 for one that says nothing new by then),
     and 1 more per message it completes; a completion leaves 7 cycles after
@@ -163,6 +168,10 @@ class ReliabilityEngine(wiring.Component):
             "o_completion": Out(stream.Signature(COMPLETION)),
             "status_qp": In(QP_INDEX_BITS).array(STATUS_PORTS),
             "status": Out(QP_STATUS).array(STATUS_PORTS),
+            "i_pages_clear": In(1, init=1),
+            "pages_qp": In(QP_INDEX_BITS),
+            "pages_state": Out(PAGE_STATE),
+            "o_head_moved": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
         })
 
     @staticmethod
@@ -251,6 +260,7 @@ class ReliabilityEngine(wiring.Component):
         # a QP's state (the resend walker).
         m.d.comb += [
             handler.i_quiet.eq(~sent.valid & ~loaded.valid & walker.o_idle),
+            handler.i_pages_clear.eq(self.i_pages_clear),
             walker.i_hold.eq(self.i_reset.valid),
         ]
         connect(m, walker.o_replay, flipped(self.o_replay))
@@ -283,10 +293,10 @@ class ReliabilityEngine(wiring.Component):
         nxt = context("nxt", tracker.w_nxt, [
             ("comb", tracker.r_nxt), ("comb", None), *view, ("transparent", handler.r_nxt),
             ("transparent", sweep.r_nxt), *status])
-        tail = context("tail", tracker.w_tail, view)
+        tail = context("tail", tracker.w_tail, [*view, ("transparent", None)])
         end = context("end", tracker.w_end, [
             ("comb", tracker.r_end), *view, ("transparent", handler.r_end),
-            ("transparent", walker.r_end)], init=own_slots)
+            ("transparent", walker.r_end), ("transparent", None)], init=own_slots)
         context("sent_time", tracker.w_sent_time, [("transparent", sweep.r_sent_time)])
         sent_counters = context("sent_counters", tracker.w_sent_counters, [
             ("comb", tracker.r_sent_counters), *status])
@@ -294,8 +304,8 @@ class ReliabilityEngine(wiring.Component):
             ("comb", tracker.r_una), ("comb", None), ("transparent", handler.r_una),
             ("transparent", sweep.r_una), *status])
         positions = context("positions", handler.w_positions, [
-            *view, ("transparent", handler.r_positions), ("transparent", walker.r_positions)],
-            init=[{"first": own} for own in own_slots])
+            *view, ("transparent", handler.r_positions), ("transparent", walker.r_positions),
+            ("transparent", None)], init=[{"first": own} for own in own_slots])
         retry = context("retry", handler.w_retry, [("transparent", handler.r_retry), *status])
         context("timer", handler.w_timer, [("transparent", sweep.r_timer)])
         context("resend_psn", handler.w_resend_psn, [("transparent", walker.r_resend_psn)])
@@ -337,7 +347,6 @@ class ReliabilityEngine(wiring.Component):
                 shown[name] = port.data
             m.d.comb += [
                 view.next_psn.eq(shown["nxt"]),
-                view.head.eq(shown["positions"].head),
                 view.tail.eq(shown["tail"]),
                 view.slot.eq(shown["end"].slot),
                 view.slot_free.eq(
@@ -353,6 +362,20 @@ class ReliabilityEngine(wiring.Component):
                                 | (walker.o_busy.valid & (walker.o_busy.p == qp))
                                 | reset_waiting),
             ]
+
+        # The ring positions the page pool gives pages back behind, and which QP's oldest
+        # one moved.
+        pages_tail, pages_positions, pages_end = tail.pop(0), positions.pop(0), end.pop(0)
+        m.d.comb += [
+            pages_tail.addr.eq(self.pages_qp),
+            pages_positions.addr.eq(self.pages_qp),
+            pages_end.addr.eq(self.pages_qp),
+            self.pages_state.head.eq(pages_positions.data.head),
+            self.pages_state.tail.eq(pages_tail.data),
+            self.pages_state.idle.eq(pages_end.data.count == pages_positions.data.first.count),
+            self.o_head_moved.valid.eq(handler.w_positions.en),
+            self.o_head_moved.p.eq(handler.w_positions.addr),
+        ]
 
         # A QP's state for the user and the connection manager: the memories as they were
         # in the cycle of the request.

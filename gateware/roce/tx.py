@@ -2,6 +2,7 @@ from amaranth import *
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
+from ..counters import counters_layout, event_counter
 from ..packet.insert import HeaderInserter
 from ..packet.register import PacketRegister, StreamRegister
 from ..stream import BEAT_BYTES, NO_META, packet_signature
@@ -19,6 +20,7 @@ from .descriptor import (
     buffer_beat,
 )
 from .pacer import QP_BITS, WIRE_OVERHEAD, Pacer
+from .page_pool import PagePool, check_retransmit_pages
 from .planner import TRANSMIT_CONFIG, PacketPlanner
 from .qp_table import QpTable
 from .reliability import STATUS_PORTS, ReliabilityEngine
@@ -54,11 +56,14 @@ class RequesterTransmitter(wiring.Component):
     reliability engine is free: new messages pause while it waits);
     ``i_qp_close`` flushes it (see :class:`ReliabilityEngine`); ``status_qp[n]`` →
     ``status[n]`` reads a QP's state and counters a cycle later. Each QP keeps the
-    payload of its unacknowledged packets in a ring of ``ring_beats`` beats
-    and up to ``messages`` unacknowledged messages in the pool of
-    ``message_slots`` all QPs share; when its ring is full, it has
-    ``messages`` outstanding or the pool has no slot left, the QP waits (and the
-    request and payload streams with it). ``i_paused``
+    payload of its unacknowledged packets in pages of the pool of ``pages`` pages
+    of 4 KiB all QPs share (:class:`PagePool`), up to a ring of ``ring_beats``
+    beats (``i_config.qp_pages`` caps it lower at run time), and up to ``messages``
+    unacknowledged messages in the pool of ``message_slots`` all QPs share; when
+    it holds all the pages it may or the pool has none left, has ``messages``
+    outstanding or the pool has no slot left, the QP waits (and the request and
+    payload streams with it; ``counters.page_waits`` counts the cycles a packet
+    waited for a page). ``i_paused``
     (the link pauses RoCEv2 frames) stops the ACK timers and RNR waits.
 
     Register → planner → descriptor FIFO → register → segmenter (payload: new from
@@ -75,10 +80,12 @@ class RequesterTransmitter(wiring.Component):
     registers, so that no path runs from one of these blocks through another.
     """
 
-    def __init__(self, *, qps=16, ring_beats=2048, messages=128, message_slots=4096,
-                 width=BEAT_BYTES, descriptors=4):
+    def __init__(self, *, qps=16, ring_beats=2048, pages=512, messages=128,
+                 message_slots=4096, width=BEAT_BYTES, descriptors=4):
+        check_retransmit_pages(pages, ring_beats, width)
         self._qps = qps
         self._ring_beats = ring_beats
+        self._pages = pages
         self._messages = messages
         self._message_slots = message_slots
         self._width = width
@@ -99,11 +106,16 @@ class RequesterTransmitter(wiring.Component):
             "o_completion": Out(stream.Signature(COMPLETION)),
             "status_qp": In(QP_INDEX_BITS).array(STATUS_PORTS),
             "status": Out(QP_STATUS).array(STATUS_PORTS),
+            "counters": Out(self.counters_layout()),
         })
 
     @property
     def qps(self):
         return self._qps
+
+    @staticmethod
+    def counters_layout():
+        return counters_layout("page_waits")
 
     def elaborate(self, platform):
         m = Module()
@@ -129,8 +141,10 @@ class RequesterTransmitter(wiring.Component):
         m.submodules.queued = queued = StreamRegister(stream.Signature(PACKET_DESCRIPTOR))
         m.submodules.reads = reads = fifo.SyncFIFOBuffered(
             width=BUFFER_READ.size, depth=self._descriptors)
+        m.submodules.pages = pages = PagePool(
+            qps=self._qps, pages=self._pages, ring_beats=self._ring_beats, width=width)
         m.submodules.buffer = buffer = RetransmitBuffer(
-            qps=self._qps, ring_beats=self._ring_beats, width=width)
+            qps=self._qps, pages=self._pages, ring_beats=self._ring_beats, width=width)
         m.submodules.segmenter = segmenter = PayloadSegmenter(
             ring_beats=self._ring_beats, width=width)
         m.submodules.segmented = segmented = PacketRegister(ROCE_TX_META, width=width)
@@ -149,6 +163,11 @@ class RequesterTransmitter(wiring.Component):
             planner.holds_qp.eq(qp_write.p.qp),
             planner.i_setting.eq(qp_write.valid),
             reliability.i_reset.valid.eq(qp_write.valid & ~planner.holds),
+            reliability.i_pages_clear.eq(pages.o_reset_clear),
+            pages.reset_qp.valid.eq(qp_write.valid & ~planner.holds),
+            pages.reset_qp.p.eq(qp_write.p.qp),
+            pages.i_rebase.valid.eq(reliability.i_reset.valid & reliability.i_reset.ready),
+            pages.i_rebase.p.eq(qp_write.p.qp),
             reliability.i_reset.p.eq(qp_write.p),
             qp_write.ready.eq(reliability.i_reset.ready & ~planner.holds),
             table.i_write.valid.eq(qp_write.valid & qp_write.ready),
@@ -163,6 +182,23 @@ class RequesterTransmitter(wiring.Component):
             reliability.replay_qp.eq(planner.replay_qp),
             planner.replay_view.eq(reliability.replay_view),
         ]
+
+        # The retransmit pages: taken by the planner's new packets, looked up by the
+        # buffer, given back behind the engine's positions.
+        m.d.comb += [
+            pages.view_qp.eq(planner.new_qp),
+            planner.pages_released.eq(pages.view_released),
+            planner.pages_available.eq(pages.o_available),
+            reliability.pages_qp.eq(pages.state_qp),
+            pages.state.eq(reliability.pages_state),
+            self.counters.page_waits.eq(event_counter(m, planner.o_page_wait, "page_waits")),
+        ]
+        connect(m, planner.o_take, pages.i_take)
+        for active, port in zip(planner.o_active, pages.i_active, strict=True):
+            connect(m, active, port)
+        connect(m, reliability.o_head_moved, pages.i_hint)
+        for lookup, translate in zip(buffer.translate, pages.translate, strict=True):
+            connect(m, lookup, translate)
         for index in range(STATUS_PORTS):
             m.d.comb += [
                 reliability.status_qp[index].eq(self.status_qp[index]),

@@ -100,8 +100,8 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "HeaderInserter (IPv4)": lambda: _load("gateware.packet.insert.HeaderInserter")(
         "ip", IPV4, meta_with(NEXT_HOP_META, ip=IPV4), width=WIDTH),
     "NetworkCore": lambda: _load("gateware.core.NetworkCore")(width=WIDTH),
-    # 256 QPs with the retransmit rings of 16 in all: 2 MiB (8 KiB a QP; the default
-    # 128 KiB would be 32 MiB, all of the XCVU9P's UltraRAM), and the default slot pool.
+    # 256 QPs, the default retransmit and slot pools (2 MiB, 4,096 slots), each QP
+    # holding up to 8 KiB of the retransmit pool.
     "NetworkCore (256 QPs)": lambda: _load("gateware.core.NetworkCore")(
         qps=256, retransmit_beats=128, width=WIDTH),
     "ArpLayer": lambda: _load("gateware.arp.layer.ArpLayer")(
@@ -115,9 +115,9 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "RequesterTransmitter (16 QPs)": lambda: _load("gateware.roce.tx.RequesterTransmitter")(
         qps=16, width=WIDTH),
     "RequesterTransmitter (2 QPs)": lambda: _load("gateware.roce.tx.RequesterTransmitter")(
-        qps=2, ring_beats=64, messages=8, message_slots=16, width=WIDTH),
+        qps=2, ring_beats=128, pages=4, messages=8, message_slots=16, width=WIDTH),
     "PayloadSegmenter": lambda: _load("gateware.roce.segmenter.PayloadSegmenter")(
-        ring_beats=64, width=WIDTH),
+        ring_beats=128, width=WIDTH),
     "ReliabilityEngine (16 QPs)": lambda: _load("gateware.roce.reliability.ReliabilityEngine")(
         qps=16, width=WIDTH),
     "ReliabilityEngine (2 QPs)": lambda: _load("gateware.roce.reliability.ReliabilityEngine")(
@@ -144,7 +144,8 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
 
 #: The reduced core of ``VCU118Top (2 QPs)``, which the logic-depth budget test synthesizes:
 #: every block of the core, with 2 QPs, one generator run and small buffers.
-SMALL_CORE = {"qps": 2, "retransmit_beats": 64, "messages": 8, "message_slots": 16,
+SMALL_CORE = {"qps": 2, "retransmit_beats": 128, "retransmit_pages": 4, "messages": 8,
+              "message_slots": 16,
               "generator_runs": 1, "rx_depth": 64, "echo_depth": 64}
 
 #: Per kind of clock domain of a board top, the most LUT levels a path into one of its

@@ -5,7 +5,7 @@ RETH or ImmDt layer; they are defined here from the InfiniBand specification
 (RETH: virtual address u64, rkey u32, DMA length u32; ImmDt: u32, all
 big-endian). :func:`message_packets` cuts a message into packets the way the
 specification says a requester must, independently of the gateware, and sets
-AckReq by the core's rule (:class:`RetransmitRing`).
+AckReq by the core's rule (:class:`RetransmitPages`).
 """
 
 from dataclasses import dataclass
@@ -18,7 +18,7 @@ from scapy.packet import Packet, Raw
 
 from host.protocol import generator_payload
 
-__all__ = ["RETH", "ImmDt", "Message", "PacketFields", "RetransmitRing", "message_packets",
+__all__ = ["RETH", "ImmDt", "Message", "PacketFields", "RetransmitPages", "message_packets",
            "roce_frame", "generator_payload", "ROCEV2_PORT", "PKEY", "RING_BEAT_BYTES"]
 
 ROCEV2_PORT = 4791
@@ -26,6 +26,9 @@ PKEY = 0xFFFF
 
 #: Bytes of one beat of a retransmit ring: the core's 512-bit bus.
 RING_BEAT_BYTES = 64
+
+#: Beats of a page of the retransmit pool (4 KiB).
+PAGE_BEATS = 4096 // RING_BEAT_BYTES
 
 
 class RETH(Packet):
@@ -73,31 +76,31 @@ _OPCODES = {    # IBTA vol. 1 table 38, Reliable Connection
 
 
 @dataclass
-class RetransmitRing:
-    """Where a QP's packets land in the core's retransmit ring of ``beats`` beats,
-    for the AckReq rule: the core asks for an ACK whenever a packet's payload
-    reaches the next quarter of the ring, so ACKs free the ring before it fills.
-    ``tail`` counts the beats written since the QP was set; a packet takes
-    ceil(payload / 64) beats."""
-    beats: int
+class RetransmitPages:
+    """Where a QP's packets land in its retransmit ring, for the AckReq rule: the core
+    asks for an ACK whenever a packet's payload starts a page (4 KiB) of the ring or
+    crosses into one, as each such packet takes a page of the retransmit pool, so a QP
+    never holds all the pages it may without an ACK on its way. ``tail`` counts the
+    beats written since the QP was first set (a QP set again carries on); a packet
+    takes ceil(payload / 64) beats."""
     tail: int = 0
 
     def ack_request(self, payload_bytes: int) -> bool:
-        """Whether a packet of ``payload_bytes`` reaches a quarter of the ring; it
-        is then written (``tail`` advances)."""
+        """Whether a packet of ``payload_bytes`` starts a page or crosses into one; it is
+        then written (``tail`` advances)."""
         beats = -(-payload_bytes // RING_BEAT_BYTES)
-        quarter = self.beats // 4
-        reaches = self.tail % quarter + beats >= quarter
+        offset = self.tail % PAGE_BEATS
+        enters = beats > 0 and (offset == 0 or offset + beats > PAGE_BEATS)
         self.tail += beats
-        return reaches
+        return enters
 
 
 def message_packets(message: Message, *, psn: int, path_mtu: int, rkey: int,
-                    ring: RetransmitRing | None = None,
+                    ring: RetransmitPages | None = None,
                     ack_interval: int = 0) -> list[PacketFields]:
     """The packets of one message: full path-MTU packets, then the rest.
 
-    AckReq is set on the last packet, on those that reach a quarter of the QP's
+    AckReq is set on the last packet, on those that enter a page of the QP's
     ``ring`` (which every packet advances), and on every ``ack_interval``-th
     packet of the message (for tests of a responder on its own).
     """

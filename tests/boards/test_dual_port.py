@@ -182,8 +182,8 @@ def test_each_port_has_its_own_addresses():
     (the core's) and can be given."""
     for port2, expected in [(None, PORT2_ADDRESS),
                             ({"ip": "192.168.7.10"}, {**PORT2_ADDRESS, "ip": "192.168.7.10"})]:
-        top = VCU118DualTop(qps=2, retransmit_beats=64, messages=8, message_slots=16,
-                              port2=port2)
+        top = VCU118DualTop(qps=2, retransmit_beats=128, retransmit_pages=4, messages=8,
+                            message_slots=16, port2=port2)
         switches = 0b0101
         written = []
 

@@ -25,7 +25,8 @@ from boards.timing_gate import gate_report_name
 pytestmark = pytest.mark.xdist_group("vcu118-tree")
 
 #: Small core parameters: the same top and ports, quicker to convert.
-SMALL_CORE = {"qps": 4, "retransmit_beats": 64, "messages": 8, "message_slots": 16}
+SMALL_CORE = {"qps": 4, "retransmit_beats": 128, "retransmit_pages": 8, "messages": 8,
+              "message_slots": 16}
 
 #: Pins from the VCU118 user guide (UG1224), written out here independently of the
 #: platform file: (port, LOC).

@@ -31,7 +31,7 @@ class Bench:
     kept."""
 
     def __init__(self):
-        self.dut = NetworkCore(qps=256, retransmit_beats=64, messages=8, clock_hz=10_000_000)
+        self.dut = NetworkCore(qps=256, retransmit_beats=128, messages=8, clock_hz=10_000_000)
         self.inbox = deque()
         self.cm_replies = []
         self.completions = []

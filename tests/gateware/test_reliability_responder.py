@@ -269,8 +269,9 @@ def test_a_message_of_2_to_the_23_packets_completes():
         await req.cycle(ack=req.ack(1, first + (1 << 22) + 2))
         await req.idle(12)
         assert not req.completions
-        req.ctx.set(dut.new_qp, 1)
-        assert req.ctx.get(dut.new_view.head) == ((1 << 22) + 3) * beats % (1 << 22)
+        req.ctx.set(dut.pages_qp, 1)
+        await req.idle(1)
+        assert req.ctx.get(dut.pages_state.head) == ((1 << 22) + 3) * beats % (1 << 22)
         await req.cycle(sent=req.packet(1, psns=packets - (1 << 22) - 8,
                                         beats=(packets - (1 << 22) - 8) * beats))
         await req.idle(4)

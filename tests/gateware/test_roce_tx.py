@@ -11,11 +11,11 @@ from gateware.config import parse_ipv4
 from gateware.roce.planner import PacketPlanner, check_ring_beats
 from gateware.roce.requests import QP_STATE, CompletionStatus, PathMtu, Verb
 from gateware.roce.tx import RequesterTransmitter
-from sim.models.rocev2 import ROCEV2_PORT, Message, RetransmitRing, message_packets, roce_frame
+from sim.models.rocev2 import ROCEV2_PORT, Message, RetransmitPages, message_packets, roce_frame
 
 from .streams import get_item, get_packet, put_item, put_packet, run_testbenches, wait_for
 
-RING_BEATS = 64             # per QP: 4 KiB, so long messages wait for ACKs
+RING_BEATS = 128            # per QP: 8 KiB, so long messages wait for ACKs
 ACK = 0x1F                  # AETH syndrome: ACK, no credit limit
 NAK_SEQUENCE = 0x60
 
@@ -30,7 +30,7 @@ class Qp:
         self.index, self.remote_qpn, self.psn, self.rkey = index, remote_qpn, psn, rkey
         self.remote_ip, self.path_mtu, self.src_port = remote_ip, path_mtu, src_port
         self.timeout, self.retry_count = timeout, retry_count
-        self.ring = RetransmitRing(ring_beats)
+        self.ring = RetransmitPages()
 
     def state(self):
         """The QP's state as a QP_STATE constant; path MTU 0 stands for a missing one."""
@@ -71,8 +71,16 @@ class Bench:
     checked in order against the model."""
 
     def __init__(self, *, qps=4, tos=0x02, seed=0, gaps=True, acknowledge=None,
-                 ring_beats=RING_BEATS):
-        self.dut = RequesterTransmitter(qps=qps, ring_beats=ring_beats, messages=4, width=WIDTH)
+                 ring_beats=RING_BEATS, pages=None, qp_pages=0, ack_delay=0):
+        # By default the fewest pages the QPs may have (each keeps one, one fills its
+        # ring), as a power of 2: a QP may wait for a page.
+        pages = pages or 1 << (qps + ring_beats // 64 - 1).bit_length()
+        self.qp_pages = qp_pages
+        self.page_waits = None
+        self.ack_delay = ack_delay      # cycles from an AckReq datagram to its ACK
+        self.cycle = 0
+        self.dut = RequesterTransmitter(qps=qps, ring_beats=ring_beats, pages=pages,
+                                        messages=4, width=WIDTH)
         self.tos = tos
         self.acknowledge = acknowledge or (lambda qp, psn: ACK)
         self.acks = []              # (qp, psn, syndrome) to send
@@ -120,7 +128,7 @@ class Bench:
         return random.Random(seed) if self.gaps else None
 
     async def setup(self, ctx):
-        ctx.set(self.dut.i_config, {"tos": self.tos, "tick": 1})
+        ctx.set(self.dut.i_config, {"tos": self.tos, "tick": 1, "qp_pages": self.qp_pages})
         for index, state in self.qps.items():
             await put_item(ctx, self.dut.i_qp_write, {"qp": index, "state": state})
         self.configured = True
@@ -174,14 +182,16 @@ class Bench:
         qp = next(qp for qp in self.qp_objects if qp.remote_qpn == qpn)
         syndrome = self.acknowledge(qp, psn)
         if syndrome is not None:
-            self.acks.append({"qp": qp.index, "src_ip": meta["dst_ip"], "psn": psn,
-                              "syndrome": syndrome, "msn": 0})
+            self.acks.append((self.cycle + self.ack_delay,
+                              {"qp": qp.index, "src_ip": meta["dst_ip"], "psn": psn,
+                               "syndrome": syndrome, "msn": 0}))
 
     async def ack_source(self, ctx):
         while True:
             await ctx.tick()
-            if self.acks:
-                ctx.set(self.dut.i_ack.p, self.acks.pop(0))
+            self.cycle += 1
+            if self.acks and self.acks[0][0] <= self.cycle:
+                ctx.set(self.dut.i_ack.p, self.acks.pop(0)[1])
                 ctx.set(self.dut.i_ack.valid, 1)
             else:
                 ctx.set(self.dut.i_ack.valid, 0)
@@ -216,6 +226,7 @@ class Bench:
                 ctx.set(self.dut.status_qp[0], index)
                 await ctx.tick()
                 self.status[index] = ctx.get(self.dut.status[0])
+            self.page_waits = ctx.get(self.dut.counters.page_waits)
 
         run_testbenches(self.dut, main, self.request_source, self.payload_source,
                         self.datagram_sink, self.completion_sink, self.ack_source, *monitors)
@@ -261,15 +272,20 @@ def test_psn_wraps_across_messages():
     assert qp.psn < 100, "the run did not cross the 2^24 wrap"
 
 
-def test_ack_request_at_each_quarter_of_the_ring():
+def test_ack_request_on_each_packet_that_enters_a_page_of_the_ring():
+    """AckReq on a packet that starts a 4 KiB page of the ring (64 beats) or crosses into
+    one, and on each message's last."""
     bench = Bench(seed=2)
     qp = bench.add_qp(Qp(0, remote_qpn=5, psn=0, rkey=9, remote_ip="10.77.0.3", path_mtu=256,
                          src_port=0xC123))
-    bench.message(qp, Message("RDMA_WRITE", pattern(10 * 256, 1), 0x4000))
+    bench.message(qp, Message("RDMA_WRITE", pattern(20 * 256, 1), 0x4000))
     bench.message(qp, Message("SEND", pattern(2 * 256 + 1, 2)))
+    bench.message(qp, Message("RDMA_WRITE", pattern(20 * 256, 3), 0x8000))
     bench.run()
     acks = [datagram[8] >> 7 for _, datagram in bench.datagrams]
-    assert acks == [0, 0, 0, 1, 0, 0, 0, 1, 0, 1] + [0, 1, 1]
+    assert acks == ([1] + [0] * 15 + [1, 0, 0, 1]       # beats 0 and 64 start pages
+                    + [0, 0, 1]                         # beats 80 to 89
+                    + [0] * 9 + [1] + [0] * 9 + [1])    # beats 125 to 129 cross into 128
 
 
 def test_bad_requests_are_refused_and_drained():
@@ -335,26 +351,28 @@ def once(syndrome, qp_index, psn):
 
 
 def test_nak_sequence_resends_from_the_nakd_packet():
-    bench = Bench(seed=21, acknowledge=once(NAK_SEQUENCE, 0, 7))
+    # AckReq on PSN 16: its packet starts the ring's second page.
+    bench = Bench(seed=21, acknowledge=once(NAK_SEQUENCE, 0, 16))
     qp = bench.add_qp(Qp(0, remote_qpn=5, psn=0, rkey=9, remote_ip="10.77.0.3", path_mtu=256,
                          src_port=0xC123))
-    bench.message(qp, Message("RDMA_WRITE", pattern(10 * 256, 1), 0x4000))
+    bench.message(qp, Message("RDMA_WRITE", pattern(20 * 256, 1), 0x4000))
     bench.message(qp, Message("SEND", pattern(300, 2)))
     bench.run()
     error, _, counters = status_of(bench, qp)
     assert not error
     assert counters.naks_sequence == 1 and counters.retransmitted == bench.resent > 0
-    assert counters.packets == 12 and counters.bytes == 10 * 256 + 300
+    assert counters.packets == 22 and counters.bytes == 20 * 256 + 300
 
 
 def test_lost_ack_times_out_and_resends():
+    # PSN 0 (it starts a page) and PSN 3 (the last) ask for an ACK; PSN 3's is lost.
     bench = Bench(seed=22, acknowledge=once(None, 0, 3))
     qp = bench.add_qp(Qp(0, remote_qpn=5, psn=0, rkey=9, remote_ip="10.77.0.3", path_mtu=256,
                          src_port=0xC123))
     bench.message(qp, Message("SEND", pattern(4 * 256, 1)))
     bench.run()
     error, _, counters = status_of(bench, qp)
-    assert not error and counters.timeouts == 1 and bench.resent == 4
+    assert not error and counters.timeouts == 1 and bench.resent == 3
 
 
 def test_rnr_nak_waits_then_resends():
@@ -390,17 +408,14 @@ def starts_and_acknowledgements(dut, syndrome):
 
 
 def test_a_resend_stops_for_an_rnr_wait():
-    """A NAK for PSN 3 of a 16-packet message starts a resend; an RNR NAK for its first
+    """A NAK for PSN 0 of a 16-packet message starts a resend; an RNR NAK for its first
     packet stops it: nothing of the QP leaves during the wait but the packets planned
-    before it (here 45 cycles, 6 resent packets, one every 10 cycles with the buffer's
-    read latency of 3; 35 cycles and 5 packets at latency 1; a resend that went on
-    would send for 51 cycles, up to PSN 10), then it resends from PSN 3 (IBTA
-    9.7.5.2.8)."""
+    before it, then it resends from PSN 0 (IBTA 9.7.5.2.8)."""
     rnr_nak = 0x20 | 14                             # 1.28 ms: 313 ticks of 1 cycle
-    # The responder NAKs PSN 3, then RNR NAKs it, each time discarding what follows until
-    # PSN 3 comes again (it sees the AckReq packets: each quarter of the ring, 4 packets,
-    # the last and a resend's last).
-    script = [(3, NAK_SEQUENCE), (3, rnr_nak), (3, ACK)]
+    # The responder NAKs PSN 0, then RNR NAKs it, each time discarding what follows until
+    # PSN 0 comes again (it sees the AckReq packets: PSN 0, which starts a page of the
+    # ring, the last and a resend's last).
+    script = [(0, NAK_SEQUENCE), (0, rnr_nak), (0, ACK)]
 
     def acknowledge(qp, psn):
         if not script:
@@ -419,7 +434,7 @@ def test_a_resend_stops_for_an_rnr_wait():
     during = [psn for cycle, psn in sent if rnr_at[0] + 50 <= cycle < rnr_at[0] + 300]
     assert not during, f"sent during the RNR wait: PSNs {during}"
     after = [psn for cycle, psn in sent if cycle >= rnr_at[0] + 300]
-    assert after[:1] == [3], after
+    assert after[:1] == [0], after
 
 
 def test_a_resend_waits_for_the_packet_being_segmented_only():
@@ -489,14 +504,46 @@ def test_a_silent_responder_exhausts_the_retries_and_other_qps_go_on():
     assert not status_of(bench, alive)[0]
 
 
-@pytest.mark.parametrize("ring_beats", [2, 32, 48, 96, 1 << 21])
-def test_a_ring_that_cannot_hold_a_packet_or_be_addressed_is_refused(ring_beats):
-    """A ring of 64-byte beats holds a 4096-byte packet from 64 beats on, and the
+@pytest.mark.parametrize("ring_beats", [2, 32, 64, 96, 1 << 21])
+def test_a_ring_that_cannot_hold_two_pages_or_be_addressed_is_refused(ring_beats):
+    """A ring of 64-byte beats holds two 4 KiB pages from 128 beats on, and the
     planner's ring pointers reach 2^20 beats."""
-    with pytest.raises(ValueError, match=r"power of 2, 64\.\.1048576 .* not"):
+    with pytest.raises(ValueError, match=r"power of 2, 128\.\.1048576 .* not"):
         PacketPlanner(qps=4, ring_beats=ring_beats)
-    assert check_ring_beats(64) == 64 and check_ring_beats(1 << 20) == 1 << 20
-    assert check_ring_beats(4, width=1024) == 4
+    assert check_ring_beats(128) == 128 and check_ring_beats(1 << 20) == 1 << 20
+    assert check_ring_beats(8, width=1024) == 8
+
+
+@pytest.mark.parametrize("qp_pages, waits", [(2, True), (0, False)])
+def test_a_qp_waits_at_its_run_time_cap_of_pages(qp_pages, waits):
+    """A 32 KiB WRITE on a QP whose ring is 8 pages, from a pool of 16, its ACKs 300
+    cycles behind: capped at 2 pages at run time it waits for ACKs to free them
+    (counted), at its ring's 8 it does not;
+    every datagram and completion is the model's either way."""
+    bench = Bench(qps=2, seed=31, gaps=False, ring_beats=512, pages=16, qp_pages=qp_pages,
+                  ack_delay=300)
+    qp = bench.add_qp(Qp(0, remote_qpn=5, psn=0, rkey=9, remote_ip="10.77.0.3",
+                         path_mtu=1024, src_port=0xC123, ring_beats=512, timeout=14))
+    bench.message(qp, Message("RDMA_WRITE", pattern(32 * 1024, 1), 0x4000))
+    bench.message(qp, Message("SEND", pattern(5000, 2)))
+    bench.run()
+    assert (bench.page_waits > 0) == waits, bench.page_waits
+    assert bench.resent == 0
+
+
+def test_qps_share_a_pool_smaller_than_their_rings():
+    """Four QPs with rings of 8 pages send 32 KiB each at once from a pool of 16 pages,
+    their ACKs 3,000 cycles behind: they wait for pages (counted) and lose nothing."""
+    bench = Bench(qps=4, seed=32, gaps=False, ring_beats=512, pages=16, ack_delay=3000)
+    qps = [bench.add_qp(Qp(index, remote_qpn=5 + index, psn=100 * index, rkey=9,
+                           remote_ip="10.77.0.3", path_mtu=4096, src_port=0xC000 + index,
+                           ring_beats=512, timeout=14)) for index in range(4)]
+    for round_ in range(2):
+        for qp in qps:
+            bench.message(qp, Message("RDMA_WRITE", pattern(16 * 1024, qp.index + 4 * round_),
+                                      0x4000 + round_ * 0x10000))
+    bench.run()
+    assert bench.page_waits > 0 and bench.resent == 0
 
 
 def test_a_request_right_after_its_qps_setting_sees_it():

@@ -23,7 +23,7 @@ from gateware.roce.requests import FIRST_QPN, CompletionStatus, PathMtu, Verb
 from sim.models.responder import Completion, Responder
 from sim.models.rocev2 import (
     Message,
-    RetransmitRing,
+    RetransmitPages,
     message_packets,
     roce_frame,
 )
@@ -58,7 +58,7 @@ class Qp:
     rnr_retry: int = 7
     # Filled by RoceRun.open and as messages are posted:
     responder: Responder | None = None
-    ring: RetransmitRing | None = None
+    ring: RetransmitPages | None = None
     image: bytearray = field(default_factory=bytearray)     # the model's memory, expected
     receives: list = field(default_factory=list)            # its receive queue, expected
     unsent: deque = field(default_factory=deque)            # packets not yet seen on the wire
@@ -110,7 +110,7 @@ class RoceRun:
                                  memory_size=memory_size, path_mtu=qp.path_mtu,
                                  **responder_params)
         self.bench.attach(qp.responder)
-        qp.ring = RetransmitRing(RING_BEATS) if RING_BEATS else None
+        qp.ring = RetransmitPages()
         qp.image = bytearray(memory_size)
         qp.receives, qp.unsent, qp.sent = [], deque(), {}
         qp.next_address = qp.memory_base

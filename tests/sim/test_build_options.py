@@ -26,14 +26,16 @@ def test_only_the_options_given_are_build_parameters():
 
 
 def test_a_build_has_networkcores_defaults_where_its_parameters_say_nothing():
-    assert built_with({}) == {"qps": 16, "retransmit_beats": 2048, "messages": 1024,
-                              "message_slots": 4096}
+    assert built_with({}) == {"qps": 16, "retransmit_beats": 2048, "retransmit_pages": 512,
+                              "messages": 1024, "message_slots": 4096}
     assert built_with({"qps": 4, "window": 8}) == {
-        "qps": 4, "retransmit_beats": 2048, "messages": 1024, "message_slots": 4096}
+        "qps": 4, "retransmit_beats": 2048, "retransmit_pages": 512, "messages": 1024,
+        "message_slots": 4096}
 
 
 @pytest.mark.parametrize("argv", [["--qps", "257"], ["--retransmit-beats", "4096.0"],
-                                  ["--messages", "1"], ["--message-slots", "100"]])
+                                  ["--messages", "1"], ["--message-slots", "100"],
+                                  ["--retransmit-pages", "100"]])
 def test_a_value_the_core_refuses_is_refused_when_parsed(argv):
     with pytest.raises(SystemExit):
         parser().parse_args(argv)

@@ -250,14 +250,15 @@ def test_build_options_reach_the_core_and_its_cache_key(monkeypatch, capsys, sou
         monkeypatch.setattr(sim.netdev, core, lambda **params: params)
     args = sim.netdev.build_parser().parse_args(
         ["--source", source, "--qps", "8", "--retransmit-beats", "128", "--messages", "32",
-         "--message-slots", "256"])
+         "--message-slots", "256", "--retransmit-pages", "16"])
     design_build, summary = sim.netdev._design(args)
     expected = {**getattr(sim.testbench, base), "retransmit_beats": 128, "qps": 8,
-                "messages": 32, "message_slots": 256}
+                "retransmit_pages": 16, "messages": 32, "message_slots": 256}
     assert design_build == "the build"
     assert built == {"name": design, "params": expected, "key": repr(expected)}
     assert summary == {"design": design, **expected}
-    assert ("(qps=8, retransmit_beats=128, messages=32, message_slots=256)"
+    assert ("(qps=8, retransmit_beats=128, retransmit_pages=16, messages=32, "
+            "message_slots=256)"
             in capsys.readouterr().out)
 
 
@@ -266,8 +267,10 @@ def test_build_options_reach_the_core_and_its_cache_key(monkeypatch, capsys, sou
     (["--qps", "300"], "argument --qps: QP count must be 1..256, not 300"),
     (["--qps", "many"], "argument --qps: not an integer: 'many'"),
     (["--retransmit-beats", "32"], "argument --retransmit-beats: Ring beats must be a power "
-     "of 2, 64..1048576 (a ring of 64-byte beats holds a packet of 4096 bytes), not 32"),
-    (["--retransmit-beats", "1000"], "power of 2, 64..1048576"),
+     "of 2, 128..1048576 (a ring of 64-byte beats holds 2 pages of 4096 bytes), not 32"),
+    (["--retransmit-beats", "1000"], "power of 2, 128..1048576"),
+    (["--retransmit-pages", "3"], "argument --retransmit-pages: Retransmit pages must be a "
+     "power of 2, 2..65536, not 3"),
     (["--messages", "1"], "argument --messages: Messages per QP must be a power "
      "of 2, 2..32768, not 1"),
     (["--messages", "48", "--source", "example"], "power of 2, 2..32768, not 48"),

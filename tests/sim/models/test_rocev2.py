@@ -1,9 +1,10 @@
 """The golden model's AckReq rule (sim/models/rocev2.py): the last packet of a message, and
-every packet whose payload reaches the next quarter of the QP's retransmit ring."""
+every packet whose payload starts a page (4 KiB: 64 beats) of the QP's retransmit ring or
+crosses into one."""
 
 import pytest
 
-from sim.models.rocev2 import Message, RetransmitRing, message_packets
+from sim.models.rocev2 import Message, RetransmitPages, message_packets
 
 
 def ack_requests(ring, length, path_mtu=4096):
@@ -12,20 +13,24 @@ def ack_requests(ring, length, path_mtu=4096):
     return [packet.ack_request for packet in packets]
 
 
-def test_quarter_boundaries_of_the_ring():
-    ring = RetransmitRing(512)                  # a quarter: 128 beats, two full packets
-    assert ack_requests(ring, 5 * 4096) == [False, True, False, True, True]
-    assert ring.tail == 5 * 64
-    assert ack_requests(ring, 4096 + 1) == [True, True]         # 320 + 64 reaches 384
-    assert ack_requests(ring, 3 * 4096) == [False, True, True]
-    assert ring.tail == 9 * 64 + 1
+def test_pages_of_the_ring():
+    ring = RetransmitPages()
+    assert ack_requests(ring, 3 * 4096) == [True, True, True]       # each starts a page
+    assert ring.tail == 3 * 64
+    assert ack_requests(ring, 1) == [True]                          # starts page 3
+    assert ack_requests(ring, 4096 + 1) == [True, True]             # 1 + 64 crosses into 4
+    # 1 KiB packets from beat 258 (2 into page 4): the fourth and eighth cross a page.
+    assert ack_requests(ring, 9 * 1024, path_mtu=1024) == [False] * 3 + [True] \
+        + [False] * 3 + [True, True]
+    assert ring.tail == 3 * 64 + 2 + 64 + 9 * 16
 
 
 @pytest.mark.parametrize("tail, payload, ack", [
-    (120, 8 * 64, True), (120, 7 * 64, False), (120, 7 * 64 + 1, True),
-    (127, 0, False), (255, 1, True), (256, 64 * 127 + 1, True), (256, 64 * 127, False)])
-def test_a_packet_that_reaches_a_quarter(tail, payload, ack):
-    ring = RetransmitRing(512, tail=tail)
+    (0, 1, True), (0, 0, False), (64, 64 * 64, True), (1, 63 * 64, False),
+    (1, 63 * 64 + 1, True), (63, 64, False), (63, 65, True), (100, 28 * 64, False),
+    (100, 28 * 64 + 1, True)])
+def test_a_packet_that_enters_a_page(tail, payload, ack):
+    ring = RetransmitPages(tail=tail)
     assert ring.ack_request(payload) == ack
     assert ring.tail == tail + -(-payload // 64)
 

@@ -1,0 +1,158 @@
+"""The retransmit page pool in Amaranth's simulator against a model of the QPs' ring
+positions: QPs take pages as their packets enter pages of their rings and move their
+oldest position as the model acknowledges them, the engine's positions played by the
+test. Every page the pool hands out was free, behind its last QP's older position, or the
+page an idle QP sends into; every page behind the positions comes back, hinted or not,
+and so does the page of an idle QP that no context works on; a QP waiting to be set
+is cleared and moved to position 0."""
+
+import random
+
+import pytest
+
+from gateware.roce.page_pool import PagePool, check_retransmit_pages, page_beats
+
+from .streams import run_testbenches
+
+PAGE = page_beats()                 # 64 beats of 64 bytes
+QPS = 4
+PAGES = 8
+RING_BEATS = 2 * PAGE               # a QP holds 2 pages at most
+
+
+def enters_page(tail, beats):
+    """The planner's rule: a packet of ``beats`` at ``tail`` starts a page or crosses
+    into one."""
+    return beats > 0 and (tail % PAGE == 0 or tail % PAGE + beats > PAGE)
+
+
+@pytest.mark.parametrize("seed, hint_share", [(1, 1.0), (2, 0.5), (3, 0.0)])
+def test_pages_go_out_free_and_come_back_behind_the_older_position(seed, hint_share):
+    """``hint_share``: the share of moves of a QP's oldest position the test hints (the
+    rest only the pool's sweep finds)."""
+    dut = PagePool(qps=QPS, pages=PAGES, ring_beats=RING_BEATS)
+    rng = random.Random(seed)
+    head = [0] * QPS
+    tail = [0] * QPS
+    owner = {}                      # page → (QP, page of its ring) it was last taken for
+    taken = []
+    agains = []                     # QPs that took the page they send into again
+
+    async def engine(ctx):
+        """The engine's positions: a registered read of the model (a QP whose packets
+        are all acknowledged has no message outstanding)."""
+        async for _, _, qp in ctx.tick().sample(dut.state_qp):
+            ctx.set(dut.state, {"head": head[qp], "tail": tail[qp],
+                                "idle": head[qp] == tail[qp]})
+
+    def releasable(qp, vpage):
+        """Whether a page of a QP's ring may be given back: behind its older position, or
+        the one it sends into with nothing outstanding."""
+        return vpage < min(head[qp], tail[qp]) // PAGE or (
+            head[qp] == tail[qp] and vpage == tail[qp] // PAGE)
+
+    async def take(ctx, qp, vpage, again=False):
+        """Take a page; the page it got, read from the page table a cycle later."""
+        ctx.set(dut.i_take.valid, 1)
+        ctx.set(dut.i_take.p, {"qp": qp, "vpage": vpage, "again": again})
+        await ctx.tick()
+        ctx.set(dut.i_take.valid, 0)
+        ctx.set(dut.translate[0].addr, qp << 1 | vpage & 1)
+        ctx.set(dut.translate[0].en, 1)
+        await ctx.tick()
+        page = ctx.get(dut.translate[0].data)
+        if page in owner:
+            last_qp, last_vpage = owner[page]
+            assert releasable(last_qp, last_vpage), \
+                f"page {page} handed out while QP {last_qp} holds it"
+        # The page this one maps again was given back: nobody owns it any more.
+        for other in [other for other, held in owner.items() if held == (qp, vpage)]:
+            del owner[other]
+        owner[page] = (qp, vpage)
+        taken.append(page)
+
+    async def driver(ctx):
+        for _ in range(3000):
+            qp = rng.randrange(QPS)
+            if rng.random() < 0.5:
+                # A packet of the QP, as the planner's new context sends it: the page it
+                # starts in again if the pool took it back, then a page when it enters
+                # one, if the pool has one and the QP holds fewer than its ring's.
+                ctx.set(dut.i_active[0].valid, 1)
+                ctx.set(dut.i_active[0].p, qp)
+                ctx.set(dut.view_qp, qp)
+                beats = rng.choice([1, 7, PAGE // 2, PAGE])
+                vpage = (tail[qp] + beats - 1) // PAGE
+                if tail[qp] % PAGE and ctx.get(dut.view_released) == tail[qp] // PAGE + 1:
+                    if not ctx.get(dut.o_available):
+                        await ctx.tick()
+                        continue
+                    await take(ctx, qp, tail[qp] // PAGE, again=True)
+                    agains.append(qp)
+                if enters_page(tail[qp], beats):
+                    held = vpage - ctx.get(dut.view_released) + 1
+                    if not ctx.get(dut.o_available) or held > RING_BEATS // PAGE:
+                        await ctx.tick()
+                        continue
+                    await take(ctx, qp, vpage)
+                tail[qp] += beats
+            elif head[qp] < tail[qp]:
+                head[qp] = rng.randint(head[qp], tail[qp])
+                ctx.set(dut.i_hint.valid, rng.random() < hint_share)
+                ctx.set(dut.i_hint.p, qp)
+            await ctx.tick()
+            ctx.set(dut.i_hint.valid, 0)
+            ctx.set(dut.i_active[0].valid, 0)
+        # Everything acknowledged, and QP 1 still worked on: the pool takes back every page
+        # but the one QP 1 sends into (a sweep of 4 QPs, a few cycles each).
+        for qp in range(QPS):
+            head[qp] = tail[qp]
+        ctx.set(dut.i_active[0].valid, 0)
+        ctx.set(dut.i_active[1].valid, 1)
+        ctx.set(dut.i_active[1].p, 1)
+        for _ in range(20 * QPS * PAGES):
+            await ctx.tick()
+        for qp in range(QPS):
+            ctx.set(dut.view_qp, qp)
+            kept = qp == 1 and tail[qp] % PAGE != 0
+            assert ctx.get(dut.view_released) == -(-tail[qp] // PAGE) - kept, qp
+        # QP 1 waits to be set: once its context is gone, it is cleared.
+        ctx.set(dut.reset_qp.valid, 1)
+        ctx.set(dut.reset_qp.p, 1)
+        await ctx.tick()
+        assert not ctx.get(dut.o_reset_clear) or tail[1] % PAGE == 0
+        ctx.set(dut.i_active[1].valid, 0)
+        for _ in range(40):
+            await ctx.tick()
+        assert ctx.get(dut.o_reset_clear)
+        ctx.set(dut.i_rebase.valid, 1)
+        ctx.set(dut.i_rebase.p, 1)
+        await ctx.tick()
+        ctx.set(dut.i_rebase.valid, 0)
+        ctx.set(dut.reset_qp.valid, 0)
+        head[1] = tail[1] = 0
+        ctx.set(dut.view_qp, 1)
+        assert ctx.get(dut.view_released) == 0
+        # The free pages: all of them; QP 0 takes them one by one past its tail.
+        free, vpage = 0, -(-tail[0] // PAGE)
+        while ctx.get(dut.o_available):
+            ctx.set(dut.i_take.valid, 1)
+            ctx.set(dut.i_take.p, {"qp": 0, "vpage": vpage + free})
+            await ctx.tick()
+            ctx.set(dut.i_take.valid, 0)
+            free += 1
+            assert free <= PAGES
+        assert free == PAGES
+        assert len(set(taken)) == PAGES and len(taken) > 10 * PAGES and agains
+
+    run_testbenches(dut, driver, engine)
+
+
+def test_a_pool_too_small_for_a_ring_is_refused():
+    """One QP must be able to fill its ring."""
+    assert check_retransmit_pages(16, ring_beats=16 * PAGE) == 16
+    with pytest.raises(ValueError, match=r"too few for rings of 128 KiB.* at least 32"):
+        check_retransmit_pages(16, ring_beats=32 * PAGE)
+    for pages in (1, 3, 1 << 17):
+        with pytest.raises(ValueError, match="power of 2"):
+            check_retransmit_pages(pages)
