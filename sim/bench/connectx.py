@@ -34,8 +34,10 @@ from sim.testbench import CORE_PARAMS
 
 #: The retransmit ring of each QP in the VCU118 build (NetworkCore's default).
 BOARD_RETRANSMIT_BEATS = inspect.signature(NetworkCore).parameters["retransmit_beats"].default
+BOARD_RETRANSMIT_PAGES = inspect.signature(NetworkCore).parameters["retransmit_pages"].default
 #: The core as this bench builds it by default: the tests' build with the board's rings.
-CONNECTX_PARAMS = {**CORE_PARAMS, "retransmit_beats": BOARD_RETRANSMIT_BEATS}
+CONNECTX_PARAMS = {**CORE_PARAMS, "retransmit_beats": BOARD_RETRANSMIT_BEATS,
+                   "retransmit_pages": BOARD_RETRANSMIT_PAGES}
 #: Messages of a message-rate row: at a 10 µs round trip some 770 are in flight, so a
 #: row runs five round trips and more with the line full.
 RATE_MESSAGES = 4096
@@ -138,7 +140,7 @@ def rate_figure(table: Table):
     return figure
 
 
-def goodput_table(design, seed, losses, origin: report.Provenance) -> bool:
+def goodput_table(design, params, seed, losses, origin: report.Provenance) -> bool:
     round_trip = round_trip_cycles(2)
     rows = [{"length": GOODPUT_LENGTH, "path_mtu": GOODPUT_MTU, "loss": loss,
              "messages": goodput_messages(loss), "round_trip": round_trip, "seed": seed}
@@ -153,8 +155,11 @@ def goodput_table(design, seed, losses, origin: report.Provenance) -> bool:
         caption=f"Goodput under loss: one QP, {GOODPUT_LENGTH // 1024} KiB RDMA WRITEs, path "
                 f"MTU {GOODPUT_MTU}, round trip {round_trip} cycles (2 µs); packets lost on the "
                 f"way to the peer in a seeded pattern (seed {seed}): one at a drawn position in "
-                "each block of 1/rate packets. Theory: payload over line bytes at 100 Gb/s, "
-                f"{theory:.2f} Gb/s.",
+                "each block of 1/rate packets. The retransmit pool: "
+                f"{params['retransmit_pages']} pages of 4 KiB "
+                f"({params['retransmit_pages'] * 4 // 1024} MiB), up to "
+                f"{params['retransmit_beats'] * 64 // 1024} KiB a QP. Theory: payload over "
+                f"line bytes at 100 Gb/s, {theory:.2f} Gb/s.",
         note="Targets: ≥ 99% of theory at 0.1% loss, ≥ 90% at 1%.")
     print(f"\n{table.caption}")
     print(table.header())
@@ -201,15 +206,18 @@ def main() -> int:
                         help="loss rates of the goodput rows (default: all)")
     parser.add_argument("--retransmit-beats", type=int, default=BOARD_RETRANSMIT_BEATS,
                         help="beats of each QP's retransmit ring (default: the board's)")
+    parser.add_argument("--retransmit-pages", type=int, default=BOARD_RETRANSMIT_PAGES,
+                        help="4 KiB pages of the retransmit pool (default: the board's)")
     args = parser.parse_args()
     origin = report.provenance()
-    params = {**CONNECTX_PARAMS, "retransmit_beats": args.retransmit_beats}
+    params = {**CONNECTX_PARAMS, "retransmit_beats": args.retransmit_beats,
+              "retransmit_pages": args.retransmit_pages}
     design = core_design(params)
     ok = True
     if "rate" in args.tables:
         ok = rate_table(design, origin) and ok
     if "goodput" in args.tables:
-        ok = goodput_table(design, args.seed, args.losses, origin) and ok
+        ok = goodput_table(design, params, args.seed, args.losses, origin) and ok
     return 0 if ok else 1
 
 
