@@ -143,9 +143,10 @@ class PacketPlanner(wiring.Component):
     the QP would hold more than ``i_config.qp_pages`` (it holds the pages from
     ``pages_released``, of ``new_qp``, to the one it sends into); ``o_page_wait``
     shows each cycle a packet waits so. A message whose first packet starts in a
-    page the pool took back from the idle QP takes that page again first
-    (``again``). ``o_active[0]`` and ``[1]`` name the QP the new and the replay
-    context work on (loading or sending its message).
+    page the pool took back from the idle QP takes that page again (``again``),
+    with that packet, or alone before it when the packet crosses into the next.
+    ``o_active[0]`` and ``[1]`` name the QP the new and the replay context work on
+    (loading or sending its message).
 
     Two contexts take turns packet by packet: a *replay* (go-back-N resend of a
     message the reliability engine hands over, from one of its packets up to
@@ -311,13 +312,17 @@ class PacketPlanner(wiring.Component):
         ]
         page_room = self.pages_available & (held <= qp_pages)
         room = Signal()
-        m.d.comb += room.eq(~new_again & (~new_enters | page_room))
+        # The page taken again goes with a packet that stays in it (not while a QP is set:
+        # its setting writes what a page taken again writes), alone before one that does
+        # not.
+        m.d.comb += room.eq(Mux(new_again, ~new_enters & self.pages_available & ~self.i_setting,
+                                ~new_enters | page_room))
         new_turn = ~replay_go & new_sending
         replay_same_qp = replaying & (replay.qp == new.qp)
         new_go = new_turn & ~new_view.error & ~new_view.blocked & ~replay_same_qp & room
         new_abort = new_turn & new_view.error
         new_may = new_turn & ~new_view.error & ~new_view.blocked & ~replay_same_qp
-        take_again = new_may & new_again & self.pages_available & ~self.i_setting
+        take_again = new_may & new_again & new_enters & self.pages_available & ~self.i_setting
         m.d.comb += self.o_page_wait.eq(new_may & Mux(new_again, ~self.pages_available,
                                                       new_enters & ~page_room))
         refuse = ~replay_go & new_refusing
@@ -405,12 +410,12 @@ class PacketPlanner(wiring.Component):
                 replay_index_next.eq(replay_index_next + 1),
             ]
         m.d.comb += [
-            self.o_take.valid.eq((new_taken & new_go & new_enters) | take_again),
+            self.o_take.valid.eq((new_taken & new_go & (new_enters | new_again)) | take_again),
             self.o_take.p.qp.eq(new.qp),
             self.o_take.p.vpage.eq(Mux(new_again, new.offset[offset_bits:], new_vpage)),
             self.o_take.p.again.eq(new_again),
         ]
-        with m.If(take_again):
+        with m.If(take_again | (new_taken & new_go)):
             m.d.sync += new_again.eq(0)
         with m.If(new_taken):
             with m.If(new_go):

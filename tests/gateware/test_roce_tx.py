@@ -546,6 +546,53 @@ def test_qps_share_a_pool_smaller_than_their_rings():
     assert bench.page_waits > 0 and bench.resent == 0
 
 
+def test_messages_after_an_idle_spell_take_their_page_again_and_resend_from_it():
+    """A QP with nothing outstanding gives back the page it sends into; its next message
+    starts in that page of its ring and takes it again (with its first packet, or
+    before it when that packet crosses into the next page). The other QP's first page
+    comes from those given back, while the first QP's packets in the page are on their
+    way: packets that ask for an ACK are NAK'd once each (their ACKs 200 cycles behind),
+    and their resends are byte for byte the originals."""
+    naked = set()
+    # QP 0: PSN 2 ends its SEND; PSN 17 crosses from the page taken again into the next.
+    # QP 1: PSN 16 starts its second page.
+    nak_psns = {(0, 2), (0, 17), (1, 16)}
+
+    def acknowledge(qp, psn):
+        if (qp.index, psn) in nak_psns and (qp.index, psn) not in naked:
+            naked.add((qp.index, psn))
+            return NAK_SEQUENCE
+        return ACK
+
+    bench = Bench(qps=2, seed=33, acknowledge=acknowledge, ack_delay=200)
+    qps = [bench.add_qp(Qp(index, remote_qpn=5 + index, psn=0, rkey=9,
+                           remote_ip="10.77.0.3", path_mtu=256, src_port=0xC000 + index,
+                           timeout=14))
+           for index in range(2)]
+    # QP 0: 100 bytes (beats 0 to 2), then, idle, 300 (beats 2 to 7), QP 1's 5,000 right
+    # behind; then, idle, 4,000 (beats 7 to 70: its first packet stays in page 0 of the
+    # ring, its 15th crosses into page 1).
+    plan = [(qps[0], "RDMA_WRITE", 100, None), (qps[0], "SEND", 300, 1),
+            (qps[1], "SEND", 5000, None), (qps[0], "RDMA_WRITE", 4000, 3)]
+    idle_from = {}
+
+    def after_idle(count):
+        """Once ``count`` completions are in and 100 cycles more have passed."""
+        def ready():
+            if bench.seen["completions"] < count:
+                return False
+            idle_from.setdefault(count, bench.cycle)
+            return bench.cycle >= idle_from[count] + 100
+        return ready
+
+    for index, (qp, verb, length, idle_after) in enumerate(plan):
+        bench.message(qp, Message(verb, pattern(length, index), 0x4000 * (index + 1)))
+        if idle_after is not None:
+            bench.holds[index] = after_idle(idle_after)
+    bench.run()
+    assert naked == nak_psns and bench.resent > 0
+
+
 def test_a_request_right_after_its_qps_setting_sees_it():
     """A request offered from the cycle after its QP's setting was taken is planned with
     that setting, not refused for the invalid path MTU the QP had before: new requests
