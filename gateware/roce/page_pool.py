@@ -25,6 +25,10 @@ MIN_QP_PAGES = 2
 #: state in fewer.
 ACTIVE_CYCLES = 8
 
+#: The ``i_active`` ports of a resend: the planner's replay context, and a resend the
+#: engine offers it.
+RESENDS = (1, 2)
+
 #: What the pool needs to know of a QP from the reliability engine to give its pages
 #: back: the ring positions of its oldest unacknowledged payload and of its next one,
 #: and whether it has no message outstanding.
@@ -83,12 +87,15 @@ class PagePool(wiring.Component):
     them, at every QP in order, so that a dropped hint only makes a page come back
     later. It also takes back the page a QP sends into once the QP has no message
     outstanding and neither context of the planner has worked on it for
-    :data:`ACTIVE_CYCLES` cycles (``i_active``: each context's QP), so that idle QPs
-    hold no page; the planner takes that page again (``again``) before the QP's next
-    packet. A page taken in a cycle is written by packets planned after it, and a page
-    given back was last written or read by packets planned before: the packets pass
-    the buffer in the order they were planned, so a page is never written by two QPs
-    out of order. Pages come back in about 2 cycles each.
+    :data:`ACTIVE_CYCLES` cycles (``i_active``: the new and the replay context's QP,
+    and the QP of a resend the engine offers the planner), so that idle QPs hold no
+    page; the planner takes that page again (``again``) before the QP's next packet.
+    No page of a QP is given back while it is resent (and for :data:`ACTIVE_CYCLES`
+    cycles after), so that a resend's packets that an acknowledgement overtakes still
+    read the QP's own payload. A page taken in a cycle is written by packets planned
+    after it, and a page given back was last written or read by packets planned
+    before: the packets pass the buffer in the order they were planned, so a page is
+    never written by two QPs out of order. Pages come back in about 2 cycles each.
 
     ``reset_qp`` names a QP that waits to be set again; ``o_reset_clear`` says it holds
     no page (the pool looks at it first), and ``i_rebase`` (its setting taken) moves its
@@ -114,7 +121,7 @@ class PagePool(wiring.Component):
             "view_released": Out(self.vpage_bits),
             "translate": In(translation(self.table_bits, page_bits)).array(2),
             "i_hint": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
-            "i_active": In(stream.Signature(QP_INDEX_BITS, always_ready=True)).array(2),
+            "i_active": In(stream.Signature(QP_INDEX_BITS, always_ready=True)).array(3),
             "state_qp": Out(QP_INDEX_BITS),
             "state": In(PAGE_STATE),
             "reset_qp": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
@@ -197,8 +204,14 @@ class PagePool(wiring.Component):
                 valid, qp = valid_then, qp_then
                 recent.append((valid, qp))
 
-        def active(qp):
-            return Cat(valid & (other == qp) for valid, other in recent).any()
+        per_port = ACTIVE_CYCLES + 1
+
+        def active(qp, ports=None):
+            """Whether a context (of ``ports``: all) worked on ``qp`` lately."""
+            ports = range(len(self.i_active)) if ports is None else ports
+            return Cat(valid & (other == qp)
+                       for index in ports
+                       for valid, other in recent[index * per_port:(index + 1) * per_port]).any()
 
         # QPs to look at: a QP waiting to be set first, hinted ones (not one already at the
         # end of the queue), and in turn with them every QP in order.
@@ -276,7 +289,7 @@ class PagePool(wiring.Component):
                 # The oldest page held is behind the older position (by less than half the
                 # positions' range, as they run on), or it is the one an idle QP sends into:
                 # its page table entry is read.
-                normal = (behind != 0) & ~behind[-1]
+                normal = (behind != 0) & ~behind[-1] & ~active(qp, RESENDS)
                 with m.If((normal | idle_release) & ~rebase):
                     m.d.comb += table_read.en.eq(1)
                     m.d.sync += idle_kind.eq(~normal)

@@ -194,8 +194,12 @@ class RequesterTransmitter(wiring.Component):
             self.counters.page_waits.eq(event_counter(m, planner.o_page_wait, "page_waits")),
         ]
         connect(m, planner.o_take, pages.i_take)
-        for active, port in zip(planner.o_active, pages.i_active, strict=True):
+        for active, port in zip(planner.o_active, pages.i_active[:2], strict=True):
             connect(m, active, port)
+        m.d.comb += [
+            pages.i_active[2].valid.eq(reliability.o_replay.valid),
+            pages.i_active[2].p.eq(reliability.o_replay.p.qp),
+        ]
         connect(m, reliability.o_head_moved, pages.i_hint)
         for lookup, translate in zip(buffer.translate, pages.translate, strict=True):
             connect(m, lookup, translate)

@@ -107,9 +107,8 @@ def test_pages_go_out_free_and_come_back_behind_the_older_position(seed, hint_sh
         # but the one QP 1 sends into (a sweep of 4 QPs, a few cycles each).
         for qp in range(QPS):
             head[qp] = tail[qp]
-        ctx.set(dut.i_active[0].valid, 0)
-        ctx.set(dut.i_active[1].valid, 1)
-        ctx.set(dut.i_active[1].p, 1)
+        ctx.set(dut.i_active[0].valid, 1)
+        ctx.set(dut.i_active[0].p, 1)
         for _ in range(20 * QPS * PAGES):
             await ctx.tick()
         for qp in range(QPS):
@@ -121,7 +120,7 @@ def test_pages_go_out_free_and_come_back_behind_the_older_position(seed, hint_sh
         ctx.set(dut.reset_qp.p, 1)
         await ctx.tick()
         assert not ctx.get(dut.o_reset_clear) or tail[1] % PAGE == 0
-        ctx.set(dut.i_active[1].valid, 0)
+        ctx.set(dut.i_active[0].valid, 0)
         for _ in range(40):
             await ctx.tick()
         assert ctx.get(dut.o_reset_clear)
@@ -156,3 +155,40 @@ def test_a_pool_too_small_for_a_ring_is_refused():
     for pages in (1, 3, 1 << 17):
         with pytest.raises(ValueError, match="power of 2"):
             check_retransmit_pages(pages)
+
+
+def test_no_page_comes_back_while_its_qp_is_resent():
+    """While a resend of QP 0 is under way (the planner's replay context) or offered (by
+    the engine), its pages stay, whatever its acknowledgements say; once it is over,
+    they come back."""
+    dut = PagePool(qps=QPS, pages=PAGES, ring_beats=4 * PAGE)
+    head, tail = [0] * QPS, [0] * QPS
+
+    async def engine(ctx):
+        async for _, _, qp in ctx.tick().sample(dut.state_qp):
+            ctx.set(dut.state, {"head": head[qp], "tail": tail[qp], "idle": False})
+
+    async def driver(ctx):
+        ctx.set(dut.view_qp, 0)
+        for port, first in ((1, 0), (2, 2)):
+            # QP 0 holds pages ``first`` to ``first`` + 2 of its ring, sends into the last.
+            for vpage in range(first, first + 3):
+                if vpage * PAGE >= tail[0]:
+                    ctx.set(dut.i_take.valid, 1)
+                    ctx.set(dut.i_take.p, {"qp": 0, "vpage": vpage})
+                    await ctx.tick()
+            ctx.set(dut.i_take.valid, 0)
+            head[0], tail[0] = first * PAGE, (first + 2) * PAGE + 10
+            ctx.set(dut.i_active[port].valid, 1)
+            ctx.set(dut.i_active[port].p, 0)
+            await ctx.tick()
+            head[0] = tail[0]                   # everything acknowledged
+            for _ in range(100):
+                await ctx.tick()
+            assert ctx.get(dut.view_released) == first, f"given back during resend ({port})"
+            ctx.set(dut.i_active[port].valid, 0)
+            for _ in range(100):
+                await ctx.tick()
+            assert ctx.get(dut.view_released) == first + 2
+
+    run_testbenches(dut, driver, engine)
