@@ -248,7 +248,7 @@ class PagePool(wiring.Component):
         m.d.comb += [
             behind.eq(older[offset_bits:] - own.data),
             tail_only.eq(mid_page & (own.data == tail_page)),
-            holds_none.eq(own.data == tail_page + mid_page),
+            holds_none.eq(own.data == (tail_page + mid_page)[:vpage_bits]),
             idle_release.eq(state.idle & tail_only & ~active(qp)),
             own.addr.eq(qp),
             self.state_qp.eq(qp),

@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from gateware.roce.descriptor import POINTER_BITS
 from gateware.roce.page_pool import PagePool, check_retransmit_pages, page_beats
 
 from .streams import run_testbenches
@@ -190,5 +191,33 @@ def test_no_page_comes_back_while_its_qp_is_resent():
             for _ in range(100):
                 await ctx.tick()
             assert ctx.get(dut.view_released) == first + 2
+
+    run_testbenches(dut, driver, engine)
+
+
+def test_a_qp_whose_positions_wrap_is_cleared_for_its_setting():
+    """Positions run on modulo 2^22 beats: a QP sending into the last page of that range
+    gives it back when idle and is then clear to be set again."""
+    dut = PagePool(qps=QPS, pages=PAGES, ring_beats=RING_BEATS)
+    last = (1 << POINTER_BITS) // PAGE - 1
+    position = [0] * QPS
+
+    async def engine(ctx):
+        async for _, _, qp in ctx.tick().sample(dut.state_qp):
+            ctx.set(dut.state, {"head": position[qp], "tail": position[qp], "idle": True})
+
+    async def driver(ctx):
+        ctx.set(dut.i_take.valid, 1)
+        ctx.set(dut.i_take.p, {"qp": 2, "vpage": last, "again": True})
+        await ctx.tick()
+        ctx.set(dut.i_take.valid, 0)
+        position[2] = last * PAGE + 10
+        ctx.set(dut.reset_qp.valid, 1)
+        ctx.set(dut.reset_qp.p, 2)
+        for _ in range(40):
+            await ctx.tick()
+        ctx.set(dut.view_qp, 2)
+        assert ctx.get(dut.view_released) == 0      # the page after the last: page 0
+        assert ctx.get(dut.o_reset_clear)
 
     run_testbenches(dut, driver, engine)
