@@ -152,7 +152,8 @@ class PacketPlanner(wiring.Component):
     message the reliability engine hands over, from one of its packets up to
     the QP's next new PSN; first) and the *new* message (a work request and its
     QP's path from the table, when the reliability engine has a free message
-    slot and ring room for each packet, and the QP is not due a resend). A
+    slot, the pool a page for each packet that needs one, and the QP is not due
+    a resend). A
     packet requests an ACK when it is the last of its message, when its
     payload starts a page of the ring or crosses into one (so a QP never holds
     all the pages it may without an ACK on its way), and when it ends a resend. A resent packet is
@@ -397,7 +398,7 @@ class PacketPlanner(wiring.Component):
                                            new_advanced.offset)),
         ]
         # Each context's step on its own terms (``taken`` and the context's turn, without
-        # the other's), so that a replay's step does not wait on the new context's ring room.
+        # the other's), so that a replay's step does not wait on the new context's pages.
         replay_taken = replay_go & self.o_packet.ready & (self.o_read.ready | ~needs_read)
         new_taken = ~replay_go & self.o_packet.ready
         with m.If(replay_taken):

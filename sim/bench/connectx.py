@@ -32,7 +32,8 @@ from sim.models.rocev2 import Message, message_packets, roce_frame
 from sim.runner import BUILD, run
 from sim.testbench import CORE_PARAMS
 
-#: The retransmit ring of each QP in the VCU118 build (NetworkCore's default).
+#: The retransmit ring of each QP (the most of the pool it may hold) and the retransmit pool
+#: in the VCU118 build (NetworkCore's defaults).
 BOARD_RETRANSMIT_BEATS = inspect.signature(NetworkCore).parameters["retransmit_beats"].default
 BOARD_RETRANSMIT_PAGES = inspect.signature(NetworkCore).parameters["retransmit_pages"].default
 #: The core as this bench builds it by default: the tests' build with the board's rings.

@@ -255,8 +255,8 @@ def test_a_timer_expires_on_time_while_another_qps_acks_stream_in():
 def test_a_message_of_2_to_the_23_packets_completes():
     """2^31 bytes at path MTU 256: 2^23 packets, from a PSN that wraps. (The planner's
     packets are given in two strides: the engine keeps only the next PSN and ring
-    position.) Acknowledged in part, its ring room is freed, and it completes once its
-    last packet is acknowledged."""
+    position.) Acknowledged in part, its oldest ring position moves on, and it completes
+    once its last packet is acknowledged."""
     dut = ReliabilityEngine(qps=2, messages=4)
     first, packets = 0xFFF000, 1 << 23
     beats = 256 // WIDTH
