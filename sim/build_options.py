@@ -12,8 +12,7 @@ import inspect
 from collections.abc import Callable, Mapping
 
 from gateware.core import NetworkCore
-from gateware.roce.page_pool import check_retransmit_pages
-from gateware.roce.planner import check_ring_beats
+from gateware.roce.page_pool import check_retransmit_pages, check_ring_beats
 from gateware.roce.reliability import check_message_count, check_message_slots
 from gateware.roce.requests import check_qp_count
 

@@ -11,7 +11,8 @@ from .qp_context import qp_bits_of
 from .requests import QP_INDEX_BITS
 
 __all__ = ["PagePool", "PAGE_BYTES", "PAGE_STATE", "MIN_QP_PAGES", "ACTIVE_CYCLES",
-           "page_beats", "check_retransmit_pages", "page_take", "translation"]
+           "page_beats", "page_offset_bits", "vpage_bits_of", "check_ring_beats",
+           "check_retransmit_pages", "page_take", "translation"]
 
 #: Bytes of a page: a packet's payload at the largest path MTU, so that a packet takes at
 #: most one page more than its QP holds.
@@ -38,6 +39,30 @@ PAGE_STATE = data.StructLayout({"head": POINTER_BITS, "tail": POINTER_BITS, "idl
 def page_beats(width=BEAT_BYTES):
     """Beats of ``width`` bytes in a page."""
     return PAGE_BYTES // width
+
+
+def page_offset_bits(width=BEAT_BYTES):
+    """Bits of a beat's offset in its page: the low bits of a ring position."""
+    return (page_beats(width) - 1).bit_length()
+
+
+def vpage_bits_of(width=BEAT_BYTES):
+    """Bits of a page of a QP's ring positions: the high bits of a ring position."""
+    return POINTER_BITS - page_offset_bits(width)
+
+
+def check_ring_beats(ring_beats, width=BEAT_BYTES):
+    """``ring_beats`` when it is a retransmit ring (beats of ``width`` bytes per QP: the
+    most of the retransmit pool a QP may hold) the transmitter can be built for, else
+    ``ValueError``: a power of 2 that the ring pointers address, of
+    :data:`MIN_QP_PAGES` pages or more."""
+    low, high = MIN_QP_PAGES * page_beats(width), 1 << POINTER_BITS - 2
+    if (not isinstance(ring_beats, int) or not low <= ring_beats <= high
+            or ring_beats & (ring_beats - 1)):
+        raise ValueError(f"Ring beats must be a power of 2, {low}..{high} (a ring of "
+                         f"{width}-byte beats holds {MIN_QP_PAGES} pages of {PAGE_BYTES} "
+                         f"bytes), not {ring_beats!r}")
+    return ring_beats
 
 
 def check_retransmit_pages(pages, ring_beats=None, width=BEAT_BYTES):
@@ -105,11 +130,9 @@ class PagePool(wiring.Component):
     def __init__(self, *, qps, pages, ring_beats, width=BEAT_BYTES, hints=4):
         self._qps = qps
         self._pages = pages
+        self._width = width
         self._page_beats = page_beats(width)
-        if ring_beats & (ring_beats - 1) or ring_beats < MIN_QP_PAGES * self._page_beats:
-            raise ValueError(f"Ring beats must be a power of 2 of {MIN_QP_PAGES} pages "
-                             f"({MIN_QP_PAGES * self._page_beats} beats) or more, "
-                             f"not {ring_beats!r}")
+        check_ring_beats(ring_beats, width)
         check_retransmit_pages(pages, ring_beats, width)
         self._ring_pages = ring_beats // self._page_beats
         self._hints = hints
@@ -137,7 +160,7 @@ class PagePool(wiring.Component):
     @property
     def vpage_bits(self):
         """Bits of a page of a QP's ring positions."""
-        return POINTER_BITS - (self._page_beats - 1).bit_length()
+        return vpage_bits_of(self._width)
 
     @property
     def table_bits(self):
@@ -148,7 +171,7 @@ class PagePool(wiring.Component):
         m = Module()
         qp_bits = qp_bits_of(self._qps)
         ring_page_bits = (self._ring_pages - 1).bit_length()
-        offset_bits = (self._page_beats - 1).bit_length()
+        offset_bits = page_offset_bits(self._width)
         vpage_bits = self.vpage_bits
 
         def table_address(qp, vpage):

@@ -18,7 +18,13 @@ from .descriptor import (
 )
 from .icrc import ICRC_BYTES
 from .opcodes import Opcode
-from .page_pool import MIN_QP_PAGES, PAGE_BYTES, page_beats, page_take
+from .page_pool import (
+    MIN_QP_PAGES,
+    check_ring_beats,
+    page_offset_bits,
+    page_take,
+    vpage_bits_of,
+)
 from .qp_table import QP_PATH
 from .requests import (
     MAX_MESSAGE_BYTES,
@@ -29,7 +35,7 @@ from .requests import (
     Verb,
 )
 
-__all__ = ["PacketPlanner", "TRANSMIT_CONFIG", "PKEY_DEFAULT", "check_ring_beats"]
+__all__ = ["PacketPlanner", "TRANSMIT_CONFIG", "PKEY_DEFAULT"]
 
 #: Settings of the transmit engine that hold for every QP.
 TRANSMIT_CONFIG = data.StructLayout({
@@ -43,19 +49,6 @@ TRANSMIT_CONFIG = data.StructLayout({
 #: The default partition key (full membership), the only one RoCE uses.
 PKEY_DEFAULT = 0xFFFF
 
-
-def check_ring_beats(ring_beats, width=BEAT_BYTES):
-    """``ring_beats`` when it is a retransmit ring (beats of ``width`` bytes per QP: the
-    most of the retransmit pool a QP may hold) the planner can be built for, else
-    ``ValueError``: a power of 2 that the ring pointers address, of
-    :data:`MIN_QP_PAGES` pages or more."""
-    low, high = MIN_QP_PAGES * page_beats(width), 1 << POINTER_BITS - 2
-    if (not isinstance(ring_beats, int) or not low <= ring_beats <= high
-            or ring_beats & (ring_beats - 1)):
-        raise ValueError(f"Ring beats must be a power of 2, {low}..{high} (a ring of "
-                         f"{width}-byte beats holds {MIN_QP_PAGES} pages of {PAGE_BYTES} "
-                         f"bytes), not {ring_beats!r}")
-    return ring_beats
 
 #: RoCEv2 source ports lie in 0xC000–0xFFFF (IBTA annex A17): these bits are always set.
 ROCEV2_SOURCE_PORTS = 0xC000
@@ -153,12 +146,11 @@ class PacketPlanner(wiring.Component):
     the QP's next new PSN; first) and the *new* message (a work request and its
     QP's path from the table, when the reliability engine has a free message
     slot, the pool a page for each packet that needs one, and the QP is not due
-    a resend). A
-    packet requests an ACK when it is the last of its message, when its
-    payload starts a page of the ring or crosses into one (so a QP never holds
-    all the pages it may without an ACK on its way), and when it ends a resend. A resent packet is
-    otherwise the same as its original. A resend stops when its QP starts an
-    RNR wait (the engine resends again after it).
+    a resend). A packet requests an ACK when it is the last of its message, when
+    its payload starts a page of the ring or crosses into one (so a QP never
+    holds all the pages it may without an ACK on its way), and when it ends a
+    resend. A resent packet is otherwise the same as its original. A resend stops
+    when its QP starts an RNR wait (the engine resends again after it).
 
     A request for a QP index past ``qps``, longer than 2^31 bytes, or for a QP
     without a valid path MTU yields one ``drop`` descriptor that completes it
@@ -177,7 +169,7 @@ class PacketPlanner(wiring.Component):
         self._qps = qps
         self._ring_beats = ring_beats
         self._width = width
-        vpage_bits = POINTER_BITS - (page_beats(width) - 1).bit_length()
+        vpage_bits = vpage_bits_of(width)
         super().__init__({
             "i_request": In(stream.Signature(WORK_REQUEST)),
             "i_replay": In(stream.Signature(REPLAY)),
@@ -207,9 +199,9 @@ class PacketPlanner(wiring.Component):
         width = self._width
         ring_bits = (self._ring_beats - 1).bit_length()
         beat_bits = (width - 1).bit_length()
-        offset_bits = (page_beats(width) - 1).bit_length()
+        offset_bits = page_offset_bits(width)
         ring_pages = self._ring_beats >> offset_bits
-        vpage_bits = len(self.pages_released)
+        vpage_bits = vpage_bits_of(width)
 
         new = Signal(_CONTEXT)
         new_sending = Signal()                  # the new context has packets to send
@@ -320,9 +312,9 @@ class PacketPlanner(wiring.Component):
                                 ~new_enters | page_room))
         new_turn = ~replay_go & new_sending
         replay_same_qp = replaying & (replay.qp == new.qp)
-        new_go = new_turn & ~new_view.error & ~new_view.blocked & ~replay_same_qp & room
-        new_abort = new_turn & new_view.error
         new_may = new_turn & ~new_view.error & ~new_view.blocked & ~replay_same_qp
+        new_go = new_may & room
+        new_abort = new_turn & new_view.error
         take_again = new_may & new_again & new_enters & self.pages_available & ~self.i_setting
         m.d.comb += self.o_page_wait.eq(new_may & Mux(new_again, ~self.pages_available,
                                                       new_enters & ~page_room))

@@ -4,7 +4,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..stream import BEAT_BYTES
 from .descriptor import BUFFER_READ, buffer_beat, buffer_write
-from .page_pool import page_beats, translation
+from .page_pool import page_offset_bits, translation
 from .qp_context import qp_bits_of
 
 __all__ = ["RetransmitBuffer", "READ_LATENCY"]
@@ -37,7 +37,7 @@ class RetransmitBuffer(wiring.Component):
             raise ValueError(f"Ring beats must be a power of 2, not {ring_beats!r}")
         self._qp_bits = qp_bits_of(qps)
         self._ring_bits = (ring_beats - 1).bit_length()
-        self._offset_bits = (page_beats(width) - 1).bit_length()
+        self._offset_bits = page_offset_bits(width)
         self._page_bits = max((pages - 1).bit_length(), 1)
         self._pages = pages
         self._width = width

@@ -8,7 +8,8 @@ import pytest
 from amaranth.lib import data
 
 from gateware.config import parse_ipv4
-from gateware.roce.planner import PacketPlanner, check_ring_beats
+from gateware.roce.page_pool import check_ring_beats
+from gateware.roce.planner import PacketPlanner
 from gateware.roce.requests import QP_STATE, CompletionStatus, PathMtu, Verb
 from gateware.roce.tx import RequesterTransmitter
 from sim.models.rocev2 import ROCEV2_PORT, Message, RetransmitPages, message_packets, roce_frame
