@@ -8,10 +8,15 @@ from amaranth.lib.wiring import In, Out
 
 from .ack import AETH_NAK, AETH_RNR_NAK
 from .ack_intake import ACK_VERDICT
+from .flag_memory import FlagMemory
 from .qp_context import INTAKE_COUNTERS, ContextMemory, qp_bits_of
 from .requests import QP_COUNTERS, QP_INDEX_BITS, check_qp_count
 
-__all__ = ["AckCounters", "ACK_COUNTS", "cleared_flags"]
+__all__ = ["AckCounters", "ACK_COUNTS", "COUNT_FLAGS"]
+
+#: The counts that a reset clears by a flag per QP each (of ``icrc_errors``, ``cnps``, and
+#: the intake's verdicts).
+COUNT_FLAGS = ("icrc", "cnp", "intake")
 
 #: NAK codes (AETH syndrome bits 4:0) and the counter of each; the codes IBTA reserves
 #: count as ``naks_operational``.
@@ -24,19 +29,14 @@ ACK_COUNTS = data.StructLayout({
     for name in ("icrc_errors", "cnps", *INTAKE_COUNTERS.members)})
 
 
-def cleared_flags(entries):
-    """The flags (one bit per QP) of the QPs whose counts read as 0."""
-    return data.StructLayout({"icrc": entries, "cnp": entries, "intake": entries})
-
-
 class AckCounters(wiring.Component):
     """Counts, per QP, ``i_icrc_error`` (acknowledgements dropped for their ICRC),
     ``i_cnp`` (CNPs), and the intake's verdicts ``i_verdict`` (``acks`` taken,
     ``acks_dropped``, and the NAKs taken by their kind), each in the cycle it comes.
 
-    A QP's counts read as 0 while its flag of ``i_cleared`` is set (the QP was set
-    again since the count was last written; :class:`QpFlags` keeps the flags): so a
-    reset of a QP clears its counts without a write here.
+    A QP set again (``i_reset``) has its counts read as 0 until they are next written:
+    each count has a flag per QP, set by the reset and cleared by the count's write
+    (:class:`FlagMemory`), so a reset clears the counts without a write of theirs.
 
     ``status_qp[n]`` → ``o_status[n]``: that QP's counts, 1 cycle later.
     """
@@ -44,24 +44,31 @@ class AckCounters(wiring.Component):
     def __init__(self, *, qps, ports):
         self._qps = check_qp_count(qps)
         self._ports = ports
-        entries = 1 << qp_bits_of(qps)
         super().__init__({
             "i_icrc_error": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "i_cnp": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "i_verdict": In(stream.Signature(ACK_VERDICT, always_ready=True)),
-            "i_cleared": In(cleared_flags(entries)),
+            "i_reset": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "status_qp": In(QP_INDEX_BITS).array(ports),
             "o_status": Out(ACK_COUNTS).array(ports),
         })
 
     def elaborate(self, platform):
         m = Module()
-        qp_bits = qp_bits_of(self._qps)
-        entries = 1 << qp_bits
-        icrc_error, cnp, verdict = self.i_icrc_error, self.i_cnp, self.i_verdict
-
-        def flag_of(flag, qp):
-            return flag.bit_select(qp[:qp_bits], 1)
+        entries = 1 << qp_bits_of(self._qps)
+        icrc_error, cnp, verdict, reset = (self.i_icrc_error, self.i_cnp, self.i_verdict,
+                                           self.i_reset)
+        names = COUNT_FLAGS
+        # Whether each count of a QP reads as 0: read by the count's writer, then by the
+        # status ports; set by a reset, cleared by the count's write.
+        m.submodules.cleared = cleared = FlagMemory(
+            flags=names, depth=entries, addr_bits=QP_INDEX_BITS,
+            writers=(*((name, (name,)) for name in names), ("reset", names)),
+            reads=(*["comb"] * len(names), *["sync"] * self._ports))
+        m.d.comb += cleared.w_reset.addr.eq(reset.p)
+        for name in names:
+            m.d.comb += [getattr(cleared.w_reset, name).en.eq(reset.valid),
+                         getattr(cleared.w_reset, name).value.eq(1)]
 
         # Each count: its memory, read combinationally by its writer and registered by
         # each status port.
@@ -88,16 +95,20 @@ class AckCounters(wiring.Component):
                 matches.append(nak_code > max(_NAK_COUNTERS))
             m.d.comb += verdict_counts[name].eq(
                 verdict.p.taken & (nak_kind == AETH_NAK) & Cat(matches).any())
-        for name, counted, qp in (("icrc", icrc_error.valid, icrc_error.p),
-                                  ("cnp", cnp.valid, cnp.p),
-                                  ("intake", verdict.valid, verdict.p.qp)):
-            store = stores[name]
-            before, write = store.r[0], store.w
-            counts_before = Mux(flag_of(self.i_cleared[name], qp), 0, before.data)
+        for index, (name, counted, qp) in enumerate((("icrc", icrc_error.valid, icrc_error.p),
+                                                     ("cnp", cnp.valid, cnp.p),
+                                                     ("intake", verdict.valid, verdict.p.qp))):
+            before, write = stores[name].r[0], stores[name].w
+            was_cleared, clear = cleared.r[index], getattr(cleared, f"w_{name}")
+            counts_before = Mux(was_cleared.data[name], 0, before.data)
             m.d.comb += [
                 before.addr.eq(qp),
                 write.addr.eq(qp),
                 write.en.eq(counted),
+                was_cleared.addr.eq(qp),
+                clear.addr.eq(qp),
+                getattr(clear, name).en.eq(counted),
+                getattr(clear, name).value.eq(0),
             ]
             if name == "intake":
                 counts_before = data.View(INTAKE_COUNTERS, counts_before)
@@ -110,14 +121,14 @@ class AckCounters(wiring.Component):
         # write.
         for port, (select, status) in enumerate(zip(self.status_qp, self.o_status,
                                                     strict=True)):
+            zero = cleared.r[len(COUNT_FLAGS) + port]
+            m.d.comb += zero.addr.eq(select)
             for name, names in (("icrc", ["icrc_errors"]), ("cnp", ["cnps"]),
                                 ("intake", list(INTAKE_COUNTERS.members))):
                 reader = stores[name].r[1 + port]
-                zero = Signal()
                 m.d.comb += reader.addr.eq(select)
-                m.d.sync += zero.eq(flag_of(self.i_cleared[name], select))
                 for counter in names:
                     value = reader.data[counter] if len(names) > 1 else reader.data
-                    m.d.comb += status[counter].eq(Mux(zero, 0, value))
+                    m.d.comb += status[counter].eq(Mux(zero.data[name], 0, value))
         return m
 

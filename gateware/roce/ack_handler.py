@@ -3,7 +3,7 @@ acknowledgement, an expired timer, a close, a reset) and retires the messages
 acknowledged as completions."""
 
 from amaranth import *
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..stream import BEAT_BYTES
@@ -13,10 +13,10 @@ from .descriptor import POINTER_BITS, SLOT_BITS
 from .qp_context import (
     EVENT_COUNTERS,
     PEER,
+    QP_FLAGS,
     TIME_BITS,
     lookup,
     per_qp_layouts,
-    qp_bits_of,
     update,
 )
 from .qp_flags import ENGINE_FLAG_WRITES
@@ -32,16 +32,13 @@ from .requests import (
 from .slot_pool import slot_entry
 from .timer_sweep import expired_timer
 
-__all__ = ["AckHandler", "RNR_RETRY_FOREVER", "MAX_PACKETS", "HANDLER_FLAGS"]
+__all__ = ["AckHandler", "RNR_RETRY_FOREVER", "MAX_PACKETS"]
 
 #: Packets of the longest message (2^31 bytes at path MTU 256).
 MAX_PACKETS = MAX_MESSAGE_BYTES // PathMtu.MTU_256.bytes
 
 #: An RNR retry count of 7 retries without limit (IBTA 9.7.5.2.8).
 RNR_RETRY_FOREVER = 7
-
-#: The flags the handler reads (one bit per QP each, from :class:`QpFlags`).
-HANDLER_FLAGS = ("error", "retrying")
 
 #: Packets a QP may have outstanding, at most: a packet with payload takes a beat or more
 #: of the QP's retransmit ring (under 2^21 beats), an empty one a message slot. Below half
@@ -98,7 +95,7 @@ class AckHandler(wiring.Component):
     room of a message that is not done is freed up to its packets acknowledged.
 
     It reads the QP's state through registered ports addressed a cycle ahead
-    (``r_*`` of the per-QP memories, ``"transparent"``), the oldest message slot
+    (``r_*`` of the per-QP memories and its flags, ``"transparent"``), the oldest message slot
     through registered ports of the slot pool (``r_ring``, ``r_status``), and
     writes the QP's state (``w_*``; a reset writes the QP's settings and clears
     the rest but its list, empty by then) and its flags (``o_flags``).
@@ -117,7 +114,6 @@ class AckHandler(wiring.Component):
     def __init__(self, *, qps, slots, count_bits, width=BEAT_BYTES):
         self._qps = check_qp_count(qps)
         self._width = width
-        entries = 1 << qp_bits_of(qps)
         slot_bits = (slots - 1).bit_length()
         layouts = per_qp_layouts(slot_bits, count_bits)
         members = {
@@ -128,7 +124,7 @@ class AckHandler(wiring.Component):
             "i_expired": In(stream.Signature(expired_timer(qps))),
             "i_ack": In(stream.Signature(ACK_TAKEN)),
             "i_now": In(TIME_BITS),
-            "i_flags": In(data.StructLayout({name: entries for name in HANDLER_FLAGS})),
+            "r_flags": Out(lookup(QP_FLAGS, QP_INDEX_BITS)),
             "r_ring": Out(lookup(slot_entry(slot_bits), slot_bits)),
             "r_status": Out(lookup(CompletionStatus, slot_bits)),
             "o_free": Out(stream.Signature(slot_bits, always_ready=True)),
@@ -146,17 +142,12 @@ class AckHandler(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         qps = self._qps
-        qp_bits = qp_bits_of(qps)
         beat_bits = (self._width - 1).bit_length()
         reset = self.i_reset.p
-        flags = self.i_flags
         now = self.i_now
         una_write, positions_write, retry_write = self.w_una, self.w_positions, self.w_retry
         timer_write, resend_psn_write = self.w_timer, self.w_resend_psn
         peer_write, event_counters_write = self.w_peer, self.w_event_counters
-
-        def flag_of(flag, qp):
-            return flag.bit_select(qp[:qp_bits], 1)
 
         def fsm_flag(name, value):
             m.d.comb += [self.o_flags[name].en.eq(1), self.o_flags[name].value.eq(value)]
@@ -175,13 +166,12 @@ class AckHandler(wiring.Component):
         qp_next = Signal(QP_INDEX_BITS)
         m.d.comb += [qp_next.eq(qp), self.o_flags.qp.eq(qp)]
         m.d.sync += qp.eq(qp_next)
-        for name in _READS:
+        for name in (*_READS, "flags"):
             m.d.comb += getattr(self, f"r_{name}").addr.eq(qp_next)
         s_una, s_nxt, s_end = self.r_una.data, self.r_nxt.data, self.r_end.data
         s_positions, s_retry = self.r_positions.data, self.r_retry.data
         s_peer, s_counters = self.r_peer.data, self.r_event_counters.data
-        s_error = flag_of(flags.error, qp)
-        s_retrying = flag_of(flags.retrying, qp)
+        s_error, s_retrying = self.r_flags.data.error, self.r_flags.data.retrying
         # What the FSM writes; fields it leaves alone keep their value.
         for write, kept in ((una_write, None), (positions_write, s_positions),
                             (retry_write, s_retry), (timer_write, None),

@@ -2,13 +2,14 @@
 and per QP only the newest ACK and the newest NAK kept for the reliability engine."""
 
 from amaranth import *
-from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .ack import ACK_EVENT, AETH_ACK, AETH_NAK, AETH_RESERVED, AETH_RNR_NAK, NAK_SEQUENCE
+from .flag_memory import FlagMemory
 from .requests import QP_INDEX_BITS, check_qp_count
 
-__all__ = ["AckIntake", "ACK_WINDOW", "ACK_TAKEN", "ACK_VERDICT", "lowest_set"]
+__all__ = ["AckIntake", "ACK_WINDOW", "ACK_TAKEN", "ACK_VERDICT"]
 
 #: What the intake checks an acknowledgement against: its QP's oldest unacknowledged
 #: and next PSN, peer address and whether it is in ERROR (the engine's, read
@@ -25,17 +26,6 @@ ACK_VERDICT = data.StructLayout({"qp": QP_INDEX_BITS, "taken": 1, "syndrome": 8}
 
 #: A QP's NAK slot: the PSN and the AETH syndrome (its ACK slot is a PSN).
 _NAK_SLOT = data.StructLayout({"psn": 24, "syndrome": 8})
-
-
-def lowest_set(flags):
-    """Whether any bit of ``flags`` (a power of 2 of them, 2 or more) is set, and the index
-    of the lowest one that is: a tree, log2(len(flags)) multiplexers deep."""
-    if len(flags) == 2:
-        return flags.any(), ~flags[0]
-    half = len(flags) // 2
-    low_any, low_index = lowest_set(flags[:half])
-    high_any, high_index = lowest_set(flags[half:])
-    return low_any | high_any, Mux(low_any, Cat(low_index, C(0, 1)), Cat(high_index, C(1, 1)))
 
 
 def _nak_rank(syndrome):
@@ -69,11 +59,18 @@ class AckIntake(wiring.Component):
     acknowledgement counts against the packets sent up to 2 cycles before it.
 
     ``o`` offers the engine one slot of one QP at a time, the NAK before the ACK
-    of a QP, the QPs round-robin; an acknowledgement is offered from 4 cycles
-    after ``i`` on. Taking it (``o.ready``) empties the slot, unless a newer
-    acknowledgement fills it in the same cycle; after a take or a ``i_clear``
-    the next offer comes a cycle later. ``i_clear`` empties the slots of a QP
-    being set again, and drops its acknowledgements in flight.
+    of a QP; an acknowledgement is offered from 4 cycles after ``i`` on. The QPs
+    wait their turn in two queues (block RAM): those whose slot filled, in that
+    order, and those taken with a slot still filled (the ACK behind a NAK taken,
+    or one that came as it was taken), the two queues in turn. A QP is in a
+    queue once at most, so neither overflows; no choice is made among all QPs.
+    Taking an offer (``o.ready``) empties the slot, unless a newer
+    acknowledgement fills it in the same cycle. ``i_clear`` empties the slots of
+    a QP being set again, and drops its acknowledgements in flight; a QP whose
+    slots it emptied is passed over (a cycle) when its turn comes.
+
+    The per-QP state is in memories: ``furthest`` and the NAK slot, and 1-bit
+    flags in a :class:`FlagMemory`.
     """
 
     def __init__(self, *, qps):
@@ -89,8 +86,8 @@ class AckIntake(wiring.Component):
 
     @staticmethod
     def qp_state_bits():
-        """Bits the intake keeps per QP: the slots, and their flags (in registers)."""
-        return {"furthest": 24, "nak": _NAK_SLOT.size, "flags": 3}
+        """Bits the intake keeps per QP: the slots, and their flags."""
+        return {"furthest": 24, "nak": _NAK_SLOT.size, "flags": 4}
 
     def elaborate(self, platform):
         m = Module()
@@ -98,16 +95,11 @@ class AckIntake(wiring.Component):
         entries = 1 << qp_bits
         clear = self.i_clear
 
-        def one_hot(enable, qp):
-            # A decoder (a LUT per bit), not a shifter of a 1.
-            return Mux(enable, Cat(qp[:qp_bits] == entry for entry in range(entries)), 0)
-
         def cleared(qp):
             return clear.valid & (clear.p[:qp_bits] == qp[:qp_bits])
 
         # Stage 1: the window check's operands, from the QP's state as the engine has it.
         event = Signal(ACK_TAKEN)
-        event_bit = Signal(entries)     # its QP, one-hot
         checked = Signal()
         stale = Signal()            # its QP is being set again: checked against the old one
         ahead = Signal(24)
@@ -120,7 +112,6 @@ class AckIntake(wiring.Component):
             checked.eq(self.i.valid),
             stale.eq(cleared(acknowledgement.qp)),
             event.qp.eq(acknowledgement.qp),
-            event_bit.eq(one_hot(1, acknowledgement.qp)),
             event.psn.eq(acknowledgement.psn),
             event.syndrome.eq(acknowledgement.syndrome),
             ahead.eq(acknowledgement.psn - state.una),
@@ -129,21 +120,31 @@ class AckIntake(wiring.Component):
                       & (acknowledgement.syndrome[5:7] != AETH_RESERVED)),
         ]
 
+        # The QPs' flags (block or distributed RAM, :class:`FlagMemory`): ``known``,
+        # ``furthest`` holds since the QP was set; ``has_ack`` (``has_nak``), an ACK up to
+        # ``furthest`` (a NAK) waits for the engine; ``queued``, the QP is in a queue of
+        # the offer. Writers, the later winning: stage 2 (``taken``), the offer
+        # (``take``), stage 3 (``kept``), ``i_clear``.
+        m.submodules.flags = flags = FlagMemory(
+            flags=("known", "has_ack", "has_nak", "queued"), depth=entries,
+            addr_bits=QP_INDEX_BITS,
+            writers=(("taken", ("known",)), ("take", ("has_ack", "has_nak", "queued")),
+                     ("kept", ("has_ack", "has_nak", "queued")),
+                     ("clear", ("known", "has_ack", "has_nak"))),
+            reads=("comb", "comb", "comb"))
+        event_flags, kept_flags, head_flags = (port.data for port in flags.r)
+
         # Stage 2: against what the QP's acknowledgements said so far: ``furthest``, the
         # last PSN they acknowledge (an ACK for p: p; a NAK for p: p - 1), as ``una - 1``
         # will be once the engine has acted on them. An acknowledgement inside the window
-        # and beyond it is taken (any NAK for p there, also one repeating the news); the
-        # PSNs in memories, the flags in registers.
-        known = Signal(entries)         # ``furthest`` holds since the QP was set
-        has_ack = Signal(entries)       # an ACK up to ``furthest`` waits for the engine
-        has_nak = Signal(entries)
+        # and beyond it is taken (any NAK for p there, also one repeating the news).
         m.submodules.furthest = furthest = memory.Memory(shape=24, depth=entries, init=[])
         m.submodules.naks = naks = memory.Memory(shape=_NAK_SLOT, depth=entries, init=[])
         furthest_write = furthest.write_port()
         nak_write = naks.write_port()
         furthest_read = furthest.read_port(domain="comb")
         nak_slot = naks.read_port(domain="comb")
-        m.d.comb += furthest_read.addr.eq(event.qp)
+        m.d.comb += [furthest_read.addr.eq(event.qp), flags.r[0].addr.eq(event.qp)]
 
         is_nak = event.syndrome[5:7] != AETH_ACK
         # Beyond ``furthest``: not equal to it, and less than half the PSN space on (the
@@ -152,14 +153,16 @@ class AckIntake(wiring.Component):
         beyond = ~(event.psn == furthest_read.data) & ~(event.psn - furthest_read.data)[23]
         taken = Signal()
         m.d.comb += taken.eq(checked & usable & ~stale & (ahead < window)
-                             & (~(known & event_bit).any() | beyond) & ~cleared(event.qp))
+                             & (~event_flags.known | beyond) & ~cleared(event.qp))
         m.d.comb += [
             furthest_write.addr.eq(event.qp),
             furthest_write.data.eq(event.psn - is_nak),
             furthest_write.en.eq(taken),
+            flags.w_taken.addr.eq(event.qp),
+            flags.w_taken.known.en.eq(taken),
+            flags.w_taken.known.value.eq(1),
         ]
         kept = Signal(ACK_TAKEN)        # stage 3: an acknowledgement taken, to keep
-        kept_bit = Signal(entries)
         kept_ack = Signal()
         kept_nak = Signal()
         m.d.sync += [
@@ -168,66 +171,85 @@ class AckIntake(wiring.Component):
             self.o_verdict.p.taken.eq(taken),
             self.o_verdict.p.syndrome.eq(event.syndrome),
             kept.eq(event),
-            kept_bit.eq(event_bit),
             kept_ack.eq(taken & ~is_nak),
             kept_nak.eq(taken & is_nak),
         ]
 
         # Stage 3: into the slots. A NAK taken is kept unless the one kept is for the same
         # PSN and says as much (a NAK taken is never behind the one kept), or is an error
-        # NAK.
-        m.d.comb += nak_slot.addr.eq(kept.qp)
+        # NAK. A QP whose slot fills goes into the queue ``arrived`` unless it is queued.
+        m.d.comb += [nak_slot.addr.eq(kept.qp), flags.r[1].addr.eq(kept.qp)]
         nak_fatal = ((nak_slot.data.syndrome[5:7] == AETH_NAK)
                      & (nak_slot.data.syndrome[:5] != NAK_SEQUENCE))
         nak_says_more = _nak_rank(kept.syndrome) > _nak_rank(nak_slot.data.syndrome)
-        nak_news = ~(has_nak & kept_bit).any() | (
+        nak_news = ~kept_flags.has_nak | (
             ~nak_fatal & ((kept.psn != nak_slot.data.psn) | nak_says_more))
         sets_nak = kept_nak & nak_news & ~cleared(kept.qp)
         sets_ack = kept_ack & ~cleared(kept.qp)
+        m.submodules.arrived = arrived = fifo.SyncFIFOBuffered(width=qp_bits, depth=entries)
+        m.submodules.returned = returned = fifo.SyncFIFOBuffered(width=qp_bits, depth=entries)
         m.d.comb += [
             nak_write.addr.eq(kept.qp),
             nak_write.data.psn.eq(kept.psn),
             nak_write.data.syndrome.eq(kept.syndrome),
             nak_write.en.eq(sets_nak),
+            flags.w_kept.addr.eq(kept.qp),
+            flags.w_kept.has_ack.en.eq(sets_ack),
+            flags.w_kept.has_ack.value.eq(1),
+            flags.w_kept.has_nak.en.eq(sets_nak),
+            flags.w_kept.has_nak.value.eq(1),
+            arrived.w_data.eq(kept.qp),
+            arrived.w_en.eq((sets_ack | sets_nak) & ~kept_flags.queued),
+            flags.w_kept.queued.en.eq(arrived.w_en),
+            flags.w_kept.queued.value.eq(1),
         ]
 
-        # The offer: a QP with a slot filled, round-robin (``after``: the QPs after the
-        # one last taken), chosen a cycle ahead from the flags.
+        # The offer: the QP at the head of ``arrived`` or of ``returned`` (QPs taken with a
+        # slot still filled), the two in turn; each QP is queued once at most (so neither
+        # queue overflows), and one whose slots a clear emptied is passed over.
+        from_returned = Signal()
+        last_returned = Signal()        # the last QP served came from ``returned``
         head = Signal(qp_bits)
-        head_valid = Signal()
-        settling = Signal()         # the flags changed by a take or a clear: choose again
-        after = Signal(entries)
-        pending = has_ack | has_nak
-        any_after, first_after = lowest_set(pending & after)
-        any_pending, first_pending = lowest_set(pending)
-        head_nak = has_nak.bit_select(head, 1)
+        m.d.comb += [
+            from_returned.eq(returned.r_rdy & ~(arrived.r_rdy & last_returned)),
+            head.eq(Mux(from_returned, returned.r_data, arrived.r_data)),
+            flags.r[2].addr.eq(head),
+        ]
+        head_valid = arrived.r_rdy | returned.r_rdy
+        head_nak = head_flags.has_nak
         offered_furthest = furthest.read_port(domain="comb")
         offered_nak = naks.read_port(domain="comb")
         m.d.comb += [
             offered_furthest.addr.eq(head),
             offered_nak.addr.eq(head),
-            self.o.valid.eq(head_valid & ~settling),
+            self.o.valid.eq(head_valid & (head_flags.has_ack | head_flags.has_nak)),
             self.o.p.qp.eq(head),
             self.o.p.psn.eq(Mux(head_nak, offered_nak.data.psn, offered_furthest.data)),
             self.o.p.syndrome.eq(Mux(head_nak, offered_nak.data.syndrome, 0)),
         ]
         take = self.o.valid & self.o.ready
-        m.d.sync += [
-            head.eq(Mux(any_after, first_after, first_pending)),
-            head_valid.eq(any_pending),
-            settling.eq(take | clear.valid),
+        passed = head_valid & ~self.o.valid         # its slots emptied by a clear
+        leaves = take | passed
+        # Still a slot filled after this cycle: the ACK behind a NAK taken, or one kept now.
+        again = ((take & head_nak & head_flags.has_ack)
+                 | ((sets_ack | sets_nak) & (kept.qp[:qp_bits] == head)))
+        m.d.comb += [
+            arrived.r_en.eq(leaves & ~from_returned),
+            returned.r_en.eq(leaves & from_returned),
+            returned.w_data.eq(head),
+            returned.w_en.eq(leaves & again),
+            flags.w_take.addr.eq(head),
+            flags.w_take.has_ack.en.eq(take & ~head_nak),
+            flags.w_take.has_ack.value.eq(0),
+            flags.w_take.has_nak.en.eq(take & head_nak),
+            flags.w_take.has_nak.value.eq(0),
+            flags.w_take.queued.en.eq(leaves & ~again),
+            flags.w_take.queued.value.eq(0),
+            flags.w_clear.addr.eq(clear.p),
         ]
-        with m.If(take):
-            m.d.sync += after.eq(Cat(head < index for index in range(entries)))
-
-        # The flags: a take or a clear empties a slot, an acknowledgement kept fills it
-        # (also one being taken: the newer one stays).
-        clear_mask = one_hot(clear.valid, clear.p)
-        m.d.sync += [
-            known.eq(known & ~clear_mask | Mux(taken, event_bit, 0)),
-            has_ack.eq(has_ack & ~one_hot(take & ~head_nak, head) & ~clear_mask
-                       | Mux(sets_ack, kept_bit, 0)),
-            has_nak.eq(has_nak & ~one_hot(take & head_nak, head) & ~clear_mask
-                       | Mux(sets_nak, kept_bit, 0)),
-        ]
+        for name in ("known", "has_ack", "has_nak"):
+            m.d.comb += [getattr(flags.w_clear, name).en.eq(clear.valid),
+                         getattr(flags.w_clear, name).value.eq(0)]
+        with m.If(leaves):
+            m.d.sync += last_returned.eq(from_returned)
         return m

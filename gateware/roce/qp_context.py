@@ -9,8 +9,8 @@ from .descriptor import POINTER_BITS
 from .requests import QP_COUNTERS, QP_STATE, CompletionStatus
 
 __all__ = ["ContextMemory", "lookup", "update", "qp_bits_of", "per_qp_layouts", "QP_LAYOUTS",
-           "message_list", "FLAGS", "TIME_BITS", "PEER", "RETRIES", "TIMER", "SENT_COUNTERS",
-           "INTAKE_COUNTERS", "EVENT_COUNTERS"]
+           "message_list", "FLAGS", "QP_FLAGS", "TIME_BITS", "PEER", "RETRIES", "TIMER",
+           "SENT_COUNTERS", "INTAKE_COUNTERS", "EVENT_COUNTERS"]
 
 #: Bits of the tick count the timers are stamped with: an ACK timeout is up to 2^31 ticks.
 TIME_BITS = 32
@@ -43,9 +43,10 @@ RETRIES = data.StructLayout({
 #: When the QP's timer last started (in ticks), and the RNR NAK's timer code of an RNR wait.
 TIMER = data.StructLayout({"start": TIME_BITS, "rnr_code": 5})
 
-#: The 1-bit flags of every QP, kept in registers (bit vectors over the QPs).
-FLAGS = ("error", "resend", "rnr_wait", "retrying", "from_sent", "icrc_cleared",
-         "cnp_cleared", "intake_cleared")
+#: The 1-bit flags of every QP (in memories: :class:`~gateware.roce.qp_flags.QpFlags`),
+#: and a QP's flags as a read gives them.
+FLAGS = ("error", "resend", "rnr_wait", "retrying", "from_sent")
+QP_FLAGS = data.StructLayout({name: 1 for name in FLAGS})
 
 
 #: The shape of each per-QP memory of the engine that does not hold message slots, by

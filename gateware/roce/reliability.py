@@ -8,8 +8,8 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..stream import BEAT_BYTES
 from .ack import ACK_EVENT
-from .ack_counters import AckCounters
-from .ack_handler import HANDLER_FLAGS, MAX_PACKETS, RNR_RETRY_FOREVER, AckHandler
+from .ack_counters import COUNT_FLAGS, AckCounters
+from .ack_handler import MAX_PACKETS, RNR_RETRY_FOREVER, AckHandler
 from .ack_intake import AckIntake
 from .descriptor import (
     MESSAGE_END,
@@ -30,11 +30,11 @@ from .requests import (
     CompletionStatus,
     check_qp_count,
 )
-from .resend_walker import WALKED_FLAGS, ResendWalker
+from .resend_walker import ResendWalker
 from .send_tracker import SendTracker
 from .slot_pool import SlotPool, check_message_count, check_message_slots, slot_entry
 from .tick_count import TickCount
-from .timer_sweep import SWEPT_FLAGS, TimerSweep
+from .timer_sweep import TimerSweep
 
 __all__ = ["ReliabilityEngine", "RNR_RETRY_FOREVER", "STATUS_PORTS", "MAX_PACKETS",
            "check_message_count", "check_message_slots"]
@@ -120,7 +120,8 @@ class ReliabilityEngine(wiring.Component):
 
     Each QP's state lives in memories (:class:`ContextMemory`: distributed RAM
     where a view reads it combinationally; the parts' own reads are registered,
-    addressed a cycle ahead), its 1-bit flags in registers (:class:`QpFlags`).
+    addressed a cycle ahead), its 1-bit flags too (:class:`QpFlags`), and the QPs
+    due for a resend wait in a queue: no part reads or chooses among all QPs at once.
     Its outstanding messages are a list through the slots of a :class:`SlotPool`,
     from its oldest message (``positions.first``) to the empty slot its next
     message takes (``end``; each QP holds one from the start, slot = its index);
@@ -176,11 +177,12 @@ class ReliabilityEngine(wiring.Component):
 
     @staticmethod
     def qp_state_bits(messages=128, message_slots=4096):
-        """Bits the engine keeps per QP, by memory (and ``flags``, in registers)."""
+        """Bits the engine keeps per QP, by memory (``flags``: its 1-bit flags and its
+        counts' flags)."""
         bits = {name: Shape.cast(shape).width
                 for name, shape in per_qp_layouts((message_slots - 1).bit_length(),
                                                   _count_bits(messages)).items()}
-        return {**bits, "flags": len(FLAGS)}
+        return {**bits, "flags": len(FLAGS) + len(COUNT_FLAGS)}
 
     def elaborate(self, platform):
         m = Module()
@@ -192,7 +194,15 @@ class ReliabilityEngine(wiring.Component):
         layouts = per_qp_layouts(slot_bits, count_bits)
 
         m.submodules.tick = tick = TickCount()
-        m.submodules.flags = flags = QpFlags(qps=qps, views=2)
+        # The flags' readers: the sweep, the walker, the handler (registered, addressed a
+        # cycle ahead), the two views (as the cycle's writes leave them), the intake's
+        # window, the status ports.
+        flag_reads = {"sweep": "transparent", "walker": "transparent",
+                      "handler": "transparent", "new_view": "written",
+                      "replay_view": "written", "window": "comb",
+                      **{f"status{n}": "sync" for n in range(STATUS_PORTS)}}
+        m.submodules.flags = flags = QpFlags(qps=qps, reads=flag_reads.values())
+        flag_port = dict(zip(flag_reads, flags.r, strict=True))
         m.submodules.pool = pool = SlotPool(slots=slots, reserved=entries)
         m.submodules.tracker = tracker = SendTracker(qps=qps, slots=slots,
                                                      count_bits=count_bits)
@@ -203,7 +213,6 @@ class ReliabilityEngine(wiring.Component):
                                                     count_bits=count_bits)
         m.submodules.handler = handler = AckHandler(qps=qps, slots=slots,
                                                     count_bits=count_bits, width=self._width)
-        flag = flags.o_flags
         reset = handler.o_reset
 
         # Messages loaded and packets sent pass a register first: no path goes on from
@@ -234,16 +243,13 @@ class ReliabilityEngine(wiring.Component):
         connect(m, flipped(self.i_ack), intake.i)
         connect(m, intake.o, handler.i_ack)
         connect(m, intake.o_verdict, counters.i_verdict)
-        for part in (counters, flags):
-            qp_event(part.i_icrc_error, self.i_icrc_error.valid, self.i_icrc_error.p)
-            qp_event(part.i_cnp, self.i_cnp.valid, self.i_cnp.p)
-        qp_event(flags.i_verdict, intake.o_verdict.valid, intake.o_verdict.p.qp)
+        qp_event(counters.i_icrc_error, self.i_icrc_error.valid, self.i_icrc_error.p)
+        qp_event(counters.i_cnp, self.i_cnp.valid, self.i_cnp.p)
+        qp_event(counters.i_reset, reset.valid, reset.p.qp)
         qp_event(intake.i_clear, reset.valid, reset.p.qp)
         m.d.comb += [
-            counters.i_cleared.icrc.eq(flag.icrc_cleared),
-            counters.i_cleared.cnp.eq(flag.cnp_cleared),
-            counters.i_cleared.intake.eq(flag.intake_cleared),
-            intake.window.error.eq(flag.error.bit_select(intake.window_qp[:qp_bits], 1)),
+            flag_port["window"].addr.eq(intake.window_qp),
+            intake.window.error.eq(flag_port["window"].data.error),
         ]
 
         # The timers, the handler, the resends.
@@ -265,10 +271,9 @@ class ReliabilityEngine(wiring.Component):
         ]
         connect(m, walker.o_replay, flipped(self.o_replay))
         connect(m, walker.o_taken, flags.i_resend_taken)
-        for part, names in ((sweep, SWEPT_FLAGS), (walker, WALKED_FLAGS),
-                            (handler, HANDLER_FLAGS)):
-            for name in names:
-                m.d.comb += part.i_flags[name].eq(flag[name])
+        connect(m, flags.o_due, walker.i_due)
+        for name, part in (("sweep", sweep), ("walker", walker), ("handler", handler)):
+            connect(m, part.r_flags, flag_port[name])
 
         # The memories, each with its writer and readers: a part's port, or the top's
         # own (``None``: the views, the intake's window, the status ports).
@@ -337,8 +342,8 @@ class ReliabilityEngine(wiring.Component):
         # a reset waiting shows a cycle later.
         reset_waiting = Signal()
         m.d.comb += reset_waiting.eq(self.i_reset.valid & ~handler.o_busy.valid)
-        for index, (qp, view) in enumerate(((self.new_qp, self.new_view),
-                                            (self.replay_qp, self.replay_view))):
+        for reader, qp, view in (("new_view", self.new_qp, self.new_view),
+                                 ("replay_view", self.replay_qp, self.replay_view)):
             shown = {}
             for name, ports in (("nxt", nxt), ("tail", tail), ("end", end),
                                 ("positions", positions)):
@@ -352,9 +357,9 @@ class ReliabilityEngine(wiring.Component):
                 view.slot_free.eq(
                     ((shown["end"].count - shown["positions"].first.count)[:count_bits]
                      != messages) & pool.o_available & ~reset_waiting),
-                flags.view_qp[index].eq(qp),
+                flag_port[reader].addr.eq(qp),
             ]
-            flags_after = flags.o_view[index]
+            flags_after = flag_port[reader].data
             m.d.sync += [
                 view.error.eq(flags_after.error),
                 view.rnr_wait.eq(flags_after.rnr_wait),
@@ -387,11 +392,11 @@ class ReliabilityEngine(wiring.Component):
                 port = ports.pop(0)
                 m.d.comb += port.addr.eq(select)
                 shown[name] = port.data
-            shown_error = Signal()
-            m.d.sync += shown_error.eq(flag.error.bit_select(select[:qp_bits], 1))
+            shown_flags = flag_port[f"status{index}"]
             counters_shown = status.counters
             m.d.comb += [
-                status.error.eq(shown_error),
+                shown_flags.addr.eq(select),
+                status.error.eq(shown_flags.data.error),
                 status.error_status.eq(shown["retry"].error_status),
                 status.outstanding.eq(shown["nxt"] - shown["una"]),
                 counters.status_qp[index].eq(select),

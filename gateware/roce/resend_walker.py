@@ -2,39 +2,42 @@
 resend due, handed to the planner from the resend PSN on."""
 
 from amaranth import *
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .ack_intake import lowest_set
 from .descriptor import REPLAY
-from .qp_context import lookup, per_qp_layouts, qp_bits_of
+from .flag_memory import FlagMemory
+from .qp_context import QP_FLAGS, lookup, per_qp_layouts, qp_bits_of
+from .qp_flags import due_for_resend
 from .requests import QP_INDEX_BITS, check_qp_count
 from .slot_pool import slot_entry
 
-__all__ = ["ResendWalker", "WALKED_FLAGS"]
-
-#: The flags the walker reads (one bit per QP each, from :class:`QpFlags`).
-WALKED_FLAGS = ("error", "resend", "rnr_wait")
+__all__ = ["ResendWalker"]
 
 
 class ResendWalker(wiring.Component):
     """Finds the message of a QP's resend PSN, and hands the planner (``o_replay``) that
     message from that packet on, then every later outstanding message of the QP.
 
-    It takes the lowest QP with ``resend`` set and neither ``rnr_wait`` nor ``error``,
-    unless ``i_hold`` (a reset waits), and clears its ``resend`` (``o_taken``, in
-    the cycle after it picks the QP). It reads the QP's resend PSN (``r_resend_psn``),
-    the ends of its list of messages (``r_positions``, ``r_end``: registered reads
-    addressed a cycle ahead) and each message slot from the oldest on along the list
-    (``r_ring``, registered). It stops after the QP's last outstanding message, when
-    the QP enters ERROR, or when a new resend of the QP is due before a hand-over
-    (which starts the walk again). A slot it comes to that is no longer in the list
+    The QPs come from ``i_due`` (a QP an engine write left due for a resend) through a
+    queue (block RAM, a QP in it once at most), in the order they became due. Unless
+    ``i_hold`` (a reset waits), the walker takes the first one, reads its flags
+    (``r_flags``), and if a resend of it is still due (``resend`` set, neither
+    ``rnr_wait`` nor ``error``) clears its ``resend`` (``o_taken``, in the cycle after
+    it takes the QP); else it goes on to the next. It reads the QP's resend PSN
+    (``r_resend_psn``), the ends of its list of messages (``r_positions``, ``r_end``:
+    registered reads addressed a cycle ahead, as ``r_flags``) and each message slot
+    from the oldest on along the list (``r_ring``, registered). It stops after the
+    QP's last outstanding message, when the QP enters ERROR, or when a new resend of
+    the QP is due before a hand-over (which starts the walk again: the QP is in the
+    queue again). A slot it comes to that is no longer in the list
     (its message completed while the walker waited) may hold another QP's message by
     then: it goes on from the list's oldest message instead, resending that one from
     its first packet if the resend PSN is older.
 
-    Latency: the first message is offered 4 cycles after the cycle the walker picks
-    the QP (then clear, read, find, offer), plus 2 cycles per older message it skips;
+    Latency: a QP is taken from the queue 2 cycles after ``i_due`` at the earliest;
+    the first message is offered 4 cycles after the cycle the walker takes the QP
+    (then clear, read, find, offer), plus 2 cycles per older message it skips;
     a later message 3 cycles after the one before is taken. ``o_busy`` shows the QP
     from the cycle of ``o_taken`` through the walk's last cycle; ``o_idle`` while the
     walker waits for a QP.
@@ -43,12 +46,12 @@ class ResendWalker(wiring.Component):
     def __init__(self, *, qps, slots, count_bits):
         self._qps = check_qp_count(qps)
         self._count_bits = count_bits
-        entries = 1 << qp_bits_of(qps)
         slot_bits = (slots - 1).bit_length()
         layouts = per_qp_layouts(slot_bits, count_bits)
         members = {
-            "i_flags": In(data.StructLayout({name: entries for name in WALKED_FLAGS})),
+            "i_due": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "i_hold": In(1),
+            "r_flags": Out(lookup(QP_FLAGS, QP_INDEX_BITS)),
             "r_ring": Out(lookup(slot_entry(slot_bits), slot_bits)),
             "o_replay": Out(stream.Signature(REPLAY)),
             "o_taken": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
@@ -64,10 +67,28 @@ class ResendWalker(wiring.Component):
         qp_bits = qp_bits_of(self._qps)
         count_bits = self._count_bits
         entries = 1 << qp_bits
-        flags = self.i_flags
 
-        def flag_of(flag, qp):
-            return flag.bit_select(qp[:qp_bits], 1)
+        # The queue of QPs due, each in it once at most (``queued``: pushed and not yet
+        # taken out), so it never overflows. A QP due again in the cycle it is taken out
+        # is not put back: the walker reads its flags as that cycle's writes leave them.
+        m.submodules.queue = queue = fifo.SyncFIFOBuffered(width=qp_bits, depth=entries)
+        m.submodules.queued = queued = FlagMemory(
+            flags=("queued",), depth=entries, addr_bits=QP_INDEX_BITS,
+            writers=(("pop", ("queued",)), ("push", ("queued",))), reads=("comb",))
+        due = self.i_due
+        popped = Signal()
+        m.d.comb += [
+            queued.r[0].addr.eq(due.p),
+            queue.w_data.eq(due.p),
+            queue.w_en.eq(due.valid & ~queued.r[0].data.queued),
+            queued.w_push.addr.eq(due.p),
+            queued.w_push.queued.en.eq(queue.w_en),
+            queued.w_push.queued.value.eq(1),
+            queued.w_pop.addr.eq(queue.r_data),
+            queued.w_pop.queued.en.eq(popped),
+            queued.w_pop.queued.value.eq(0),
+            queue.r_en.eq(popped),
+        ]
 
         walking = Signal()
         walk_qp = Signal(QP_INDEX_BITS)
@@ -80,11 +101,12 @@ class ResendWalker(wiring.Component):
         walk_next = Signal(QP_INDEX_BITS)
         m.d.comb += walk_next.eq(walk_qp)
         m.d.sync += walk_qp.eq(walk_next)
-        for reader in (self.r_resend_psn, self.r_positions, self.r_end):
+        for reader in (self.r_resend_psn, self.r_positions, self.r_end, self.r_flags):
             m.d.comb += reader.addr.eq(walk_next)
         k_resend_psn, k_positions, k_end = (self.r_resend_psn.data, self.r_positions.data,
                                             self.r_end.data)
-        k_error = flag_of(flags.error, walk_qp)
+        k_flags = self.r_flags.data
+        k_error = k_flags.error
         walk_entry = self.r_ring.data
         walk_record = walk_entry.message
         m.d.comb += [
@@ -96,21 +118,21 @@ class ResendWalker(wiring.Component):
         ]
         with m.FSM() as walker:
             with m.State("IDLE"):
-                due = Signal(entries)
-                m.d.comb += due.eq(flags.resend & ~flags.rnr_wait & ~flags.error)
-                any_due, first_due = lowest_set(due)
-                with m.If(any_due & ~self.i_hold):
-                    m.d.comb += walk_next.eq(first_due)
+                with m.If(queue.r_rdy & ~self.i_hold):
+                    m.d.comb += [popped.eq(1), walk_next.eq(queue.r_data)]
                     m.next = "START"
             with m.State("START"):
-                m.d.comb += walk_clear.eq(1)
-                m.d.sync += [
-                    walking.eq(1),
-                    walk_psn.eq(k_resend_psn),
-                    walk_slot.eq(k_positions.first.slot),
-                    walk_count.eq(k_positions.first.count),
-                ]
-                m.next = "READ"
+                with m.If(due_for_resend(k_flags)):
+                    m.d.comb += walk_clear.eq(1)
+                    m.d.sync += [
+                        walking.eq(1),
+                        walk_psn.eq(k_resend_psn),
+                        walk_slot.eq(k_positions.first.slot),
+                        walk_count.eq(k_positions.first.count),
+                    ]
+                    m.next = "READ"
+                with m.Else():
+                    m.next = "IDLE"
             with m.State("READ"):
                 m.next = "FIND"
             with m.State("FIND"):
@@ -153,7 +175,7 @@ class ResendWalker(wiring.Component):
                         walk_count.eq(walk_count + 1),
                         walk_psn.eq(walk.message.first_psn + walk.message.packets),
                     ]
-                    with m.If(flag_of(flags.resend, walk_qp) | k_error):
+                    with m.If(k_flags.resend | k_error):
                         m.d.sync += walking.eq(0)
                         m.next = "IDLE"
                     with m.Else():

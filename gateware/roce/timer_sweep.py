@@ -5,14 +5,11 @@ from amaranth import *
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .qp_context import QP_LAYOUTS, TIME_BITS, lookup, qp_bits_of
+from .qp_context import QP_FLAGS, QP_LAYOUTS, TIME_BITS, lookup, qp_bits_of
 from .requests import QP_INDEX_BITS, check_qp_count
 from .timers import rnr_delay_ticks
 
-__all__ = ["TimerSweep", "expired_timer", "SWEPT_FLAGS"]
-
-#: The flags the sweep reads (one bit per QP each, from :class:`QpFlags`).
-SWEPT_FLAGS = ("error", "rnr_wait", "from_sent")
+__all__ = ["TimerSweep", "expired_timer"]
 
 
 def expired_timer(qps):
@@ -30,9 +27,11 @@ class TimerSweep(wiring.Component):
     (``r_una`` ≠ ``r_nxt``) and the timeout is not 0; or, while ``rnr_wait``, the RNR
     NAK's wait (IBTA table 45) from the stamped start. A QP in ERROR has no timer.
 
-    A QP is checked in two stages: its state read (``r_*``, registered and addressed
-    a cycle ahead: ``"transparent"`` ports of :class:`ContextMemory`) and its time
-    elapsed and due worked out, then the two compared and the verdict registered. The
+    A QP is checked in two stages: its state and flags read (``r_*``, registered and
+    addressed a cycle ahead: ``"transparent"`` ports of :class:`ContextMemory` and
+    :class:`QpFlags`; of the flags it reads ``error``, ``rnr_wait``, ``from_sent``) and
+    its time elapsed and due worked out, then the two compared and the verdict
+    registered. The
     verdict is dropped when the QP's timer state is written in a cycle of either stage
     or while it waits: the handler working on the QP (``i_busy``), a reset of it
     (``i_reset``), a packet of it sent (``i_sent``). So when the handler takes it, the
@@ -50,10 +49,9 @@ class TimerSweep(wiring.Component):
 
     def __init__(self, *, qps):
         self._qps = check_qp_count(qps)
-        entries = 1 << qp_bits_of(qps)
         members = {
             "i_now": In(TIME_BITS),
-            "i_flags": In(data.StructLayout({name: entries for name in SWEPT_FLAGS})),
+            "r_flags": Out(lookup(QP_FLAGS, QP_INDEX_BITS)),
             "i_busy": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "i_reset": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "i_sent": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
@@ -67,10 +65,6 @@ class TimerSweep(wiring.Component):
         m = Module()
         qps = self._qps
         qp_bits = qp_bits_of(qps)
-        flags = self.i_flags
-
-        def flag_of(flag, qp):
-            return flag.bit_select(qp[:qp_bits], 1)
 
         def written(index):
             return Cat(port.valid & (port.p[:qp_bits] == index)
@@ -90,12 +84,14 @@ class TimerSweep(wiring.Component):
                                       Mux(expired, checked.qp,
                                           Mux(sweep == qps - 1, 0, sweep + 1))))
         m.d.sync += sweep.eq(sweep_next)
-        for reader in (self.r_una, self.r_nxt, self.r_timer, self.r_sent_time, self.r_peer):
+        for reader in (self.r_una, self.r_nxt, self.r_timer, self.r_sent_time, self.r_peer,
+                       self.r_flags):
             m.d.comb += reader.addr.eq(sweep_next)
         w_una, w_nxt = self.r_una.data, self.r_nxt.data
         w_timer, w_sent_time, w_peer = self.r_timer.data, self.r_sent_time.data, self.r_peer.data
-        w_rnr_wait = flag_of(flags.rnr_wait, sweep)
-        started = Mux(flag_of(flags.from_sent, sweep) & ~w_rnr_wait, w_sent_time, w_timer.start)
+        w_flags = self.r_flags.data
+        w_rnr_wait = w_flags.rnr_wait
+        started = Mux(w_flags.from_sent & ~w_rnr_wait, w_sent_time, w_timer.start)
         rnr_delays = Array(C(rnr_delay_ticks(code), TIME_BITS) for code in range(32))
         with m.If(expired):
             m.d.sync += checked.valid.eq(0)
@@ -103,7 +99,7 @@ class TimerSweep(wiring.Component):
             m.d.sync += [
                 checked.valid.eq(1),
                 checked.qp.eq(sweep),
-                checked.armed.eq(~flag_of(flags.error, sweep) & (
+                checked.armed.eq(~w_flags.error & (
                     w_rnr_wait | ((w_una != w_nxt) & (w_peer.timeout != 0)))),
                 checked.rnr_wait.eq(w_rnr_wait),
                 checked.written.eq(written(sweep)),

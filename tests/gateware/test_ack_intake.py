@@ -106,6 +106,24 @@ def test_a_qp_acknowledged_every_cycle_does_not_hold_the_others():
     run({0: (0, 100), 1: (40, 60), 3: (60, 80)}, body)
 
 
+def test_a_qp_back_in_line_takes_turns_with_those_arriving():
+    """QP 0 has an ACK and a NAK waiting when QPs 1 to 10 get an ACK each: its NAK is
+    taken first; with its ACK still waiting it goes back in line, and the QPs back in
+    line take turns with those that arrived, so its ACK (up to 59, as the NAK says)
+    comes next, before QP 1's."""
+
+    async def body(bench):
+        for event in [(0, 55, ACK), (0, 60, NAK_SEQUENCE),
+                      *((qp, 100, ACK) for qp in range(1, 11))]:
+            await bench.cycle(event)
+        for cycle in range(60):
+            await bench.cycle(ready=cycle % 4 == 0)
+        assert bench.taken == [(0, 60, NAK_SEQUENCE), (0, 59, 0),
+                               *((qp, 100, 0) for qp in range(1, 11))]
+
+    run({0: (0, 100), **{qp: (90, 110) for qp in range(1, 11)}}, body, qps=16)
+
+
 def test_at_any_rate_every_verdict_is_right_and_the_newest_is_taken():
     """Random acknowledgements (inside and outside the windows) on 3 QPs every cycle and
     offers taken at random, also in the cycle a newer one arrives: the verdicts are

@@ -1,0 +1,136 @@
+"""1-bit flags of every QP that several parts write, kept in memories of one write port
+each: a flag's value is the XOR of its writers' bits."""
+
+from amaranth import *
+from amaranth.lib import data, memory, wiring
+from amaranth.lib.wiring import In, Out
+
+from .qp_context import lookup
+
+__all__ = ["FlagMemory", "flag_writes"]
+
+
+def flag_writes(names, addr_bits):
+    """A writer's port: its QP (``addr``), and for each flag it writes whether it does
+    (``en``) and the value."""
+    return wiring.Signature({
+        "addr": Out(addr_bits),
+        **{name: Out(data.StructLayout({"en": 1, "value": 1})) for name in names},
+    })
+
+
+class FlagMemory(wiring.Component):
+    """Flags (``flags``, 1 bit each) of ``depth`` entries, written by several writers a
+    cycle and read by several readers, in memories with one write port each (block or
+    distributed RAM), not in registers: no multiplexer over all entries.
+
+    ``writers`` gives each writer's name and the flags it writes (its port ``w_<name>``:
+    :func:`flag_writes`); of two writes of one flag of one entry in a cycle, the later
+    writer in the list wins.
+    A write takes effect at the end of its cycle. ``reads`` names each reader's kind
+    (``r[n]``): ``"comb"``, ``"transparent"`` and ``"sync"`` as
+    :class:`~gateware.roce.qp_context.ContextMemory`'s, and ``"written"``: the entry at
+    ``addr`` combinationally, as this cycle's writes leave it.
+
+    Each writer has a memory of its flags, and a flag's value is the XOR of its
+    writers' bits (a live-value table by XOR: LaForest and Steffan, FPGA 2012). A writer
+    sets a flag by writing its own bit so that the XOR comes out as the value: the
+    value XOR the other writers' bits, which it reads at its address in the same
+    cycle; a writer that loses a flag to a later one keeps its own bit. All flags
+    start at 0.
+    """
+
+    _READS = ("comb", "transparent", "sync", "written")
+
+    def __init__(self, *, flags, depth, writers, reads, addr_bits):
+        self._flags = tuple(flags)
+        writers = dict(writers)
+        for names in writers.values():
+            for name in names:
+                if name not in self._flags:
+                    raise ValueError(f"A writer writes {name!r}, which is not a flag")
+        for name in self._flags:
+            if not any(name in names for names in writers.values()):
+                raise ValueError(f"Flag {name!r} has no writer")
+        for kind in reads:
+            if kind not in self._READS:
+                raise ValueError(f"Read kind must be one of {self._READS}, not {kind!r}")
+        self._names = tuple(writers)
+        self._writers = [tuple(names) for names in writers.values()]
+        self._reads = tuple(reads)
+        self._depth = depth
+        super().__init__({
+            **{f"w_{writer}": In(flag_writes(names, addr_bits))
+               for writer, names in writers.items()},
+            "r": In(lookup(data.StructLayout({name: 1 for name in self._flags}),
+                           addr_bits)).array(len(self._reads)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        writers = [getattr(self, f"w_{name}") for name in self._names]
+        used = max((self._depth - 1).bit_length(), 1)      # address bits the memories use
+        stores = []
+        for index, names in enumerate(self._writers):
+            m.submodules[f"writer{index}"] = store = memory.Memory(
+                shape=data.StructLayout({name: 1 for name in names}), depth=self._depth,
+                init=[])
+            stores.append(store)
+        write_ports = [store.write_port() for store in stores]
+
+        def reads_at(kind, addr, names):
+            """Each store holding one of ``names``, read at ``addr``: its bits."""
+            bits = {}
+            for index, (store, written) in enumerate(zip(stores, self._writers, strict=True)):
+                if not set(names) & set(written):
+                    continue
+                if kind == "comb":
+                    port = store.read_port(domain="comb")
+                elif kind == "transparent":
+                    port = store.read_port(transparent_for=(write_ports[index],))
+                else:
+                    port = store.read_port()
+                m.d.comb += port.addr.eq(addr)
+                bits[index] = port.data
+            return bits
+
+        def value_of(name, bits):
+            """A flag's value: the XOR of its writers' bits."""
+            return Cat(bits[index][name] for index, written in enumerate(self._writers)
+                       if name in written).xor()
+
+        def wins(index, name):
+            """Whether writer ``index`` writes flag ``name`` this cycle: no later writer
+            writes it to the same entry."""
+            port = writers[index]
+            later = [getattr(other, name).en & (other.addr[:used] == port.addr[:used])
+                     for other, names in zip(writers[index + 1:], self._writers[index + 1:],
+                                             strict=True)
+                     if name in names]
+            return getattr(port, name).en & ~Cat(later).any()
+
+        for index, (port, names) in enumerate(zip(writers, self._writers, strict=True)):
+            bits = reads_at("comb", port.addr, names)
+            own = bits[index]
+            write = write_ports[index]
+            m.d.comb += [
+                write.addr.eq(port.addr),
+                write.en.eq(Cat(getattr(port, name).en for name in names).any()),
+            ]
+            for name in names:
+                others = value_of(name, bits) ^ own[name]
+                m.d.comb += write.data[name].eq(
+                    Mux(wins(index, name), getattr(port, name).value ^ others, own[name]))
+
+        for kind, reader in zip(self._reads, self.r, strict=True):
+            bits = reads_at("comb" if kind == "written" else kind, reader.addr, self._flags)
+            for name in self._flags:
+                value = value_of(name, bits)
+                if kind == "written":
+                    for port, names in zip(writers, self._writers, strict=True):
+                        if name in names:
+                            hit = port.addr[:used] == reader.addr[:used]
+                            value = Mux(getattr(port, name).en & hit,
+                                        getattr(port, name).value, value)
+                m.d.comb += reader.data[name].eq(value)
+        return m
