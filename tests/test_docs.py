@@ -24,7 +24,7 @@ DOCS = ROOT / "docs"
 GENERATED = {
     *(f"generated/bench/{name}.md" for name in (
         "tx_efficiency", "roce_goodput", "connectx_rate", "connectx_goodput", "latency", "dual",
-        "pause", "dcqcn", "checker", "cm_setup", "connect_rate")),
+        "pause", "dcqcn", "checker", "cm_setup", "connect_rate", "elaboration")),
     "generated/resources/resources.md", "generated/resources/resources_dual.md",
     *(f"generated/waves/{port}.json" for port in (
         "work_request", "payload", "completion", "qp_write", "qp_status", "connection")),

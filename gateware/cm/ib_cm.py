@@ -346,7 +346,7 @@ class IbCm(wiring.Component):
     Parameters
     ----------
     qps : int
-        QPs in the table owner's table (1..256): one connection entry each.
+        QPs in the table owner's table (1..4096): one connection entry each.
     port : int
         The rdma_cm port (RDMA_PS_TCP) the endpoint listens on.
     """

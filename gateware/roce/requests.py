@@ -16,8 +16,8 @@ __all__ = [
     "CONNECTION_EVENT", "QP_COUNTERS", "QP_STATUS", "check_qp_count", "psn_sequence",
 ]
 
-#: Bits of a QP index: up to 256 QPs.
-QP_INDEX_BITS = 8
+#: Bits of a QP index: up to 4,096 QPs.
+QP_INDEX_BITS = 12
 
 #: QPN of QP index 0 (CM_PROTOCOL: "QPNs start at 256"); index i is QPN 256 + i.
 FIRST_QPN = 256
