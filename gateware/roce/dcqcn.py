@@ -6,6 +6,7 @@ from amaranth import *
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from .flag_memory import FlagMemory
 from .requests import QP_INDEX_BITS, check_qp_count
 
 __all__ = ["DcqcnReactionPoint", "DCQCN_CONFIG", "DCQCN_DEFAULTS", "RATE_UPDATE",
@@ -152,12 +153,20 @@ class DcqcnReactionPoint(wiring.Component):
         def elapsed(since, period):
             return (now - since)[:_TIME_BITS] >= period
 
-        # Events waiting for the sweep, a bit per QP (in registers).
-        cnp_waiting = Signal(entries)
-        byte_event = Signal(entries)
-        reset_waiting = Signal(entries)
-        limited = Signal(entries)               # the sweep's copy, for the byte counter
-        bytes_clear = Signal(entries)           # the byte count starts again (a cut)
+        # A bit per QP each (in memories, :class:`FlagMemory`): events waiting for the
+        # sweep (``cnp_waiting``, ``byte_event``, ``reset_waiting``), the sweep's copy of
+        # ``limited`` for the byte counter, and ``bytes_clear``: the byte count starts
+        # again (a cut). Writers, the later winning: a packet sent, the sweep, the events.
+        m.submodules.flags = flags = FlagMemory(
+            flags=("cnp_waiting", "byte_event", "reset_waiting", "limited", "bytes_clear"),
+            depth=entries, addr_bits=QP_INDEX_BITS,
+            writers=(("sent", ("bytes_clear",)),
+                     ("sweep", ("cnp_waiting", "byte_event", "reset_waiting", "limited",
+                                "bytes_clear")),
+                     ("cnp", ("cnp_waiting",)), ("reset", ("reset_waiting",)),
+                     ("bytes", ("byte_event",))),
+            reads=("comb", "comb"))
+        visited, sent_flags = flags.r[0].data, flags.r[1].data
 
         # The byte counter: a read-modify-write a cycle, from a registered input.
         m.submodules.byte_count = byte_count = memory.Memory(shape=24, depth=entries, init=[])
@@ -166,8 +175,8 @@ class DcqcnReactionPoint(wiring.Component):
         sent = Signal.like(self.i_bytes.p)
         sent_valid = Signal()
         m.d.sync += [sent.eq(self.i_bytes.p), sent_valid.eq(self.i_bytes.valid)]
-        qp_limited = limited.bit_select(sent.qp, 1)
-        clear = bytes_clear.bit_select(sent.qp, 1)
+        m.d.comb += flags.r[1].addr.eq(sent.qp)
+        qp_limited, clear = sent_flags.limited, sent_flags.bytes_clear
         counted = Signal(25)
         reset_bytes = config.rpg_byte_reset
         m.d.comb += [
@@ -213,15 +222,21 @@ class DcqcnReactionPoint(wiring.Component):
             self.o_rate.p.interval.eq(quotient),
         ]
 
-        # Events in: set the waiting bits (after the sweep's clears, so a new event wins).
-        def clear_bit(vector):
-            m.d.sync += vector.bit_select(index, 1).eq(0)
+        # The sweep's writes of the flags of the QP it visits.
+        m.d.comb += [flags.r[0].addr.eq(index), flags.w_sweep.addr.eq(index)]
 
-        def set_bit(vector, qp, value=1):
-            m.d.sync += vector.bit_select(qp, 1).eq(value)
+        def set_bit(name, value=1):
+            m.d.comb += [getattr(flags.w_sweep, name).en.eq(1),
+                         getattr(flags.w_sweep, name).value.eq(value)]
 
-        with m.If(sent_valid):
-            set_bit(bytes_clear, sent.qp, 0)          # (a cut's set, below, wins)
+        def clear_bit(name):
+            set_bit(name, 0)
+
+        m.d.comb += [
+            flags.w_sent.addr.eq(sent.qp),
+            flags.w_sent.bytes_clear.en.eq(sent_valid),      # (a cut's set wins)
+            flags.w_sent.bytes_clear.value.eq(0),
+        ]
 
         with m.FSM():
             with m.State("NEXT"):
@@ -230,18 +245,18 @@ class DcqcnReactionPoint(wiring.Component):
             with m.State("READ"):
                 m.next = "LOAD"
             with m.State("LOAD"):
-                waiting_cnp = cnp_waiting.bit_select(index, 1) & config.enable
-                waiting_reset = reset_waiting.bit_select(index, 1) | ~config.enable
+                waiting_cnp = visited.cnp_waiting & config.enable
+                waiting_reset = visited.reset_waiting | ~config.enable
                 m.d.sync += [
                     state.eq(state_read.data),
                     cnp.eq(waiting_cnp),
-                    byte.eq(byte_event.bit_select(index, 1)),
+                    byte.eq(visited.byte_event),
                     catch_up.eq(0),
                     changed.eq(0),
                 ]
-                clear_bit(cnp_waiting)
-                clear_bit(byte_event)
-                clear_bit(reset_waiting)
+                clear_bit("cnp_waiting")
+                clear_bit("byte_event")
+                clear_bit("reset_waiting")
                 with m.If(waiting_reset & (state_read.data.limited | waiting_cnp)):
                     m.d.sync += [state.eq(0), changed.eq(1), quotient.eq(0)]
                     m.next = "WRITE"
@@ -289,8 +304,8 @@ class DcqcnReactionPoint(wiring.Component):
                             state.byte_stage.eq(0),
                             changed.eq(1),
                         ]
-                        set_bit(bytes_clear, index)
-                        clear_bit(byte_event)
+                        set_bit("bytes_clear")
+                        clear_bit("byte_event")
                         with m.If(config.rate_to_set_on_first_cnp != 0):
                             first = config.rate_to_set_on_first_cnp << RATE_FRACTION_BITS
                             m.d.sync += [
@@ -330,8 +345,8 @@ class DcqcnReactionPoint(wiring.Component):
                     byte.eq(0),
                     changed.eq(1),
                 ]
-                set_bit(bytes_clear, index)
-                clear_bit(byte_event)
+                set_bit("bytes_clear")
+                clear_bit("byte_event")
                 m.next = "DIVIDE_START"
 
             # One increase event: the timer's, else the byte counter's.
@@ -344,7 +359,7 @@ class DcqcnReactionPoint(wiring.Component):
                                             + (state.time_stage != saturated)),
                     ]
                     with m.If(byte):
-                        set_bit(byte_event, index)
+                        set_bit("byte_event")
                     m.next = "INCREASE"
                 with m.Elif(byte):
                     m.d.sync += state.byte_stage.eq(state.byte_stage
@@ -410,14 +425,15 @@ class DcqcnReactionPoint(wiring.Component):
                     state_write.en.eq(1),
                     self.o_rate.valid.eq(changed),
                 ]
-                set_bit(limited, index, state.limited)
+                set_bit("limited", state.limited)
                 m.next = "NEXT"
 
-        # Events (after the sweep's statements: a new event for the QP it visits wins).
-        with m.If(self.i_cnp.valid & config.enable):
-            set_bit(cnp_waiting, self.i_cnp.p)
-        with m.If(self.i_reset.valid):
-            set_bit(reset_waiting, self.i_reset.p)
-        with m.If(sent_valid & qp_limited & (reset_bytes != 0) & (counted >= reset_bytes)):
-            set_bit(byte_event, sent.qp)
+        # Events (later writers than the sweep: a new event for the QP it visits wins).
+        for writer, name, qp, valid in (
+                (flags.w_cnp, "cnp_waiting", self.i_cnp.p, self.i_cnp.valid & config.enable),
+                (flags.w_reset, "reset_waiting", self.i_reset.p, self.i_reset.valid),
+                (flags.w_bytes, "byte_event", sent.qp,
+                 sent_valid & qp_limited & (reset_bytes != 0) & (counted >= reset_bytes))):
+            m.d.comb += [writer.addr.eq(qp), getattr(writer, name).en.eq(valid),
+                         getattr(writer, name).value.eq(1)]
         return m
