@@ -270,7 +270,8 @@ class NetworkCore(wiring.Component):
         m.submodules.roce_tx = roce_tx = RequesterTransmitter(
             qps=self._qps, ring_beats=self._retransmit_beats,
             pages=self._retransmit_pages, messages=self._messages,
-            message_slots=self._message_slots, width=width)
+            message_slots=self._message_slots, width=width,
+            paced_readers=1 + self._generator_runs)
         m.submodules.udp_mux = udp_mux = PacketArbiter(UDP_TX_META, inputs=4, width=width)
         m.submodules.udp_tx = udp_tx = UdpTransmitter(width=width)
         m.submodules.ip_mux = ip_mux = PacketArbiter(IP_TX_META, inputs=2, priority=True,
@@ -381,9 +382,11 @@ class NetworkCore(wiring.Component):
             # (the traffic class's ECN bits, over the roce_config assignment above)
             roce_tx.i_config.tos.eq(Cat(Mux(dcqcn_config.enable, ECN_ECT0, ECN_NOT_ECT),
                                         roce_config.tos[2:])),
-            paced_gate.i_paced.eq(roce_tx.o_paced),
-            generator.i_paced.eq(roce_tx.o_paced),
         ]
+        # The pacer's lookups: the user's requests' gate, then each generator run's.
+        connect(m, paced_gate.r_paced, roce_tx.paced[0])
+        for index in range(self._generator_runs):
+            connect(m, generator.r_paced[index], roce_tx.paced[1 + index])
         # QP1: the IB CM's passive side between its receiver and transmitter, its QPs
         # taken and freed by the connection manager. Its MADs get the RoCEv2 DSCP,
         # Not-ECT (nothing slows them down when marked). The comm ID seed: a counter

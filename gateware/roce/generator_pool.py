@@ -8,7 +8,7 @@ from ..counters import counters_layout, event_counter
 from ..packet.register import PacketRegister, StreamRegister
 from ..stream import BEAT_BYTES, NO_META, packet_signature
 from .generator import GENERATOR_RUN, TrafficGenerator
-from .pacer import QP_BITS, PacedGate
+from .pacer import PACED_LOOKUP, PacedGate
 from .request_arbiter import RequestArbiter
 from .requests import QP_INDEX_BITS, WORK_REQUEST, check_qp_count
 
@@ -40,7 +40,8 @@ class GeneratorPool(wiring.Component):
     running the QP's run (none: it is dropped). The runs' messages are merged whole, in
     round-robin order (:class:`RequestArbiter`), so every run gets an equal
     share of messages and one run alone fills the output; a run whose QP is
-    paced (``i_paced``, a bit per QP) is passed over until it is not. Between each
+    paced (each run's gate looks it up on its port ``r_paced[n]``) is passed over until
+    it is not. Between each
     run's pacing gate and the arbiter a register slice cuts the path from the pacer
     through the arbiter's choice back to the generators (its two requests, passed
     before the QP was paced, still go: the pacer charges them as they are sent).
@@ -64,7 +65,7 @@ class GeneratorPool(wiring.Component):
             "i_credit": In(stream.Signature(RUN_CREDIT, always_ready=True)),
             "query_qp": In(QP_INDEX_BITS),
             "query": Out(RUN_STATUS),
-            "i_paced": In(QP_BITS),
+            "r_paced": Out(PACED_LOOKUP).array(runs),
             "o_request": Out(stream.Signature(WORK_REQUEST)),
             "o_payload": Out(packet_signature(NO_META, width=width)),
             "o_counters": Out(self.counters_layout()),
@@ -104,7 +105,7 @@ class GeneratorPool(wiring.Component):
             connect(m, generator.o_request, gate.i)
             connect(m, gate.o, request_slice.i)
             connect(m, request_slice.o, arbiter.i_request[index])
-            m.d.comb += gate.i_paced.eq(self.i_paced)
+            connect(m, gate.r_paced, flipped(self.r_paced[index]))
             connect(m, generator.o_payload, arbiter.i_payload[index])
             generators.append(generator)
             owners.append(Signal(QP_INDEX_BITS, name=f"owner{index}"))

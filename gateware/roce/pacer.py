@@ -6,16 +6,18 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .dcqcn import INTERVAL_BITS, INTERVAL_FRACTION_BITS, RATE_UPDATE
+from .flag_memory import FlagMemory
+from .qp_context import lookup
 from .requests import QP_INDEX_BITS, WORK_REQUEST, check_qp_count
 
-__all__ = ["Pacer", "PacedGate", "PACED_BYTES", "WIRE_OVERHEAD", "QP_BITS"]
+__all__ = ["Pacer", "PacedGate", "PACED_BYTES", "WIRE_OVERHEAD", "PACED_LOOKUP"]
 
 #: The bytes a packet takes on the wire besides its UDP payload: UDP 8, IPv4 20,
 #: Ethernet 14, FCS 4, preamble and start delimiter 8, inter-frame gap 12.
 WIRE_OVERHEAD = 8 + 20 + 14 + 4 + 8 + 12
 
-#: One bit per possible QP index.
-QP_BITS = 1 << QP_INDEX_BITS
+#: Whether a QP is paced, as a gate looks it up: the QP, and a cycle later its bit.
+PACED_LOOKUP = lookup(1, QP_INDEX_BITS)
 
 #: A packet sent: its QP and wire bytes.
 PACED_BYTES = data.StructLayout({"qp": QP_INDEX_BITS, "bytes": 14})
@@ -41,7 +43,9 @@ class Pacer(wiring.Component):
     than its debt may send a burst of 1 µs at most, and one let go late by the sweep
     below loses no time, so the long-run rate is exact.
 
-    ``o_paced`` has a bit per QP index: the QP has a start time ahead. A packet sets it
+    A QP's *paced* bit (in a :class:`FlagMemory`) says it has a start time ahead; each
+    gate looks it up through a port of its own (``paced[n]``, for ``readers`` gates:
+    the bit as it was in the cycle of ``addr``, a cycle later). A packet sets it
     3 cycles after ``i_sent`` (registered input; the previous packet's bytes times the
     interval, registered; the new turn written). A sweep of one QP a cycle clears it
     once the due time has come, 4 cycles after it reads the QP (its bytes' time and
@@ -50,13 +54,14 @@ class Pacer(wiring.Component):
     ``i_rate`` (registered input); one that ends the limit clears the QP's bit then.
     """
 
-    def __init__(self, *, qps):
+    def __init__(self, *, qps, readers=1):
         self._qps = check_qp_count(qps)
+        self._readers = readers
         super().__init__({
             "i_cycles_per_us": In(10),
             "i_rate": In(stream.Signature(RATE_UPDATE, always_ready=True)),
             "i_sent": In(stream.Signature(PACED_BYTES, always_ready=True)),
-            "o_paced": Out(QP_BITS),
+            "paced": In(PACED_LOOKUP).array(readers),
         })
 
     def elaborate(self, platform):
@@ -75,7 +80,13 @@ class Pacer(wiring.Component):
             ago.eq(now + 2 - self.i_cycles_per_us),
             earliest.eq(Cat(C(0, INTERVAL_FRACTION_BITS), Mux(ago < 0, 0, ago[:48]))),
         ]
-        paced = Signal(entries)
+        # The paced bits. Writers, the later winning: the sweep, a rate update, a packet.
+        m.submodules.paced = paced = FlagMemory(
+            flags=("paced",), depth=entries, addr_bits=QP_INDEX_BITS,
+            writers=(("sweep", ("paced",)), ("rate", ("paced",)), ("charge", ("paced",))),
+            reads=("sync",) * self._readers)
+        for port, reader in zip(self.paced, paced.r, strict=True):
+            m.d.comb += [reader.addr.eq(port.addr), port.data.eq(reader.data.paced)]
 
         # Each QP's interval (cycles per byte), and whether it is limited.
         m.submodules.intervals = intervals = memory.Memory(shape=_INTERVAL, depth=entries,
@@ -158,23 +169,23 @@ class Pacer(wiring.Component):
             due_time.eq(judged_turn + judged_time),
             due_stale.eq(stale | (turn_write.en & (turn_write.addr == judged))),
         ]
-        with m.If(~due_stale & (due_time <= now_fixed)):
-            m.d.sync += paced.bit_select(due_qp, 1).eq(0)
-        with m.If(rate.valid & ~rate.p.limited):
-            m.d.sync += paced.bit_select(rate.p.qp, 1).eq(0)
-        with m.If(charging):
-            m.d.sync += paced.bit_select(charged_qp, 1).eq(1)
-        m.d.comb += self.o_paced.eq(paced)
+        for writer, qp, enable, value in (
+                (paced.w_sweep, due_qp, ~due_stale & (due_time <= now_fixed), 0),
+                (paced.w_rate, rate.p.qp, rate.valid & ~rate.p.limited, 0),
+                (paced.w_charge, charged_qp, charging, 1)):
+            m.d.comb += [writer.addr.eq(qp), writer.paced.en.eq(enable),
+                         writer.paced.value.eq(value)]
         return m
 
 
 class PacedGate(wiring.Component):
-    """Passes work requests, holding back one whose QP is paced (``i_paced``, a bit per
-    QP index) until it is not. A request offered stays offered until taken (the stream
-    rule), so a QP paced after its request was offered sends that one message more.
+    """Passes work requests, holding back one whose QP is paced (looked up on
+    ``r_paced``, a port of the :class:`Pacer`) until it is not. A request offered stays
+    offered until taken (the stream rule), so a QP paced after its request was offered
+    sends that one message more.
 
-    The QP's bit is looked up a cycle before, from a register (the 256-way lookup does
-    not chain with the handshake): a request of the QP of the cycle before passes with
+    The QP's bit is looked up a cycle before (a registered read: the lookup does not
+    chain with the handshake): a request of the QP of the cycle before passes with
     latency 0 on that cycle's bit, one of a new QP a cycle later. So a QP's bit takes
     effect here a cycle after the pacer sets it.
     """
@@ -183,18 +194,16 @@ class PacedGate(wiring.Component):
         super().__init__({
             "i": In(stream.Signature(WORK_REQUEST)),
             "o": Out(stream.Signature(WORK_REQUEST)),
-            "i_paced": In(QP_BITS),
+            "r_paced": Out(PACED_LOOKUP),
         })
 
     def elaborate(self, platform):
         m = Module()
         offered = Signal()
         looked_up = Signal(QP_INDEX_BITS)           # the QP whose bit ``paced`` is
-        paced = Signal(init=1)
-        m.d.sync += [
-            looked_up.eq(self.i.p.qp),
-            paced.eq(self.i_paced.bit_select(self.i.p.qp, 1)),
-        ]
+        paced = self.r_paced.data
+        m.d.comb += self.r_paced.addr.eq(self.i.p.qp)
+        m.d.sync += looked_up.eq(self.i.p.qp)
         may = offered | (~paced & (looked_up == self.i.p.qp))
         m.d.comb += [
             self.o.valid.eq(self.i.valid & may),

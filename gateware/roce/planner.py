@@ -209,11 +209,10 @@ class PacketPlanner(wiring.Component):
         refusal = Signal(CompletionStatus)
         replay = Signal(_CONTEXT)
         replaying = Signal()
-        # Which QP's message each context is in the middle of: a bit per QP, set and
-        # cleared with ``new_sending`` and ``replaying`` (for ``holds``).
-        qp_bits = max((self._qps - 1).bit_length(), 1)
-        new_holds = Signal(1 << qp_bits)
-        replay_holds = Signal(1 << qp_bits)
+        # Which QP's message each context is in the middle of, while ``new_sending`` and
+        # ``replaying`` (for ``holds``).
+        new_holds = Signal(QP_INDEX_BITS)
+        replay_holds = Signal(QP_INDEX_BITS)
 
         # Each context keeps its next packet worked out ahead (a register, set when the
         # context is loaded or advanced), and the replay whether it has one more packet to
@@ -414,18 +413,18 @@ class PacketPlanner(wiring.Component):
             with m.If(new_go):
                 m.d.sync += [new.eq(new_advanced), new_next.eq(new_following)]
                 with m.If(last):
-                    m.d.sync += [new_sending.eq(0), new_holds.eq(0)]
+                    m.d.sync += new_sending.eq(0)
             with m.If(new_abort):
-                m.d.sync += [new_sending.eq(0), new_holds.eq(0)]
+                m.d.sync += new_sending.eq(0)
             with m.If(refuse):
                 m.d.sync += new_refusing.eq(0)
         with m.If(replaying & ~replay_has_packet):
-            m.d.sync += [replaying.eq(0), replay_holds.eq(0)]
+            m.d.sync += replaying.eq(0)
 
         # Whether a context is in the middle of a message of ``holds_qp`` (a QP may
-        # be set again only between its messages), one multiplexer deep.
-        m.d.comb += self.holds.eq((new_holds | replay_holds).bit_select(self.holds_qp[:qp_bits], 1)
-                                  & (self.holds_qp >> qp_bits == 0))
+        # be set again only between its messages): two comparisons of QP indices.
+        m.d.comb += self.holds.eq((new_sending & (new_holds == self.holds_qp))
+                                  | (replaying & (replay_holds == self.holds_qp)))
 
         # Load contexts: a resend when the replay context is free, else a new message.
         # The engine's view of a QP is a cycle late: while the new context is free, it
@@ -477,7 +476,7 @@ class PacketPlanner(wiring.Component):
                 m.d.sync += [
                     replay.path.eq(self.read_path),
                     replaying.eq(1),
-                    replay_holds.eq(1 << replay.qp[:qp_bits]),
+                    replay_holds.eq(replay.qp),
                     replay_next.eq(replay_first),
                     replay_more.eq((replay.psn != replay_view.next_psn)
                                    & (replay.index < replay.message.packets)),
@@ -536,7 +535,7 @@ class PacketPlanner(wiring.Component):
                                         == (new_view.tail[offset_bits:] + 1)[:vpage_bits])),
                         new_next.eq(new_first),
                         new_sending.eq(1),
-                        new_holds.eq(1 << request.qp[:qp_bits]),
+                        new_holds.eq(request.qp),
                     ]
                 m.next = "IDLE"
 

@@ -19,7 +19,7 @@ from .descriptor import (
     TRANSPORT_LENGTHS,
     buffer_beat,
 )
-from .pacer import QP_BITS, WIRE_OVERHEAD, Pacer
+from .pacer import PACED_LOOKUP, WIRE_OVERHEAD, Pacer
 from .page_pool import PagePool, check_retransmit_pages
 from .planner import TRANSMIT_CONFIG, PacketPlanner
 from .qp_table import QpTable
@@ -50,8 +50,9 @@ class RequesterTransmitter(wiring.Component):
     payload as one packet; ``o_completion`` reports each message once the
     responder has acknowledged it (or its QP failed). ``i_ack`` takes the ACK
     receiver's acknowledgements (``i_cnp`` its CNPs, counted, and acted on by the
-    DCQCN reaction point with the settings ``i_dcqcn``: ``o_paced`` tells which QPs
-    must wait before their next message, see :class:`Pacer`). ``i_qp_write``
+    DCQCN reaction point with the settings ``i_dcqcn``: ``paced[n]``, for
+    ``paced_readers`` gates, tells whether a QP must wait before its next message, see
+    :class:`Pacer`). ``i_qp_write``
     sets a QP (once no message of it is being planned, in a cycle the
     reliability engine is free: new messages pause while it waits);
     ``i_qp_close`` flushes it (see :class:`ReliabilityEngine`); ``status_qp[n]`` →
@@ -81,7 +82,7 @@ class RequesterTransmitter(wiring.Component):
     """
 
     def __init__(self, *, qps=16, ring_beats=2048, pages=512, messages=128,
-                 message_slots=4096, width=BEAT_BYTES, descriptors=4):
+                 message_slots=4096, width=BEAT_BYTES, descriptors=4, paced_readers=1):
         check_retransmit_pages(pages, ring_beats, width)
         self._qps = qps
         self._ring_beats = ring_beats
@@ -90,6 +91,7 @@ class RequesterTransmitter(wiring.Component):
         self._message_slots = message_slots
         self._width = width
         self._descriptors = descriptors
+        self._paced_readers = paced_readers
         super().__init__({
             "i_request": In(stream.Signature(WORK_REQUEST)),
             "i_payload": In(packet_signature(NO_META, width=width)),
@@ -101,7 +103,7 @@ class RequesterTransmitter(wiring.Component):
             "i_icrc_error": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "i_cnp": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "i_dcqcn": In(DCQCN_CONFIG),
-            "o_paced": Out(QP_BITS),
+            "paced": In(PACED_LOOKUP).array(paced_readers),
             "o": Out(packet_signature(UDP_TX_META, width=width)),
             "o_completion": Out(stream.Signature(COMPLETION)),
             "status_qp": In(QP_INDEX_BITS).array(STATUS_PORTS),
@@ -152,7 +154,7 @@ class RequesterTransmitter(wiring.Component):
             "transport", TRANSPORT, ROCE_TX_META, width=width, lengths=TRANSPORT_LENGTHS)
         m.submodules.framed = framed = PacketRegister(UDP_TX_META, width=width)
         m.submodules.reaction = reaction = DcqcnReactionPoint(qps=self._qps)
-        m.submodules.pacer = pacer = Pacer(qps=self._qps)
+        m.submodules.pacer = pacer = Pacer(qps=self._qps, readers=self._paced_readers)
 
         # Setting a QP (between its messages): its path into the table, its PSN and
         # timers into the engine. New requests wait for it, so that one that comes after
@@ -217,7 +219,7 @@ class RequesterTransmitter(wiring.Component):
         connect(m, planner.o_loaded, reliability.i_loaded)
 
         # Congestion control: CNPs and packets sent to the reaction point, whose rates
-        # pace each QP's messages (``o_paced`` holds back their work requests); a QP set
+        # pace each QP's messages (``paced`` holds back their work requests); a QP set
         # again returns to the line rate.
         sent = planner.o_sent
         m.d.comb += [
@@ -237,8 +239,9 @@ class RequesterTransmitter(wiring.Component):
             reaction.i_reset.p.eq(table.i_write.p.qp),
             reaction.i_config.eq(self.i_dcqcn),
             pacer.i_cycles_per_us.eq(self.i_dcqcn.cycles_per_us),
-            self.o_paced.eq(pacer.o_paced),
         ]
+        for port, reader in zip(self.paced, pacer.paced, strict=True):
+            connect(m, flipped(port), reader)
         connect(m, reaction.o_rate, pacer.i_rate)
         connect(m, reliability.o_replay, planner.i_replay)
 

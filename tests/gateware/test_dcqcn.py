@@ -145,11 +145,13 @@ def test_pacer_spaces_a_limited_qps_messages_at_its_rate():
     """A QP limited to 10 Gb/s (at 64 cycles per µs: 0.0512 cycles a bit): each
     message may start once its predecessors' wire bytes had their time; QP 0, not
     limited, is never paced; a QP back at the line rate is let go at once."""
-    dut = Pacer(qps=QPS)
+    dut = Pacer(qps=QPS, readers=2)
     rate = 10_000 << RATE_FRACTION_BITS
     interval = rate_interval(rate, CYCLES_PER_US)
 
     async def main(ctx):
+        for qp, reader in enumerate(dut.paced):         # QP 0's bit, QP 1's bit
+            ctx.set(reader.addr, qp)
         ctx.set(dut.i_cycles_per_us, CYCLES_PER_US)
         ctx.set(dut.i_rate.valid, 1)
         ctx.set(dut.i_rate.p, {"qp": 1, "limited": 1, "rate": rate, "interval": interval})
@@ -157,10 +159,9 @@ def test_pacer_spaces_a_limited_qps_messages_at_its_rate():
         ctx.set(dut.i_rate.valid, 0)
         starts = []
         for cycle in range(6000):
-            paced = ctx.get(dut.o_paced)
-            assert not paced & 1
+            assert not ctx.get(dut.paced[0].data)
             # QP 1 sends a 1000-byte packet whenever it may; QP 0 every cycle.
-            send = not paced & 2 and (not starts or cycle - starts[-1] > 4)
+            send = not ctx.get(dut.paced[1].data) and (not starts or cycle - starts[-1] > 4)
             if send:
                 starts.append(cycle)
             ctx.set(dut.i_sent.valid, 1)
@@ -174,8 +175,8 @@ def test_pacer_spaces_a_limited_qps_messages_at_its_rate():
         ctx.set(dut.i_rate.p, {"qp": 1, "limited": 0})
         await ctx.tick()
         ctx.set(dut.i_rate.valid, 0)
-        await ctx.tick()
-        assert not ctx.get(dut.o_paced)
+        await ctx.tick().repeat(2)
+        assert not ctx.get(dut.paced[1].data)
 
     run_testbenches(dut, main)
 
@@ -185,15 +186,21 @@ def test_pacer_waits_for_the_last_packet_at_the_rate_of_now():
     then raised to 10 Gb/s: the QP is let go once the packet had its time at 10 Gb/s
     (51.2 cycles from its turn, 1 µs ago at most), as DCQCN's pacing counts it
     (sim/models/dcqcn_loop.py); a QP cut from 1 Gb/s to 500 Mb/s after a packet waits for
-    the packet's time at 500 Mb/s."""
-    dut = Pacer(qps=QPS)
+    the packet's time at 500 Mb/s. The bits are looked up as a gate does (a cycle
+    late)."""
+    dut = Pacer(qps=QPS, readers=2)
 
     def update(ctx, qp, megabits):
         rate = megabits << RATE_FRACTION_BITS
         ctx.set(dut.i_rate.p, {"qp": qp, "limited": 1, "rate": rate,
                                "interval": rate_interval(rate, CYCLES_PER_US)})
 
+    def paced(ctx, qp):
+        return ctx.get(dut.paced[qp - 2].data)
+
     async def main(ctx):
+        for qp, reader in zip((2, 3), dut.paced, strict=True):
+            ctx.set(reader.addr, qp)
         ctx.set(dut.i_cycles_per_us, CYCLES_PER_US)
         ctx.set(dut.i_rate.valid, 1)
         for _ in range(200):                    # past the first µs's allowance
@@ -208,7 +215,7 @@ def test_pacer_waits_for_the_last_packet_at_the_rate_of_now():
             await ctx.tick()
         ctx.set(dut.i_sent.valid, 0)
         await ctx.tick().repeat(4)
-        assert ctx.get(dut.o_paced) == 0b1100
+        assert paced(ctx, 2) and paced(ctx, 3)
         ctx.set(dut.i_rate.valid, 1)
         update(ctx, 2, 10_000)
         await ctx.tick()
@@ -219,15 +226,16 @@ def test_pacer_waits_for_the_last_packet_at_the_rate_of_now():
         released = {}
         while len(released) < 2 and since_packet < 100_000:
             for qp in (2, 3):
-                if qp not in released and not ctx.get(dut.o_paced) >> qp & 1:
+                if qp not in released and not paced(ctx, qp):
                     released[qp] = since_packet
             await ctx.tick()
             since_packet += 1
         # Both turns were 1 µs (64 cycles) before the packets. QP 2: 51.2 cycles at
         # 10 Gb/s are over: let go by the next sweep (QPS + 4 cycles). QP 3: 16 µs
         # (1024 cycles) at 500 Mb/s, 960 after its packet (at 1 Gb/s it would be 448).
-        assert released[2] <= 7 + QPS + 4, released
-        assert 960 <= released[3] <= 960 + QPS + 4, released
+        # Each seen a cycle later through the lookup.
+        assert released[2] <= 7 + QPS + 4 + 1, released
+        assert 960 <= released[3] <= 960 + QPS + 4 + 1, released
 
     run_testbenches(dut, main)
 
@@ -236,32 +244,39 @@ def test_gate_holds_a_paced_qps_request_and_keeps_an_offered_one():
     """The QP's bit counts from the cycle after it changes (a register); a request of a
     new QP waits a cycle for its bit to be looked up."""
     dut = PacedGate()
+    paced = set()
+
+    async def tick(ctx):
+        """A cycle, the lookup answered at its end, as the pacer's registered read."""
+        looked_up = ctx.get(dut.r_paced.addr)
+        await ctx.tick()
+        ctx.set(dut.r_paced.data, looked_up in paced)
 
     async def main(ctx):
         ctx.set(dut.i.valid, 1)
         ctx.set(dut.i.p.qp, 3)
-        ctx.set(dut.i_paced, 1 << 3)
+        paced.add(3)
         ctx.set(dut.o.ready, 1)
         for _ in range(3):
             assert not ctx.get(dut.o.valid) and not ctx.get(dut.i.ready)
-            await ctx.tick()
-        ctx.set(dut.i_paced, 0)
+            await tick(ctx)
+        paced.clear()
         ctx.set(dut.o.ready, 0)
         assert not ctx.get(dut.o.valid)              # the bit of the cycle before
-        await ctx.tick()
+        await tick(ctx)
         assert ctx.get(dut.o.valid)
-        await ctx.tick()
-        ctx.set(dut.i_paced, 1 << 3)                 # paced once offered: stays offered
+        await tick(ctx)
+        paced.add(3)                                 # paced once offered: stays offered
         assert ctx.get(dut.o.valid)
         ctx.set(dut.o.ready, 1)
         assert ctx.get(dut.i.ready)
-        await ctx.tick()
+        await tick(ctx)
         assert not ctx.get(dut.o.valid)
         ctx.set(dut.i.p.qp, 4)                       # not paced, but not looked up yet
         assert not ctx.get(dut.o.valid)
-        await ctx.tick()
+        await tick(ctx)
         assert ctx.get(dut.o.valid) and ctx.get(dut.i.ready)
-        await ctx.tick()
+        await tick(ctx)
         assert ctx.get(dut.o.valid)                  # the same QP: no cycle lost
 
     run_testbenches(dut, main)

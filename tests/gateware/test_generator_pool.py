@@ -16,12 +16,22 @@ WIDTH = 16
 
 class Bench:
     """The pool with a request sink and a payload sink (random ready on both) that
-    pair each payload with its request."""
+    pair each payload with its request, and the pacer's lookups answered: the QPs in
+    ``paced`` are paced."""
 
     def __init__(self, *, qps=8, runs=3, seed=0):
         self.dut = GeneratorPool(qps=qps, runs=runs, width=WIDTH)
         self.rng = random.Random(seed)
         self.requests, self.payloads = [], []
+        self.paced = set()
+
+    async def pacer(self, ctx):
+        """Each run's lookup answered a cycle later, as the pacer's registered read."""
+        while True:
+            looked_up = [ctx.get(port.addr) for port in self.dut.r_paced]
+            await ctx.tick()
+            for port, qp in zip(self.dut.r_paced, looked_up, strict=True):
+                ctx.set(port.data, qp in self.paced)
 
     async def request_sink(self, ctx):
         while True:
@@ -56,7 +66,7 @@ class Bench:
                 for name in ("started", "refused_running", "refused_full")}
 
     def run(self, main):
-        run_testbenches(self.dut, main, self.request_sink, self.payload_sink)
+        run_testbenches(self.dut, main, self.request_sink, self.payload_sink, self.pacer)
 
     def messages_of(self, qp):
         """``(request, payload)`` of ``qp``'s messages, in the order they came out."""
@@ -152,12 +162,12 @@ def test_a_paced_qps_run_is_passed_over_while_the_other_sends():
     runs = [make_run(64, 12, qp=1, base=0x1000), make_run(64, 12, qp=2, base=0x2000)]
 
     async def main(ctx):
-        ctx.set(bench.dut.i_paced, 1 << 1)
+        bench.paced = {1}
         for run in runs:
             assert await bench.start(ctx, run)
         await wait_for(ctx, lambda: len(bench.requests) >= 8, 2000)
         assert sum(request[1] == 1 for request in bench.requests) <= 1, bench.requests
-        ctx.set(bench.dut.i_paced, 0)
+        bench.paced = set()
         await wait_for(ctx, lambda: len(bench.payloads) == 24, 5000)
 
     bench.run(main)

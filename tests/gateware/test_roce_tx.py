@@ -614,3 +614,31 @@ def test_a_request_right_after_its_qps_setting_sees_it():
     bench.setup = setup
     bench.request_source = no_other_requests
     bench.run()
+
+
+def test_a_qp_set_while_its_message_is_sent_is_set_after_the_messages_last_packet():
+    """A QP's setting offered once its 16-packet message has started is taken only after
+    the message's last packet (the planner holds the QP): every packet of the message
+    goes out with the old setting, the message (never acknowledged) completes FLUSHED,
+    and the next message starts at the new setting's PSN."""
+    old = Qp(1, remote_qpn=0x21, psn=100, rkey=3, remote_ip="10.77.0.9", path_mtu=256,
+             src_port=0xC001, timeout=20)
+    new = Qp(1, remote_qpn=0x22, psn=5000, rkey=4, remote_ip="10.77.0.9", path_mtu=256,
+             src_port=0xC001, timeout=20)
+    bench = Bench(seed=6, gaps=False,
+                  acknowledge=lambda qp, psn: ACK if qp is new else None)
+    bench.add_qp(old)
+    bench.qp_objects.append(new)
+    setting = new.state()               # (the model's PSN moves on as messages are added)
+    bench.message(old, Message("RDMA_WRITE", pattern(4096, 2), 0x1000, 0),
+                  status=CompletionStatus.FLUSHED)
+    bench.message(new, Message("RDMA_WRITE", pattern(100, 3), 0x2000, 0))
+    written = []
+
+    async def set_again(ctx):
+        await wait_for(ctx, lambda: bench.seen["datagrams"] >= 1, 10_000)
+        await put_item(ctx, bench.dut.i_qp_write, {"qp": 1, "state": setting})
+        written.append(True)
+
+    bench.holds[1] = lambda: bool(written)
+    bench.run(monitors=[set_again])
