@@ -155,6 +155,7 @@ from ..headers import (
     CmAttribute,
     NetworkLayout,
 )
+from ..roce.flag_memory import FlagMemory
 from ..roce.requests import (
     FIRST_QPN,
     QP_INDEX_BITS,
@@ -640,13 +641,23 @@ class IbCm(wiring.Component):
         same = Signal(5)
         ids_hit = Signal()                          # a DREQ's comm IDs match (source aside)
         m.d.comb += [hit.eq(same.all()), ids_hit.eq(same[0] & same[1] & same[3])]
-        # QPs freed by the table owner: their entries are dead until handed out again.
-        # (i_closed registered first: its decoder does not follow the port's driver.)
-        stale = Signal(self._qps)
-        stale_entry = Signal()
+        # QPs freed by the table owner: their entries are dead until handed out again
+        # (a bit per QP in a FlagMemory: stored entries clear it, a QP freed sets it, and
+        # wins). i_closed is registered first: the write does not follow the port's driver.
+        m.submodules.stale = stale = FlagMemory(
+            flags=("stale",), depth=self._qps, addr_bits=QP_INDEX_BITS,
+            writers=(("stored", ("stale",)), ("closed", ("stale",))), reads=("sync",))
+        stale_entry = stale.r[0].data.stale             # with the entry's read
         closed = Signal(QP_INDEX_BITS)
         closed_valid = Signal()
-        m.d.sync += stale_entry.eq(stale.bit_select(index, 1))     # with the entry's read
+        m.d.comb += [
+            stale.r[0].addr.eq(index),
+            stale.w_stored.addr.eq(index),
+            stale.w_stored.stale.value.eq(0),
+            stale.w_closed.addr.eq(closed),
+            stale.w_closed.stale.en.eq(closed_valid),
+            stale.w_closed.stale.value.eq(1),
+        ]
         m.d.sync += [closed.eq(self.i_closed.payload), closed_valid.eq(self.i_closed.valid)]
 
         expired = Signal()
@@ -872,8 +883,7 @@ class IbCm(wiring.Component):
                         m.next = "SEND"
 
             with m.State("STORE"):
-                m.d.comb += [write.en.eq(1), write.data.eq(entry)]
-                m.d.sync += stale.bit_select(index, 1).eq(0)
+                m.d.comb += [write.en.eq(1), write.data.eq(entry), stale.w_stored.stale.en.eq(1)]
                 m.next = "SEND"
 
             offer("SEND", self.o, "AFTER_SEND")
@@ -980,8 +990,8 @@ class IbCm(wiring.Component):
             with m.State("SWEEP_NEXT"):         # after a REP or a close
                 sweep_next()
 
-        with m.If(closed_valid):                   # after the FSM: a QP freed wins
-            m.d.sync += [stale.bit_select(closed, 1).eq(1), close_due.eq(1)]
+        with m.If(closed_valid):
+            m.d.sync += close_due.eq(1)
 
         for name, strobe in events.items():
             m.d.comb += getattr(self.o_counters, name).eq(event_counter(m, strobe, name))
