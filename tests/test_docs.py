@@ -24,7 +24,8 @@ DOCS = ROOT / "docs"
 GENERATED = {
     *(f"generated/bench/{name}.md" for name in (
         "tx_efficiency", "roce_goodput", "connectx_rate", "connectx_goodput", "latency", "dual",
-        "pause", "dcqcn", "checker", "cm_setup", "connect_rate", "elaboration")),
+        "pause", "dcqcn", "checker", "cm_setup", "connect_rate", "elaboration",
+        "many_qps")),
     "generated/resources/resources.md", "generated/resources/resources_dual.md",
     *(f"generated/waves/{port}.json" for port in (
         "work_request", "payload", "completion", "qp_write", "qp_status", "connection")),

@@ -28,10 +28,11 @@ SUCCESS = CompletionStatus.SUCCESS.value
 
 class Run:
     """One measurement on the bench: the QPs it sets and the work requests it posts, to
-    models at ``peer_ip`` (one of the bench's peers)."""
+    models at ``peer_ip`` (one of the bench's peers), each with ``memory`` bytes."""
 
-    def __init__(self, bench, number, peer_ip=PEER_IP):
+    def __init__(self, bench, number, peer_ip=PEER_IP, memory=MEMORY):
         self.bench = bench
+        self.memory = memory
         self.number = number            # the row: each row's QPs have their own peer QPNs
         self.peer_ip = peer_ip
         self.peers = {}                 # QP index → its responder model
@@ -49,7 +50,8 @@ class Run:
         peer = Responder(mac=self.bench.peers[self.peer_ip], ip=self.peer_ip,
                          peer_mac=self.bench.core_mac, peer_ip=self.bench.core_ip,
                          qpn=remote_qpn, peer_qpn=FIRST_QPN + index, expected_psn=psn,
-                         rkey=0x77, memory_base=0, memory_size=MEMORY, path_mtu=path_mtu,
+                         rkey=0x77, memory_base=0, memory_size=self.memory,
+                         path_mtu=path_mtu,
                          faults=faults, connectx=ConnectX(round_trip=round_trip))
         self.bench.attach(peer)
         self.peers[index] = peer
@@ -70,7 +72,7 @@ class Run:
         if verb == "SEND":
             self.peers[index].post_receive()
         self.bench.post({"verb": Verb[verb], "qp": index, "tag": self.tag % (1 << 16),
-                         "remote_address": k * length % MEMORY, "length": length,
+                         "remote_address": k * length % self.memory, "length": length,
                          "immediate": 0}, payload)
         self.tag += 1
         self.posted += 1
@@ -88,7 +90,7 @@ class Run:
         setting up falls into a measurement; then measure the line from now on."""
         for index in indices:
             self.post(index, "RDMA_WRITE", 64, 0)
-        await self.finish(20_000)
+        await self.finish(20_000 + 10 * len(indices))
         self.bench.tx_first_cycle = self.bench.tx_last_cycle = None
         self.answers = len(self.bench.answers)
 
@@ -112,8 +114,8 @@ def landed(peer, verb, length, ks):
     if verb == "SEND":
         return [c.data for c in peer.receive_queue[-len(ks):]] == \
             [generator_payload(k, length) for k in ks]
-    return all(peer.memory[k * length % MEMORY:][:length] == generator_payload(k, length)
-               for k in ks)
+    return all(peer.memory[k * length % len(peer.memory):][:length]
+               == generator_payload(k, length) for k in ks)
 
 
 async def fresh(dut):

@@ -2,7 +2,8 @@
 to the first byte at the MAC, and to its completion. Prints a table and writes it to
 ``docs/generated/bench/latency.{md,json}``; ``make bench``.
 
-The core (the build of ``python -m sim.bench.connectx``) runs under Verilator
+The core (the build of ``python -m sim.bench.connectx``, and that build with 4,096 QPs
+and 8,192 message slots) runs under Verilator
 (sim/bench/latency_runs.py, cocotb); its MAC side takes beats at the rate of a 100 Gb/s
 line, and a ConnectX-like responder model (sim/models/responder.py) acknowledges each
 WRITE a round trip of 1 µs after its frame's last beat. Each measured WRITE goes while
@@ -20,6 +21,7 @@ import inspect
 import sys
 
 from gateware.core import NetworkCore
+from gateware.roce.requests import QP_INDEX_BITS
 from sim.bench import report
 from sim.bench.connectx import CONNECTX_PARAMS, frame_length, line_cycles_per_frame
 from sim.bench.core_runs import core_design, run_for_results
@@ -29,15 +31,29 @@ from sim.models.responder import CLOCK_HZ, round_trip_cycles
 LENGTH = 64
 REPETITIONS = 5
 ROUND_TRIP_US = 1
-#: The QPs of the build the bench measures.
+#: The QPs of the builds the bench measures: the board's, and the most the core takes.
 BUILD_QPS = CONNECTX_PARAMS.get("qps", inspect.signature(NetworkCore).parameters["qps"].default)
+MANY_QPS = 1 << QP_INDEX_BITS
+#: Each model's memory in a build of many QPs (the WRITEs of a row land in turn; the
+#: board's build keeps the connectx bench's, 1 MiB).
+SMALL_MEMORY = 4096
+
+
+def build_params(qps: int) -> dict:
+    """The build with ``qps`` QPs: the connectx bench's, with message slots for them."""
+    if qps == BUILD_QPS:
+        return CONNECTX_PARAMS
+    slots = inspect.signature(NetworkCore).parameters["message_slots"].default
+    return {**CONNECTX_PARAMS, "qps": qps, "message_slots": max(slots, 2 * qps)}
 
 
 def runs(build_qps: int = BUILD_QPS) -> list[dict]:
-    """The rows to measure: one QP open, and every QP of the build open with the last
-    one sending."""
-    return [{"qps": qps, "qp": qps - 1, "length": LENGTH, "repetitions": REPETITIONS,
-             "round_trip": round_trip_cycles(ROUND_TRIP_US)} for qps in (1, build_qps)]
+    """The rows to measure on a build: one QP open, and every QP of the build open with
+    the last one sending."""
+    memory = None if build_qps == BUILD_QPS else SMALL_MEMORY
+    return [{"build_qps": build_qps, "qps": qps, "qp": qps - 1, "length": LENGTH,
+             "repetitions": REPETITIONS, "round_trip": round_trip_cycles(ROUND_TRIP_US),
+             "memory": memory} for qps in (1, build_qps)]
 
 
 def measure(design, rows):
@@ -88,7 +104,8 @@ def same_latency(rows: list[dict]) -> bool:
 def latency_table(measured: list[dict]) -> Table:
     rows = [latency_row(row) for row in measured]
     table = Table("latency", [
-        Column("qps", "QPs open"), Column("qp", "sending QP"),
+        Column("build_qps", "build's QPs"), Column("qps", "QPs open"),
+        Column("qp", "sending QP"),
         Column("repetitions", "WRITEs"),
         span("to_mac", "request → MAC"), span("to_mac_ns", "ns", ".1f"),
         span("to_completion", "request → completion"),
@@ -119,9 +136,14 @@ def latency_table(measured: list[dict]) -> Table:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.parse_args()
+    parser.add_argument("--qps", type=int, nargs="*", default=[BUILD_QPS, MANY_QPS],
+                        help="the builds' QP counts (default: %(default)s)")
+    args = parser.parse_args()
     origin = report.provenance()
-    table = latency_table(measure(core_design(CONNECTX_PARAMS), runs()))
+    measured = []
+    for qps in args.qps:
+        measured += measure(core_design(build_params(qps)), runs(qps))
+    table = latency_table(measured)
     print(table.markdown())
     report.write("latency", [table], origin=origin)
     return 0

@@ -18,7 +18,7 @@ import os
 
 import cocotb
 
-from sim.bench.connectx_runs import Run, fresh, landed
+from sim.bench.connectx_runs import MEMORY, Run, fresh, landed
 
 PARAMS = json.loads(os.environ["BENCH_PARAMS"])
 IDLE = 200                      # cycles before each measured WRITE: ACKs and timers settled
@@ -47,7 +47,7 @@ async def write_latency(dut):
     bench.record_timing()
     rows = []
     for number, row in enumerate(PARAMS["rows"]):
-        run = Run(bench, number)
+        run = Run(bench, number, memory=row["memory"] or MEMORY)
         await run.open_warm(row["qps"], path_mtu=4096, round_trip=row["round_trip"])
         stamps = []
         for k in range(1, row["repetitions"] + 1):

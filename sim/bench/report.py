@@ -294,6 +294,13 @@ HEADLINES = [
     Headline("IB CM connections, 16 QPs, next REQ on each REP", "cm_setup", "setup",
              {"peer": "window"},
              lambda row: f"{row['connections_per_s'] / 1e6:.2f} M connections/s"),
+    Headline("1,024 QPs opened through the CM, 64-byte WRITEs on all", "many_qps", "many_qps",
+             {"qps": 1024},
+             lambda row: f"{row['completed']:,} of {row['messages']:,} completed, "
+                         f"{row['lost']} lost"),
+    Headline("Elaborating the 4,096-QP core (to RTLIL)", "elaboration", "elaboration",
+             {"qps": 4096},
+             lambda row: f"{row['seconds']:.0f} s, {row['peak_gb']:.1f} GB"),
     Headline("VCU118Top (16 QPs), Yosys synth_xilinx", "resources", "resources",
              {"target": "VCU118Top"},
              lambda row: f"{row['lut']:,} LUT, {row['ff']:,} FF, {row['bram36']:g} BRAM36, "

@@ -3,7 +3,16 @@
 
 import pytest
 
-from sim.bench.latency import BUILD_QPS, latency_row, latency_table, runs, same_latency
+from sim.bench.connectx import CONNECTX_PARAMS
+from sim.bench.latency import (
+    BUILD_QPS,
+    MANY_QPS,
+    build_params,
+    latency_row,
+    latency_table,
+    runs,
+    same_latency,
+)
 
 CLOCK_HZ = 322_265_625
 #: A 64-byte RDMA WRITE ONLY: Ethernet 14, IPv4 20, UDP 8, BTH 12, RETH 16, payload,
@@ -20,7 +29,8 @@ def measured(qps, to_mac, to_completion, ack_to_completion=20, start=1000):
                "completion": start + 1000 * i + done,
                "ack": start + 1000 * i + done - ack_to_completion}
               for i, (mac, done) in enumerate(zip(to_mac, to_completion, strict=True))]
-    return {"qps": qps, "qp": qps - 1, "length": 64, "repetitions": len(stamps),
+    return {"build_qps": 16, "qps": qps, "qp": qps - 1, "length": 64,
+            "repetitions": len(stamps),
             "round_trip": ROUND_TRIP, "stamps": stamps}
 
 
@@ -43,8 +53,9 @@ def test_the_table_shows_one_figure_where_the_repetitions_agree():
     table = latency_table([measured(1, [30, 30], [400, 400]),
                            measured(16, [30, 32], [400, 400])])
     one, every = (table.line(row) for row in table.rows)
-    assert one.startswith("| 1 | 0 | 2 | 30 | 93.1 | 400 | 1241.2 | 322 | 4.18 | 73.82 | 20 |")
-    assert every.startswith("| 16 | 15 | 2 | 30–32 | 93.1–99.3 | 400 |")
+    assert one.startswith(
+        "| 16 | 1 | 0 | 2 | 30 | 93.1 | 400 | 1241.2 | 322 | 4.18 | 73.82 | 20 |")
+    assert every.startswith("| 16 | 16 | 15 | 2 | 30–32 | 93.1–99.3 | 400 |")
     assert "The rows differ" in table.note
     assert table.markdown().startswith(table.caption)
 
@@ -58,8 +69,14 @@ def test_rows_that_agree_say_so():
 
 
 def test_the_rows_are_one_qp_and_every_qp_of_the_build():
-    assert BUILD_QPS == 16
+    assert BUILD_QPS == 16 and MANY_QPS == 4096
     one, every = runs()
     assert (one["qps"], one["qp"]) == (1, 0) and (every["qps"], every["qp"]) == (16, 15)
     assert one["round_trip"] == every["round_trip"] == ROUND_TRIP
-    assert [row["qps"] for row in runs(4)] == [1, 4]
+    assert [(row["build_qps"], row["qps"]) for row in runs(MANY_QPS)] == [(4096, 1),
+                                                                          (4096, 4096)]
+
+
+def test_a_build_of_many_qps_has_message_slots_for_them():
+    assert build_params(BUILD_QPS) == CONNECTX_PARAMS
+    assert build_params(MANY_QPS) == {**CONNECTX_PARAMS, "qps": 4096, "message_slots": 8192}
