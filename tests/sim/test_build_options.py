@@ -33,7 +33,7 @@ def test_a_build_has_networkcores_defaults_where_its_parameters_say_nothing():
         "message_slots": 4096}
 
 
-@pytest.mark.parametrize("argv", [["--qps", "257"], ["--retransmit-beats", "4096.0"],
+@pytest.mark.parametrize("argv", [["--qps", "4097"], ["--retransmit-beats", "4096.0"],
                                   ["--messages", "1"], ["--message-slots", "100"],
                                   ["--retransmit-pages", "100"]])
 def test_a_value_the_core_refuses_is_refused_when_parsed(argv):
