@@ -158,8 +158,9 @@ class PacketPlanner(wiring.Component):
     QP fails while it is sent ends with a ``drop`` descriptor that drains the
     rest of its payload. Two cycles per message load, then a packet per cycle.
     ``holds`` tells whether a context is in the middle of a message of QP
-    ``holds_qp``. While ``i_setting`` (a QP is being set) it takes no new request,
-    so that a request that comes after a QP's setting sees it.
+    ``holds_qp`` (of the QP index bits the build uses: an index past the QPs is taken
+    for the QP it names in those bits). While ``i_setting`` (a QP is being set) it
+    takes no new request, so that a request that comes after a QP's setting sees it.
     """
 
     def __init__(self, *, qps, ring_beats, width=BEAT_BYTES):
@@ -210,9 +211,10 @@ class PacketPlanner(wiring.Component):
         replay = Signal(_CONTEXT)
         replaying = Signal()
         # Which QP's message each context is in the middle of, while ``new_sending`` and
-        # ``replaying`` (for ``holds``).
-        new_holds = Signal(QP_INDEX_BITS)
-        replay_holds = Signal(QP_INDEX_BITS)
+        # ``replaying`` (for ``holds``): the QP index bits the build uses.
+        qp_bits = max((self._qps - 1).bit_length(), 1)
+        new_holds = Signal(qp_bits)
+        replay_holds = Signal(qp_bits)
 
         # Each context keeps its next packet worked out ahead (a register, set when the
         # context is loaded or advanced), and the replay whether it has one more packet to
@@ -423,8 +425,9 @@ class PacketPlanner(wiring.Component):
 
         # Whether a context is in the middle of a message of ``holds_qp`` (a QP may
         # be set again only between its messages): two comparisons of QP indices.
-        m.d.comb += self.holds.eq((new_sending & (new_holds == self.holds_qp))
-                                  | (replaying & (replay_holds == self.holds_qp)))
+        asked = self.holds_qp[:qp_bits]
+        m.d.comb += self.holds.eq((new_sending & (new_holds == asked))
+                                  | (replaying & (replay_holds == asked)))
 
         # Load contexts: a resend when the replay context is free, else a new message.
         # The engine's view of a QP is a cycle late: while the new context is free, it
@@ -476,7 +479,7 @@ class PacketPlanner(wiring.Component):
                 m.d.sync += [
                     replay.path.eq(self.read_path),
                     replaying.eq(1),
-                    replay_holds.eq(replay.qp),
+                    replay_holds.eq(replay.qp[:qp_bits]),
                     replay_next.eq(replay_first),
                     replay_more.eq((replay.psn != replay_view.next_psn)
                                    & (replay.index < replay.message.packets)),
@@ -535,7 +538,7 @@ class PacketPlanner(wiring.Component):
                                         == (new_view.tail[offset_bits:] + 1)[:vpage_bits])),
                         new_next.eq(new_first),
                         new_sending.eq(1),
-                        new_holds.eq(request.qp),
+                        new_holds.eq(request.qp[:qp_bits]),
                     ]
                 m.next = "IDLE"
 

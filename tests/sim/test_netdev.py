@@ -263,8 +263,8 @@ def test_build_options_reach_the_core_and_its_cache_key(monkeypatch, capsys, sou
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--qps", "0"], "argument --qps: QP count must be 1..256, not 0"),
-    (["--qps", "300"], "argument --qps: QP count must be 1..256, not 300"),
+    (["--qps", "0"], "argument --qps: QP count must be 1..4096, not 0"),
+    (["--qps", "5000"], "argument --qps: QP count must be 1..4096, not 5000"),
     (["--qps", "many"], "argument --qps: not an integer: 'many'"),
     (["--retransmit-beats", "32"], "argument --retransmit-beats: Ring beats must be a power "
      "of 2, 128..1048576 (a ring of 64-byte beats holds 2 pages of 4096 bytes), not 32"),
