@@ -155,7 +155,7 @@ from ..headers import (
     CmAttribute,
     NetworkLayout,
 )
-from ..roce.flag_memory import FlagMemory
+from ..roce.flag_memory import FlagMemory, write_flags
 from ..roce.requests import (
     FIRST_QPN,
     QP_INDEX_BITS,
@@ -654,9 +654,7 @@ class IbCm(wiring.Component):
             stale.r[0].addr.eq(index),
             stale.w_stored.addr.eq(index),
             stale.w_stored.stale.value.eq(0),
-            stale.w_closed.addr.eq(closed),
-            stale.w_closed.stale.en.eq(closed_valid),
-            stale.w_closed.stale.value.eq(1),
+            *write_flags(stale.w_closed, closed, closed_valid, 1),
         ]
         m.d.sync += [closed.eq(self.i_closed.payload), closed_valid.eq(self.i_closed.valid)]
 

@@ -8,7 +8,7 @@ from amaranth.lib.wiring import In, Out
 
 from .ack import AETH_NAK, AETH_RNR_NAK
 from .ack_intake import ACK_VERDICT
-from .flag_memory import FlagMemory
+from .flag_memory import FlagMemory, write_flags
 from .qp_context import INTAKE_COUNTERS, ContextMemory, qp_bits_of
 from .requests import QP_COUNTERS, QP_INDEX_BITS, check_qp_count
 
@@ -58,17 +58,13 @@ class AckCounters(wiring.Component):
         entries = 1 << qp_bits_of(self._qps)
         icrc_error, cnp, verdict, reset = (self.i_icrc_error, self.i_cnp, self.i_verdict,
                                            self.i_reset)
-        names = COUNT_FLAGS
         # Whether each count of a QP reads as 0: read by the count's writer, then by the
         # status ports; set by a reset, cleared by the count's write.
         m.submodules.cleared = cleared = FlagMemory(
-            flags=names, depth=entries, addr_bits=QP_INDEX_BITS,
-            writers=(*((name, (name,)) for name in names), ("reset", names)),
-            reads=(*["comb"] * len(names), *["sync"] * self._ports))
-        m.d.comb += cleared.w_reset.addr.eq(reset.p)
-        for name in names:
-            m.d.comb += [getattr(cleared.w_reset, name).en.eq(reset.valid),
-                         getattr(cleared.w_reset, name).value.eq(1)]
+            flags=COUNT_FLAGS, depth=entries, addr_bits=QP_INDEX_BITS,
+            writers=(*((name, (name,)) for name in COUNT_FLAGS), ("reset", COUNT_FLAGS)),
+            reads=(*["comb"] * len(COUNT_FLAGS), *["sync"] * self._ports))
+        m.d.comb += write_flags(cleared.w_reset, reset.p, reset.valid, 1)
 
         # Each count: its memory, read combinationally by its writer and registered by
         # each status port.
@@ -99,16 +95,14 @@ class AckCounters(wiring.Component):
                                                      ("cnp", cnp.valid, cnp.p),
                                                      ("intake", verdict.valid, verdict.p.qp))):
             before, write = stores[name].r[0], stores[name].w
-            was_cleared, clear = cleared.r[index], getattr(cleared, f"w_{name}")
+            was_cleared = cleared.r[index]
             counts_before = Mux(was_cleared.data[name], 0, before.data)
             m.d.comb += [
                 before.addr.eq(qp),
                 write.addr.eq(qp),
                 write.en.eq(counted),
                 was_cleared.addr.eq(qp),
-                clear.addr.eq(qp),
-                getattr(clear, name).en.eq(counted),
-                getattr(clear, name).value.eq(0),
+                *write_flags(getattr(cleared, f"w_{name}"), qp, counted, 0),
             ]
             if name == "intake":
                 counts_before = data.View(INTAKE_COUNTERS, counts_before)

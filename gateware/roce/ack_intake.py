@@ -6,7 +6,7 @@ from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .ack import ACK_EVENT, AETH_ACK, AETH_NAK, AETH_RESERVED, AETH_RNR_NAK, NAK_SEQUENCE
-from .flag_memory import FlagMemory
+from .flag_memory import FlagMemory, write_flags
 from .requests import QP_INDEX_BITS, check_qp_count
 
 __all__ = ["AckIntake", "ACK_WINDOW", "ACK_TAKEN", "ACK_VERDICT"]
@@ -158,9 +158,7 @@ class AckIntake(wiring.Component):
             furthest_write.addr.eq(event.qp),
             furthest_write.data.eq(event.psn - is_nak),
             furthest_write.en.eq(taken),
-            flags.w_taken.addr.eq(event.qp),
-            flags.w_taken.known.en.eq(taken),
-            flags.w_taken.known.value.eq(1),
+            *write_flags(flags.w_taken, event.qp, taken, 1),
         ]
         kept = Signal(ACK_TAKEN)        # stage 3: an acknowledgement taken, to keep
         kept_ack = Signal()
@@ -245,11 +243,8 @@ class AckIntake(wiring.Component):
             flags.w_take.has_nak.value.eq(0),
             flags.w_take.queued.en.eq(leaves & ~again),
             flags.w_take.queued.value.eq(0),
-            flags.w_clear.addr.eq(clear.p),
+            *write_flags(flags.w_clear, clear.p, clear.valid, 0),
         ]
-        for name in ("known", "has_ack", "has_nak"):
-            m.d.comb += [getattr(flags.w_clear, name).en.eq(clear.valid),
-                         getattr(flags.w_clear, name).value.eq(0)]
         with m.If(leaves):
             m.d.sync += last_returned.eq(from_returned)
         return m

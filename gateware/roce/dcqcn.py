@@ -6,7 +6,7 @@ from amaranth import *
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .flag_memory import FlagMemory
+from .flag_memory import FlagMemory, write_flags
 from .requests import QP_INDEX_BITS, check_qp_count
 
 __all__ = ["DcqcnReactionPoint", "DCQCN_CONFIG", "DCQCN_DEFAULTS", "RATE_UPDATE",
@@ -232,11 +232,7 @@ class DcqcnReactionPoint(wiring.Component):
         def clear_bit(name):
             set_bit(name, 0)
 
-        m.d.comb += [
-            flags.w_sent.addr.eq(sent.qp),
-            flags.w_sent.bytes_clear.en.eq(sent_valid),      # (a cut's set wins)
-            flags.w_sent.bytes_clear.value.eq(0),
-        ]
+        m.d.comb += write_flags(flags.w_sent, sent.qp, sent_valid, 0)   # (a cut's set wins)
 
         with m.FSM():
             with m.State("NEXT"):
@@ -429,11 +425,10 @@ class DcqcnReactionPoint(wiring.Component):
                 m.next = "NEXT"
 
         # Events (later writers than the sweep: a new event for the QP it visits wins).
-        for writer, name, qp, valid in (
-                (flags.w_cnp, "cnp_waiting", self.i_cnp.p, self.i_cnp.valid & config.enable),
-                (flags.w_reset, "reset_waiting", self.i_reset.p, self.i_reset.valid),
-                (flags.w_bytes, "byte_event", sent.qp,
+        for writer, qp, valid in (
+                (flags.w_cnp, self.i_cnp.p, self.i_cnp.valid & config.enable),
+                (flags.w_reset, self.i_reset.p, self.i_reset.valid),
+                (flags.w_bytes, sent.qp,
                  sent_valid & qp_limited & (reset_bytes != 0) & (counted >= reset_bytes))):
-            m.d.comb += [writer.addr.eq(qp), getattr(writer, name).en.eq(valid),
-                         getattr(writer, name).value.eq(1)]
+            m.d.comb += write_flags(writer, qp, valid, 1)
         return m

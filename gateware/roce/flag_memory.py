@@ -7,7 +7,7 @@ from amaranth.lib.wiring import In, Out
 
 from .qp_context import lookup
 
-__all__ = ["FlagMemory", "flag_writes"]
+__all__ = ["FlagMemory", "flag_writes", "write_flags"]
 
 
 def flag_writes(names, addr_bits):
@@ -17,6 +17,18 @@ def flag_writes(names, addr_bits):
         "addr": Out(addr_bits),
         **{name: Out(data.StructLayout({"en": 1, "value": 1})) for name in names},
     })
+
+
+def write_flags(writer, addr, enable, value, names=None):
+    """The statements that drive a writer's port (:func:`flag_writes`): in a cycle with
+    ``enable`` the flags ``names`` (by default every flag it writes) of entry ``addr``
+    take ``value``."""
+    if names is None:
+        names = [name for name in writer.signature.members if name != "addr"]
+    statements = [writer.addr.eq(addr)]
+    for name in names:
+        statements += [getattr(writer, name).en.eq(enable), getattr(writer, name).value.eq(value)]
+    return statements
 
 
 class FlagMemory(wiring.Component):

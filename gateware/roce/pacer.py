@@ -6,7 +6,7 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .dcqcn import INTERVAL_BITS, INTERVAL_FRACTION_BITS, RATE_UPDATE
-from .flag_memory import FlagMemory
+from .flag_memory import FlagMemory, write_flags
 from .qp_context import lookup
 from .requests import QP_INDEX_BITS, WORK_REQUEST, check_qp_count
 
@@ -173,8 +173,7 @@ class Pacer(wiring.Component):
                 (paced.w_sweep, due_qp, ~due_stale & (due_time <= now_fixed), 0),
                 (paced.w_rate, rate.p.qp, rate.valid & ~rate.p.limited, 0),
                 (paced.w_charge, charged_qp, charging, 1)):
-            m.d.comb += [writer.addr.eq(qp), writer.paced.en.eq(enable),
-                         writer.paced.value.eq(value)]
+            m.d.comb += write_flags(writer, qp, enable, value)
         return m
 
 

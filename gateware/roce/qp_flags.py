@@ -5,7 +5,7 @@ from amaranth import *
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .flag_memory import FlagMemory
+from .flag_memory import FlagMemory, write_flags
 from .qp_context import FLAGS, QP_FLAGS, lookup, qp_bits_of
 from .requests import QP_INDEX_BITS, check_qp_count
 
@@ -68,18 +68,16 @@ class QpFlags(wiring.Component):
                      ("engine", ENGINE_FLAGS), ("reset", FLAGS)),
             reads=(*self._reads, "written"))
         engine, reset = self.i_engine, self.i_reset
-        for writer, port, name, value in (
-                (store.w_timer_from_sent, self.i_timer_from_sent, "from_sent", 1),
-                (store.w_resend_taken, self.i_resend_taken, "resend", 0)):
-            m.d.comb += [writer.addr.eq(port.p), getattr(writer, name).en.eq(port.valid),
-                         getattr(writer, name).value.eq(value)]
-        m.d.comb += store.w_engine.addr.eq(engine.qp)
+        m.d.comb += [
+            *write_flags(store.w_timer_from_sent, self.i_timer_from_sent.p,
+                         self.i_timer_from_sent.valid, 1),
+            *write_flags(store.w_resend_taken, self.i_resend_taken.p,
+                         self.i_resend_taken.valid, 0),
+            *write_flags(store.w_reset, reset.p, reset.valid, 0),
+            store.w_engine.addr.eq(engine.qp),
+        ]
         for name in ENGINE_FLAGS:
             m.d.comb += getattr(store.w_engine, name).eq(engine[name])
-        m.d.comb += store.w_reset.addr.eq(reset.p)
-        for name in FLAGS:
-            m.d.comb += [getattr(store.w_reset, name).en.eq(reset.valid),
-                         getattr(store.w_reset, name).value.eq(0)]
         for index, port in enumerate(self.r):
             reader = store.r[index]
             m.d.comb += [reader.addr.eq(port.addr), port.data.eq(reader.data)]
@@ -94,4 +92,3 @@ class QpFlags(wiring.Component):
             self.o_due.p.eq(engine.qp),
         ]
         return m
-

@@ -6,7 +6,7 @@ from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .descriptor import REPLAY
-from .flag_memory import FlagMemory
+from .flag_memory import FlagMemory, write_flags
 from .qp_context import QP_FLAGS, lookup, per_qp_layouts, qp_bits_of
 from .qp_flags import due_for_resend
 from .requests import QP_INDEX_BITS, check_qp_count
@@ -81,12 +81,8 @@ class ResendWalker(wiring.Component):
             queued.r[0].addr.eq(due.p),
             queue.w_data.eq(due.p),
             queue.w_en.eq(due.valid & ~queued.r[0].data.queued),
-            queued.w_push.addr.eq(due.p),
-            queued.w_push.queued.en.eq(queue.w_en),
-            queued.w_push.queued.value.eq(1),
-            queued.w_pop.addr.eq(queue.r_data),
-            queued.w_pop.queued.en.eq(popped),
-            queued.w_pop.queued.value.eq(0),
+            *write_flags(queued.w_push, due.p, queue.w_en, 1),
+            *write_flags(queued.w_pop, queue.r_data, popped, 0),
             queue.r_en.eq(popped),
         ]
 
