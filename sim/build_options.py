@@ -16,7 +16,8 @@ from gateware.roce.page_pool import check_retransmit_pages, check_ring_beats
 from gateware.roce.reliability import check_message_count, check_message_slots
 from gateware.roce.requests import check_qp_count
 
-__all__ = ["BUILD_OPTIONS", "add_build_arguments", "build_arguments", "built_with"]
+__all__ = ["BUILD_OPTIONS", "add_build_arguments", "build_arguments", "built_with",
+           "message_slots_for"]
 
 #: The options: each one's name, the NetworkCore parameter it sets, its help and the
 #: check of its values.
@@ -65,6 +66,13 @@ def build_arguments(args: argparse.Namespace) -> dict[str, int]:
     """The NetworkCore parameters of the options given in ``args``."""
     return {name: getattr(args, name) for _, name, _, _ in BUILD_OPTIONS
             if getattr(args, name) is not None}
+
+
+def message_slots_for(qps: int) -> int:
+    """Message slots for a build of ``qps`` QPs: NetworkCore's default, or twice the QPs
+    where that is too few (each QP holds a slot, and the pool keeps a few back)."""
+    default = inspect.signature(NetworkCore).parameters["message_slots"].default
+    return check_message_slots(max(default, 2 * qps), qps)
 
 
 def built_with(params: Mapping[str, object]) -> dict[str, object]:

@@ -29,9 +29,8 @@ LARGEST = 3
 
 
 def build_parameters(qps: int) -> dict:
-    from gateware.core import NetworkCore
-    default_slots = NetworkCore.__init__.__kwdefaults__["message_slots"]
-    return {"qps": qps, "message_slots": max(default_slots, 2 * qps)}
+    from sim.build_options import message_slots_for
+    return {"qps": qps, "message_slots": message_slots_for(qps)}
 
 
 def measure_one(qps: int) -> dict:

@@ -26,6 +26,7 @@ from sim.bench import report
 from sim.bench.connectx import CONNECTX_PARAMS, frame_length, line_cycles_per_frame
 from sim.bench.core_runs import core_design, run_for_results
 from sim.bench.report import Column, Table
+from sim.build_options import message_slots_for
 from sim.models.responder import CLOCK_HZ, round_trip_cycles
 
 LENGTH = 64
@@ -43,8 +44,7 @@ def build_params(qps: int) -> dict:
     """The build with ``qps`` QPs: the connectx bench's, with message slots for them."""
     if qps == BUILD_QPS:
         return CONNECTX_PARAMS
-    slots = inspect.signature(NetworkCore).parameters["message_slots"].default
-    return {**CONNECTX_PARAMS, "qps": qps, "message_slots": max(slots, 2 * qps)}
+    return {**CONNECTX_PARAMS, "qps": qps, "message_slots": message_slots_for(qps)}
 
 
 def runs(build_qps: int = BUILD_QPS) -> list[dict]:
