@@ -132,11 +132,13 @@ class ReliabilityEngine(wiring.Component):
     :class:`TimerSweep` checks the timers, :class:`AckHandler` acts on
     acknowledgements, timers, closes and resets and retires messages,
     :class:`ResendWalker` hands the planner the messages to resend, and
-    :class:`TickCount` counts the ticks. The timers are start times on a
-    count of ticks, checked by a sweep of one QP per cycle and served before
-    acknowledgements: a timer expires up to ``qps`` + 3 cycles after its time, plus
-    at most one acknowledgement's work (4 cycles and 1 per message it
-    completes). ``i_icrc_error`` and ``i_cnp`` (a QP index each) count the
+    :class:`TickCount` counts the ticks. The timers are start times on a count of
+    ticks, found by a scan of the QPs in rows of up to 32, a row a cycle, and served
+    before acknowledgements: a timer expires up to a pass of the rows and 5 cycles
+    after its time when no other QP's state changes meanwhile (a cycle more for each
+    other QP the scan finds changed or expired on the way), plus at most one
+    acknowledgement's work (4 cycles and 1 per message it completes). ``i_icrc_error``
+    and ``i_cnp`` (a QP index each) count the
     acknowledgements dropped for their ICRC and the CNPs of a QP. While
     ``i_paused`` (the link pauses RoCEv2 frames: PAUSE or PFC) the tick count
     stands still, so pause time counts against no ACK timer or RNR wait.
@@ -257,6 +259,8 @@ class ReliabilityEngine(wiring.Component):
         connect(m, handler.o_busy, sweep.i_busy)
         qp_event(sweep.i_reset, reset.valid, reset.p.qp)
         qp_event(sweep.i_sent, sent.valid, sent.p.qp)
+        qp_event(sweep.i_timer_from_sent, tracker.o_timer_from_sent.valid,
+                 tracker.o_timer_from_sent.p)
         connect(m, flipped(self.i_reset), handler.i_reset)
         connect(m, flipped(self.i_close), handler.i_close)
         m.d.comb += flags.i_engine.eq(handler.o_flags)

@@ -122,6 +122,8 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
         qps=16, width=WIDTH),
     "ReliabilityEngine (2 QPs)": lambda: _load("gateware.roce.reliability.ReliabilityEngine")(
         qps=2, messages=8, message_slots=16, width=WIDTH),
+    "TimerSweep (16 QPs)": lambda: _load("gateware.roce.timer_sweep.TimerSweep")(qps=16),
+    "TimerSweep (4096 QPs)": lambda: _load("gateware.roce.timer_sweep.TimerSweep")(qps=4096),
     "TrafficGenerator": lambda: _load("gateware.roce.generator.TrafficGenerator")(width=WIDTH),
     "RequestArbiter (2 inputs)": lambda: _load("gateware.roce.request_arbiter.RequestArbiter")(
         inputs=2, width=WIDTH),

@@ -25,7 +25,7 @@ TIMEOUT = 7
 TIMEOUT_CYCLES = (1 << TIMEOUT) * TICK
 
 #: How far from its time a timer may be served, seen on the wire: its start and
-#: expiry fall on ticks, the engine looks at one QP per cycle, and a packet leaves
+#: expiry fall on ticks, the engine's timer sweep finds it some cycles late, and a packet leaves
 #: the wire some cycles after the engine counts it sent.
 TIMER_SLACK = 2 * TICK + 32
 
