@@ -129,10 +129,18 @@ class TimerSweep(wiring.Component):
         expired = self.o_expired.valid
         expired_qp = self.o_expired.p.qp
         # Whether the check in the second stage is good: its verdict counts, and its hint
-        # is written.
+        # is written a cycle later (``settled``: a change of the QP in that cycle marks it
+        # dirty again, and wins over the check's clearing).
         good = Signal()
         m.d.comb += good.eq(checked.valid & ~expired & ~checked.written
                             & ~written(checked.qp))
+        settled = Signal(data.StructLayout({"valid": 1, "qp": qp_bits, "hint": HINT}))
+        m.d.sync += [
+            settled.valid.eq(good),
+            settled.qp.eq(checked.qp),
+            settled.hint.armed.eq(checked.armed),
+            settled.hint.at.eq(checked.started + checked.due),
+        ]
 
         # The hints and dirty flags, a memory of each per lane.
         hints, dirty = [], []
@@ -144,25 +152,26 @@ class TimerSweep(wiring.Component):
             write = store.write_port()
             read = store.read_port(transparent_for=(write,))
             m.d.comb += [
-                write.addr.eq(checked.qp[lane_bits:]),
-                write.en.eq(good & lane_of(checked.qp, lane)),
-                write.data.armed.eq(checked.armed),
-                write.data.at.eq(checked.started + checked.due),
+                write.addr.eq(settled.qp[lane_bits:]),
+                write.en.eq(settled.valid & lane_of(settled.qp, lane)),
+                write.data.eq(settled.hint),
                 read.addr.eq(row_next),
             ]
             hints.append(read.data)
             # A change marks a QP dirty; the check clears it, and a change in the same
-            # cycle wins.
+            # cycle wins. The scan reads the flags as they were before the cycle's writes:
+            # a QP marked as its row is read is a candidate a pass later (its timer runs
+            # out two ticks after the change at the earliest).
             m.submodules[f"dirty{lane}"] = flags = FlagMemory(
                 flags=("dirty",), depth=1 << row_bits, addr_bits=row_bits,
                 writers=(("check", ("dirty",)), ("timer_from_sent", ("dirty",)),
                          ("busy", ("dirty",))),
-                reads=("written",))
+                reads=("comb",))
             for writer, port, value in ((flags.w_check, None, 0),
                                         (flags.w_timer_from_sent, self.i_timer_from_sent, 1),
                                         (flags.w_busy, self.i_busy, 1)):
                 if port is None:
-                    qp, enable = checked.qp, good
+                    qp, enable = settled.qp, settled.valid
                 else:
                     qp, enable = port.p[:qp_bits], port.valid
                 m.d.comb += write_flags(writer, qp[lane_bits:], enable & lane_of(qp, lane),
