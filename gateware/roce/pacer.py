@@ -6,6 +6,7 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .dcqcn import INTERVAL_BITS, INTERVAL_FRACTION_BITS, RATE_UPDATE
+from .deadline_scan import DeadlineScan
 from .flag_memory import FlagMemory, write_flags
 from .qp_context import lookup
 from .requests import QP_INDEX_BITS, WORK_REQUEST, check_qp_count
@@ -24,6 +25,10 @@ PACED_BYTES = data.StructLayout({"qp": QP_INDEX_BITS, "bytes": 14})
 
 _TIME = 48 + INTERVAL_FRACTION_BITS     # clock cycles, fixed point (2^47 cycles: days)
 
+#: Bits of the times the scan keeps, in whole cycles (modular: a QP's next turn is at most
+#: two packets' time ahead, 2 × 16,383 bytes × 2^16 cycles, within half their range).
+HINT_BITS = 32
+
 _INTERVAL = data.StructLayout({"limited": 1, "interval": INTERVAL_BITS})
 _TURN = data.StructLayout({"turn": _TIME, "bytes": 14})
 
@@ -40,18 +45,22 @@ class Pacer(wiring.Component):
     at the minimum rate, 256 cycles a byte at a 32-cycle µs, would otherwise hold its
     QP for 280,000 cycles whatever the rate does meanwhile). A packet's turn is that
     due time, or 1 µs (``cycles_per_us``) ago if that is later: a QP that waited longer
-    than its debt may send a burst of 1 µs at most, and one let go late by the sweep
-    below loses no time, so the long-run rate is exact.
+    than its debt may send a burst of 1 µs at most, and one let go late by the check
+    below (by less than 1 µs) loses no time, so the long-run rate is exact.
 
     A QP's *paced* bit (in a :class:`FlagMemory`) says it has a start time ahead; each
     gate looks it up through a port of its own (``paced[n]``, for ``readers`` gates:
     the bit as it was in the cycle of ``addr``, a cycle later). A packet sets it
     3 cycles after ``i_sent`` (registered input; the previous packet's bytes times the
-    interval, registered; the new turn written). A sweep of one QP a cycle clears it
-    once the due time has come, 4 cycles after it reads the QP (its bytes' time and
-    then its due time registered; up to ``qps`` + 4 cycles late, the late start counted
-    as above). A rate update takes effect a cycle after
-    ``i_rate`` (registered input); one that ends the limit clears the QP's bit then.
+    interval, registered; the new turn written). A check of one QP a cycle clears it
+    once the due time has come, 3 cycles after it reads the QP (its bytes' time and
+    then its due time registered). The QPs it checks come from a :class:`DeadlineScan`
+    of up to 32 QPs a cycle: those whose due time, as their last check worked it out,
+    has come, and those a packet or a rate update changed since; so a QP is let go up
+    to a pass of the scan (``qps`` / 32 cycles, and one per other QP checked on the
+    way) and 5 cycles late, the late start counted as above. A rate update takes effect
+    a cycle after ``i_rate`` (registered input); one that ends the limit clears the
+    QP's bit then.
     """
 
     def __init__(self, *, qps, readers=1):
@@ -142,35 +151,63 @@ class Pacer(wiring.Component):
             turn_write.en.eq(charging),
         ]
 
-        # The sweep: read a QP; its last packet's time at its interval, registered; let
-        # it go if that is over. A turn written after the read makes the verdict stale.
-        swept = Signal(range(entries))
-        m.d.sync += swept.eq(Mux(swept + 1 >= qps, 0, swept + 1))
+        # The QPs to check: from a scan of hints (the cycle the QP's last packet's time at
+        # its interval is over, as its last check worked it out, rounded down), and those
+        # a packet or a rate update changed since (a rate raised brings the time closer).
+        m.submodules.scan = scan = DeadlineScan(qps=qps, time_bits=HINT_BITS, marks=2)
+        m.d.comb += [
+            scan.i_now.eq(now[:HINT_BITS]),
+            scan.i_mark[0].valid.eq(charging),
+            scan.i_mark[0].p.eq(charged_qp),
+            scan.i_mark[1].valid.eq(rate.valid),
+            scan.i_mark[1].p.eq(rate.p.qp),
+            scan.o_candidate.ready.eq(1),
+        ]
+
+        def changed(qp):
+            """Whether a packet or a rate update of the QP is written this cycle."""
+            return ((turn_write.en & (turn_write.addr == qp))
+                    | (interval_write.en & (interval_write.addr == qp)))
+
+        # The check: read a candidate; its last packet's time at its interval, registered;
+        # its due time, registered; let it go if that is over. A turn or an interval
+        # written after the read makes the verdict stale (the write marked the QP: it is
+        # checked again).
+        swept = scan.o_candidate.p
         m.d.comb += [turn_sweep.addr.eq(swept), interval_sweep.addr.eq(swept)]
-        visited = Signal.like(swept)
-        judged = Signal.like(swept)
+        visited = Signal(data.StructLayout({"valid": 1, "qp": QP_INDEX_BITS}))
+        judged = Signal.like(visited)
         judged_turn = Signal(_TIME)
         judged_time = Signal(14 + INTERVAL_BITS)
         stale = Signal()
         m.d.sync += [
-            visited.eq(swept),
+            visited.valid.eq(scan.o_candidate.valid),
+            visited.qp.eq(swept),
             judged.eq(visited),
             judged_turn.eq(turn_sweep.data.turn),
             judged_time.eq(turn_sweep.data.bytes * interval_sweep.data.interval),
-            stale.eq(turn_write.en & (turn_write.addr == visited)),
+            stale.eq(changed(visited.qp)),
         ]
-        # The due time, registered before it is compared with the time (a turn written
-        # meanwhile makes that stale too).
-        due_qp = Signal.like(swept)
+        # The due time, registered before it is compared with the time.
+        due = Signal.like(visited)
         due_time = Signal(_TIME + 1)
         due_stale = Signal()
         m.d.sync += [
-            due_qp.eq(judged),
+            due.eq(judged),
             due_time.eq(judged_turn + judged_time),
-            due_stale.eq(stale | (turn_write.en & (turn_write.addr == judged))),
+            due_stale.eq(stale | changed(judged.qp)),
+        ]
+        released = Signal()
+        m.d.comb += released.eq(due.valid & ~due_stale & (due_time <= now_fixed))
+        # The QP's hint, a cycle later (a change in that cycle marks it again and wins).
+        m.d.sync += [
+            scan.i_hint.valid.eq(due.valid & ~due_stale & ~changed(due.qp)),
+            scan.i_hint.p.qp.eq(due.qp),
+            scan.i_hint.p.hint.armed.eq(~released),
+            scan.i_hint.p.hint.at.eq(due_time[INTERVAL_FRACTION_BITS:]),
         ]
         for writer, qp, enable, value in (
-                (paced.w_sweep, due_qp, ~due_stale & (due_time <= now_fixed), 0),
+                (paced.w_sweep, due.qp, released, 0),
                 (paced.w_rate, rate.p.qp, rate.valid & ~rate.p.limited, 0),
                 (paced.w_charge, charged_qp, charging, 1)):
             m.d.comb += write_flags(writer, qp, enable, value)

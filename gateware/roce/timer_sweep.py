@@ -2,28 +2,15 @@
 by a scan of many QPs a cycle and checked one QP a cycle."""
 
 from amaranth import *
-from amaranth.lib import data, memory, stream, wiring
-from amaranth.lib.wiring import In, Out
-from amaranth.utils import exact_log2
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out, connect
 
-from .flag_memory import FlagMemory, write_flags
+from .deadline_scan import DeadlineScan, check_lanes
 from .qp_context import QP_FLAGS, QP_LAYOUTS, TIME_BITS, lookup, qp_bits_of
 from .requests import QP_INDEX_BITS, check_qp_count
 from .timers import rnr_delay_ticks
 
-__all__ = ["TimerSweep", "expired_timer", "sweep_lanes", "SWEEP_LANES", "HINT"]
-
-#: QPs the scan reads a cycle, at most.
-SWEEP_LANES = 32
-
-#: What the scan keeps of a QP: whether its timer runs, and the tick it runs out at.
-HINT = data.StructLayout({"armed": 1, "at": TIME_BITS})
-
-
-def sweep_lanes(qps):
-    """QPs the scan of a build of ``qps`` QPs reads a cycle: :data:`SWEEP_LANES`, or
-    fewer where a row of them would hold more than half the QP indices."""
-    return max(1, min(SWEEP_LANES, (1 << qp_bits_of(qps)) // 2))
+__all__ = ["TimerSweep", "expired_timer"]
 
 
 def expired_timer(qps):
@@ -42,23 +29,20 @@ class TimerSweep(wiring.Component):
     (``r_una`` ≠ ``r_nxt``) and the timeout is not 0; or, while ``rnr_wait``, the RNR
     NAK's wait (IBTA table 45) from the stamped start. A QP in ERROR has no timer.
 
-    The scan. The QPs are in rows of ``lanes`` (index = row × lanes + lane), and for
-    each the sweep keeps a hint in memories of its own, a row a word: whether its timer
-    runs and the tick it runs out at, as its last check found them, and a flag that
-    its state changed since (``dirty``). The scan reads a row a cycle and takes as
-    candidates the QPs of it that are dirty or whose hint has run out; the check takes
-    them one a cycle, so a row without candidates costs one cycle. A write of a QP's
-    state that can bring its timer closer marks it dirty: a packet sent when none was
-    outstanding (``i_timer_from_sent``, which starts the ACK timer) and the handler's
-    work on it (``i_busy``, which stamps an RNR wait); the other writes only put a
-    timer off or stop it (a reset, a packet sent behind others), and a hint that runs
-    out early only makes its QP a candidate once more.
+    The QPs to check come from a :class:`DeadlineScan` of ``lanes`` QPs a cycle: the
+    QPs whose hint has run out (whether its timer runs and the tick it runs out at, as
+    its last check wrote them) and those marked since. A write of a QP's state that can
+    bring its timer closer marks it: a packet sent when none was outstanding
+    (``i_timer_from_sent``, which starts the ACK timer) and the handler's work on it
+    (``i_busy``, which stamps an RNR wait); the other writes only put a timer off or
+    stop it (a reset, a packet sent behind others), and a hint that runs out early only
+    makes its QP a candidate once more.
 
     The check, in two stages as before the hints: a candidate's state and flags read
     (``r_*``, registered and addressed a cycle ahead: ``"transparent"`` ports of
     :class:`ContextMemory` and :class:`QpFlags`; of the flags it reads ``error``,
     ``rnr_wait``, ``from_sent``) and its time elapsed and due worked out, then the two
-    compared, the verdict registered, and its hint written and dirty flag cleared. The
+    compared and the verdict registered, and a cycle later the hint written. The
     verdict and the hint are dropped when the QP's timer state is written in a cycle of
     either stage or while it waits: the handler working on the QP (``i_busy``), a reset
     of it (``i_reset``), a packet of it sent (``i_sent``); it stays a candidate then. So
@@ -66,24 +50,18 @@ class TimerSweep(wiring.Component):
     packet sent in that cycle, which cannot start the timer: an expired ACK timer runs
     with packets outstanding, and an RNR wait sends nothing.
 
-    Latency: a timer expires on ``o_expired`` up to a scan of every row (``qps`` /
-    ``lanes`` cycles, rounded up), one cycle per other candidate found on the way and 4
-    cycles after its time. While a verdict waits the scan holds; the QP checked behind
-    it is checked again once the verdict is taken. Under reset the check addresses QP
-    0: the read ports' address registers take it too, so nothing downstream of them
-    starts undefined (a 4-state simulator shows X there otherwise; the FPGA's
-    flip-flops start at 0).
+    Latency: a timer expires on ``o_expired`` up to a pass of the scan (``qps`` /
+    ``lanes`` cycles, rounded up, and one per other candidate found on the way) and 5
+    cycles after its time.
+    While a verdict waits the scan holds; the QP checked behind it is checked again
+    once the verdict is taken. Under reset the check addresses QP 0: the read ports'
+    address registers take it too, so nothing downstream of them starts undefined (a
+    4-state simulator shows X there otherwise; the FPGA's flip-flops start at 0).
     """
 
     def __init__(self, *, qps, lanes=None):
         self._qps = check_qp_count(qps)
-        most = sweep_lanes(qps) if lanes is None else max(1, (1 << qp_bits_of(qps)) // 2)
-        if lanes is None:
-            lanes = most
-        if not isinstance(lanes, int) or lanes < 1 or lanes & (lanes - 1) or lanes > most:
-            raise ValueError(f"Lanes must be a power of two up to {most} for {qps} QPs, "
-                             f"not {lanes!r}")
-        self._lanes = lanes
+        self._lanes = check_lanes(qps, lanes)
         members = {
             "i_now": In(TIME_BITS),
             "r_flags": Out(lookup(QP_FLAGS, QP_INDEX_BITS)),
@@ -97,28 +75,20 @@ class TimerSweep(wiring.Component):
             members[f"r_{name}"] = Out(lookup(QP_LAYOUTS[name], QP_INDEX_BITS))
         super().__init__(members)
 
-    @property
-    def lanes(self):
-        return self._lanes
-
-    @property
-    def rows(self):
-        return -(-self._qps // self._lanes)
-
     def elaborate(self, platform):
         m = Module()
-        qps, lanes, rows = self._qps, self._lanes, self.rows
+        qps = self._qps
         qp_bits = qp_bits_of(qps)
-        lane_bits = exact_log2(lanes)
-        row_bits = qp_bits - lane_bits
 
         def written(index):
             return Cat(port.valid & (port.p[:qp_bits] == index)
                        for port in (self.i_busy, self.i_reset, self.i_sent)).any()
 
-        def lane_of(qp, lane):
-            """Whether QP index ``qp`` is in lane ``lane``."""
-            return C(1) if lane_bits == 0 else qp[:lane_bits] == lane
+        m.submodules.scan = scan = DeadlineScan(qps=qps, time_bits=TIME_BITS, marks=2,
+                                                lanes=self._lanes)
+        m.d.comb += scan.i_now.eq(self.i_now)
+        connect(m, wiring.flipped(self.i_timer_from_sent), scan.i_mark[0])
+        connect(m, wiring.flipped(self.i_busy), scan.i_mark[1])
 
         # The check's two stages: the QP's state read (``checking``, addressed a cycle
         # ahead) and its time elapsed and due worked out, then compared.
@@ -129,94 +99,22 @@ class TimerSweep(wiring.Component):
         expired = self.o_expired.valid
         expired_qp = self.o_expired.p.qp
         # Whether the check in the second stage is good: its verdict counts, and its hint
-        # is written a cycle later (``settled``: a change of the QP in that cycle marks it
-        # dirty again, and wins over the check's clearing).
+        # is written a cycle later (a change of the QP in that cycle marks it again, and
+        # wins over the check's write).
         good = Signal()
         m.d.comb += good.eq(checked.valid & ~expired & ~checked.written
                             & ~written(checked.qp))
-        settled = Signal(data.StructLayout({"valid": 1, "qp": qp_bits, "hint": HINT}))
         m.d.sync += [
-            settled.valid.eq(good),
-            settled.qp.eq(checked.qp),
-            settled.hint.armed.eq(checked.armed),
-            settled.hint.at.eq(checked.started + checked.due),
+            scan.i_hint.valid.eq(good),
+            scan.i_hint.p.qp.eq(checked.qp),
+            scan.i_hint.p.hint.armed.eq(checked.armed),
+            scan.i_hint.p.hint.at.eq(checked.started + checked.due),
         ]
 
-        # The hints and dirty flags, a memory of each per lane.
-        hints, dirty = [], []
-        row = Signal(row_bits)              # the row the hint ports show
-        row_next = Signal(row_bits)
-        for lane in range(lanes):
-            m.submodules[f"hints{lane}"] = store = memory.Memory(shape=HINT, depth=1 << row_bits,
-                                                                 init=[])
-            write = store.write_port()
-            read = store.read_port(transparent_for=(write,))
-            m.d.comb += [
-                write.addr.eq(settled.qp[lane_bits:]),
-                write.en.eq(settled.valid & lane_of(settled.qp, lane)),
-                write.data.eq(settled.hint),
-                read.addr.eq(row_next),
-            ]
-            hints.append(read.data)
-            # A change marks a QP dirty; the check clears it, and a change in the same
-            # cycle wins. The scan reads the flags as they were before the cycle's writes:
-            # a QP marked as its row is read is a candidate a pass later (its timer runs
-            # out two ticks after the change at the earliest).
-            m.submodules[f"dirty{lane}"] = flags = FlagMemory(
-                flags=("dirty",), depth=1 << row_bits, addr_bits=row_bits,
-                writers=(("check", ("dirty",)), ("timer_from_sent", ("dirty",)),
-                         ("busy", ("dirty",))),
-                reads=("comb",))
-            for writer, port, value in ((flags.w_check, None, 0),
-                                        (flags.w_timer_from_sent, self.i_timer_from_sent, 1),
-                                        (flags.w_busy, self.i_busy, 1)):
-                if port is None:
-                    qp, enable = settled.qp, settled.valid
-                else:
-                    qp, enable = port.p[:qp_bits], port.valid
-                m.d.comb += write_flags(writer, qp[lane_bits:], enable & lane_of(qp, lane),
-                                        value)
-            m.d.comb += flags.r[0].addr.eq(row)
-            dirty.append(flags.r[0].data.dirty)
-
-        # The scan: the candidates of a row (``candidates``, of ``candidates_row``) are
-        # picked one a cycle, lowest lane first, into a register (``pick``: no path goes
-        # from the choice among a row to the memories' addresses); with the last picked,
-        # the next row's come. The scan picks unless a verdict waits or the QP checked
-        # behind one is checked again (``again``).
-        candidates = Signal(lanes)
-        candidates_row = Signal(row_bits)
-        found = Signal(lanes)
-        for lane in range(lanes):
-            hint = hints[lane]
-            in_use = (Cat(C(lane, lane_bits), row) < qps) if lane_bits else (row < qps)
-            m.d.comb += found[lane].eq(in_use & (dirty[lane] | (
-                hint.armed & ~(self.i_now - hint.at)[TIME_BITS - 1])))
-        lowest = Signal(lanes)
-        lane_picked = Signal(range(lanes))
-        m.d.comb += [
-            lowest.eq(candidates & (~candidates + 1)),
-            lane_picked.eq(Cat(Cat(lowest[lane] for lane in range(lanes) if lane >> bit & 1).any()
-                               for bit in range(lane_bits))),
-        ]
-        pick = Signal(data.StructLayout({"valid": 1, "qp": qp_bits}))
+        # The scan's candidate is taken unless a verdict waits or the QP checked behind
+        # one is checked again (``again``).
         again = Signal(data.StructLayout({"valid": 1, "qp": qp_bits}))
-        picking, advance = Signal(), Signal()
-        m.d.comb += [
-            picking.eq(~expired & ~again.valid),
-            advance.eq(picking & ((candidates & (candidates - 1))[:lanes] == 0)),
-            row_next.eq(Mux(advance, Mux(row == rows - 1, 0, row + 1), row)),
-        ]
-        m.d.sync += row.eq(row_next)
-        with m.If(advance):
-            m.d.sync += [candidates.eq(found), candidates_row.eq(row)]
-        with m.Elif(picking):
-            m.d.sync += candidates.eq(candidates & (candidates - 1))
-        with m.If(picking):
-            m.d.sync += pick.valid.eq(candidates.any())
-            with m.If(candidates.any()):
-                m.d.sync += pick.qp.eq(Cat(lane_picked, candidates_row) if lane_bits
-                                       else candidates_row)
+        m.d.comb += scan.o_candidate.ready.eq(~expired & ~again.valid)
 
         # The QP checked next: while a verdict waits, the one read now, again; then the one
         # checked behind the verdict, then the scan's pick. With none, the address stays.
@@ -228,7 +126,8 @@ class TimerSweep(wiring.Component):
         with m.Elif(again.valid):
             m.d.comb += checking_next.eq(again)
         with m.Else():
-            m.d.comb += checking_next.eq(pick)
+            m.d.comb += [checking_next.valid.eq(scan.o_candidate.valid),
+                         checking_next.qp.eq(scan.o_candidate.p)]
         m.d.sync += checking.eq(checking_next)
         with m.If(expired & checked.valid):
             m.d.sync += [again.valid.eq(1), again.qp.eq(checked.qp)]

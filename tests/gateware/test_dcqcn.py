@@ -13,6 +13,7 @@ from gateware.roce.dcqcn import (
     DcqcnReactionPoint,
     rate_interval,
 )
+from gateware.roce.deadline_scan import scan_rows
 from gateware.roce.pacer import PacedGate, Pacer
 from sim.models.dcqcn import DcqcnSettings, ReactionPoint
 
@@ -214,7 +215,7 @@ def test_pacer_waits_for_the_last_packet_at_the_rate_of_now():
             ctx.set(dut.i_sent.p, {"qp": qp, "bytes": 1000})
             await ctx.tick()
         ctx.set(dut.i_sent.valid, 0)
-        await ctx.tick().repeat(4)
+        await ctx.tick().repeat(40)             # each checked at its first rate
         assert paced(ctx, 2) and paced(ctx, 3)
         ctx.set(dut.i_rate.valid, 1)
         update(ctx, 2, 10_000)
@@ -222,7 +223,7 @@ def test_pacer_waits_for_the_last_packet_at_the_rate_of_now():
         update(ctx, 3, 500)
         await ctx.tick()
         ctx.set(dut.i_rate.valid, 0)
-        since_packet = 7                        # cycles since QP 3's packet
+        since_packet = 43                       # cycles since QP 3's packet
         released = {}
         while len(released) < 2 and since_packet < 100_000:
             for qp in (2, 3):
@@ -231,11 +232,13 @@ def test_pacer_waits_for_the_last_packet_at_the_rate_of_now():
             await ctx.tick()
             since_packet += 1
         # Both turns were 1 µs (64 cycles) before the packets. QP 2: 51.2 cycles at
-        # 10 Gb/s are over: let go by the next sweep (QPS + 4 cycles). QP 3: 16 µs
-        # (1024 cycles) at 500 Mb/s, 960 after its packet (at 1 Gb/s it would be 448).
-        # Each seen a cycle later through the lookup.
-        assert released[2] <= 7 + QPS + 4 + 1, released
-        assert 960 <= released[3] <= 960 + QPS + 4 + 1, released
+        # 10 Gb/s are over: let go once the rate update's mark is checked (a pass of the
+        # scan's rows, and 5 cycles). QP 3: 16 µs (1024 cycles) at 500 Mb/s, 960 after
+        # its packet (at 1 Gb/s it would be 448). Each seen a cycle later through the
+        # lookup.
+        late = scan_rows(QPS) + 5 + 1
+        assert released[2] <= 43 + late, released
+        assert 960 <= released[3] <= 960 + late, released
 
     run_testbenches(dut, main)
 

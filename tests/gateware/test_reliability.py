@@ -5,9 +5,9 @@ import random
 
 import pytest
 
+from gateware.roce.deadline_scan import scan_rows
 from gateware.roce.reliability import ReliabilityEngine, check_message_count, check_message_slots
 from gateware.roce.requests import QP_STATE
-from gateware.roce.timer_sweep import sweep_lanes
 
 from .streams import get_item, put_item, run_testbenches
 
@@ -146,7 +146,7 @@ def test_an_unacknowledged_packet_times_out_and_is_resent(paused):
             assert cycles < 200, "no resend"
         # The sweep's latency (a pass of its rows, and 5 cycles), then the handler's and
         # the walker's cycles, and the packet sent within a tick of 2 cycles.
-        late = -(-QPS // sweep_lanes(QPS)) + 5 + 6
+        late = scan_rows(QPS) + 5 + 6
         assert paused + 2 * 8 <= cycles <= paused + 2 * 8 + late, cycles
         replay = await get_item(ctx, dut.o_replay)
         # QP 3's first message takes its own empty slot, slot 3

@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from gateware.roce.timer_sweep import SWEEP_LANES, TimerSweep, sweep_lanes
+from gateware.roce.deadline_scan import SCAN_LANES, scan_lanes, scan_rows
+from gateware.roce.timer_sweep import TimerSweep
 from gateware.roce.timers import rnr_delay_ticks
 
 from .streams import run_testbenches
@@ -91,10 +92,10 @@ class Harness:
 
 
 def test_lanes():
-    """A row holds up to :data:`SWEEP_LANES` QPs and the scan has two rows at least
+    """A row holds up to :data:`SCAN_LANES` QPs and the scan has two rows at least
     (one for one QP); other lane counts are refused."""
-    assert [sweep_lanes(qps) for qps in (1, 2, 16, 17, 64, 65, 4096)] == [
-        1, 1, 8, 16, 32, SWEEP_LANES, SWEEP_LANES]
+    assert [scan_lanes(qps) for qps in (1, 2, 16, 17, 64, 65, 4096)] == [
+        1, 1, 8, 16, 32, SCAN_LANES, SCAN_LANES]
     for lanes in (0, 3, 32, 64):
         with pytest.raises(ValueError, match="Lanes must be a power of two up to 16"):
             TimerSweep(qps=20, lanes=lanes)
@@ -114,7 +115,7 @@ def test_every_verdict_agrees_with_the_model_and_every_expiry_is_found(qps, lane
     model = [idle_qp() for _ in range(qps)]
     harness = Harness(dut, model)
     verdicts = []
-    bound = dut.rows + 3 * (qps + dut.lanes) + LATENCY
+    bound = scan_rows(qps, lanes) + 3 * (qps + (lanes or scan_lanes(qps))) + LATENCY
 
     async def main(ctx):
         now = 100
@@ -181,7 +182,7 @@ def test_an_expired_timer_is_found_within_a_pass(lead):
     harness = Harness(dut, model)
 
     async def main(ctx):
-        now = due - dut.rows - 32 - LATENCY - lead
+        now = due - scan_rows(32, 4) - 32 - LATENCY - lead
         for qp in range(32):
             harness.write(ctx, qp, {}, dut.i_busy)
             harness.show(ctx, now)
@@ -195,7 +196,7 @@ def test_an_expired_timer_is_found_within_a_pass(lead):
             await ctx.tick()
             harness.after_tick(ctx)
             now += 1
-            assert now <= due + dut.rows + LATENCY, "no verdict"
+            assert now <= due + scan_rows(32, 4) + LATENCY, "no verdict"
         assert now >= due and ctx.get(dut.o_expired.p.qp) == 13
         assert harness.reads <= 32 + 1, harness.reads
 
@@ -221,7 +222,7 @@ def test_timers_that_run_out_together_are_all_found():
             harness.after_tick(ctx)
         now += 8
         offered = []
-        for _ in range(dut.rows + 3 * 32 + LATENCY):
+        for _ in range(scan_rows(32, 4) + 3 * 32 + LATENCY):
             harness.show(ctx, now)
             if ctx.get(dut.o_expired.valid):
                 qp = ctx.get(dut.o_expired.p.qp)
