@@ -135,6 +135,7 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "DcqcnReactionPoint (16 QPs)": lambda: _load("gateware.roce.dcqcn.DcqcnReactionPoint")(
         qps=16),
     "Pacer (16 QPs)": lambda: _load("gateware.roce.pacer.Pacer")(qps=16),
+    "Pacer (4096 QPs)": lambda: _load("gateware.roce.pacer.Pacer")(qps=4096),
     "ConnectionManager (16 QPs)": lambda: _load("gateware.cm.manager.ConnectionManager")(
         qps=16, width=WIDTH),
     "IbCm (16 QPs)": lambda: _load("gateware.cm.ib_cm.IbCm")(qps=16),
