@@ -66,11 +66,11 @@ class DeadlineScan(wiring.Component):
 
     The scan reads a row a cycle and takes as candidates the QPs of it that are dirty
     or whose deadline has come; it offers them one a cycle, lowest lane first, from a
-    register (no path goes from the choice among a row to the checker), and reads the
-    next row with the last one taken, so a row without candidates costs one cycle and
-    a pass of every row ``rows`` cycles and one per candidate. The flags are read as
-    they were before the cycle's writes: a QP marked in the cycle its row is read is a
-    candidate a pass later. ``o_candidate.p`` keeps the last QP offered while none
+    register (no path goes from the choice among a row to the checker), and takes the
+    next row's once none is left: a pass of every row takes ``rows`` cycles, one more
+    per candidate and one more per row that has any. The flags are read as they were
+    before the cycle's writes: a QP marked in the cycle its row is read is a candidate
+    a pass later. ``o_candidate.p`` keeps the last QP offered while none
     is. A hint written in a cycle shows in the row read the cycle after.
 
     So a check must write a hint that is never later than the QP's deadline, and each
@@ -140,7 +140,7 @@ class DeadlineScan(wiring.Component):
             dirty.append(flags.r[0].data.dirty)
 
         # The candidates of a row (``candidates``, of ``candidates_row``), taken one a
-        # cycle, lowest lane first, into ``pick``; with the last taken, the next row's.
+        # cycle, lowest lane first, into ``pick``; once none is left, the next row's.
         candidates = Signal(lanes)
         candidates_row = Signal(row_bits)
         found = Signal(lanes)
@@ -160,7 +160,7 @@ class DeadlineScan(wiring.Component):
         picking, advance = Signal(), Signal()
         m.d.comb += [
             picking.eq(~pick.valid | pick.ready),
-            advance.eq(picking & ((candidates & (candidates - 1))[:lanes] == 0)),
+            advance.eq(picking & (candidates == 0)),
             row_next.eq(Mux(advance, Mux(row == rows - 1, 0, row + 1), row)),
         ]
         m.d.sync += row.eq(row_next)

@@ -57,8 +57,8 @@ class Pacer(wiring.Component):
     then its due time registered). The QPs it checks come from a :class:`DeadlineScan`
     of up to 32 QPs a cycle: those whose due time, as their last check worked it out,
     has come, and those a packet or a rate update changed since; so a QP is let go up
-    to a pass of the scan (``qps`` / 32 cycles, and one per other QP checked on the
-    way) and 5 cycles late, the late start counted as above. A rate update takes effect
+    to a pass of the scan (``qps`` / 32 cycles, and one or two per other QP checked on
+    the way) and 6 cycles late, the late start counted as above. A rate update takes effect
     a cycle after ``i_rate`` (registered input); one that ends the limit clears the
     QP's bit then.
     """
@@ -152,7 +152,7 @@ class Pacer(wiring.Component):
         ]
 
         # The QPs to check: from a scan of hints (the cycle the QP's last packet's time at
-        # its interval is over, as its last check worked it out, rounded down), and those
+        # its interval is over, as its last check worked it out), and those
         # a packet or a rate update changed since (a rate raised brings the time closer).
         m.submodules.scan = scan = DeadlineScan(qps=qps, time_bits=HINT_BITS, marks=2)
         m.d.comb += [
@@ -204,7 +204,9 @@ class Pacer(wiring.Component):
             scan.i_hint.valid.eq(due.valid & ~due_stale & ~changed(due.qp)),
             scan.i_hint.p.qp.eq(due.qp),
             scan.i_hint.p.hint.armed.eq(~released),
-            scan.i_hint.p.hint.at.eq(due_time[INTERVAL_FRACTION_BITS:]),
+            # The first whole cycle at or after the due time.
+            scan.i_hint.p.hint.at.eq(
+                (due_time + (1 << INTERVAL_FRACTION_BITS) - 1)[INTERVAL_FRACTION_BITS:]),
         ]
         for writer, qp, enable, value in (
                 (paced.w_sweep, due.qp, released, 0),

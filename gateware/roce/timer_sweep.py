@@ -51,8 +51,8 @@ class TimerSweep(wiring.Component):
     with packets outstanding, and an RNR wait sends nothing.
 
     Latency: a timer expires on ``o_expired`` up to a pass of the scan (``qps`` /
-    ``lanes`` cycles, rounded up, and one per other candidate found on the way) and 5
-    cycles after its time.
+    ``lanes`` cycles, rounded up, and one per other candidate found on the way and per
+    row that has any) and 5 cycles after its time.
     While a verdict waits the scan holds; the QP checked behind it is checked again
     once the verdict is taken. Under reset the check addresses QP 0: the read ports'
     address registers take it too, so nothing downstream of them starts undefined (a

@@ -1,7 +1,7 @@
 """TimerSweep on its own, its QP state in a Python model read as the engine's memories
 are (address registered, data a cycle later), written as the engine's parts write it:
 every verdict is one the model agrees with, every timer that runs out is found within a
-scan of the rows and one cycle per other candidate, a QP whose hint says its timer runs
+scan of the rows and a few cycles per other candidate, a QP whose hint says its timer runs
 later is not checked again, and a verdict that waits holds the sweep without losing the
 QP behind it."""
 
