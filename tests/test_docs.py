@@ -25,7 +25,7 @@ GENERATED = {
     *(f"generated/bench/{name}.md" for name in (
         "tx_efficiency", "roce_goodput", "connectx_rate", "connectx_goodput", "latency", "dual",
         "pause", "dcqcn", "checker", "cm_setup", "connect_rate", "elaboration",
-        "many_qps")),
+        "many_qps", "timer_scan")),
     "generated/resources/resources.md", "generated/resources/resources_dual.md",
     "generated/resources/scans.md",
     *(f"generated/waves/{port}.json" for port in (

@@ -1,0 +1,11 @@
+"""sim.bench.timer_scan on a small build: each timer is offered within a pass of the
+scan's rows and 5 cycles, and timers that run out together within three cycles each."""
+
+from sim.bench.timer_scan import measure
+
+
+def test_timers_of_16_qps_are_found_within_the_bounds():
+    row = measure(16, seed=3)
+    assert (row["lanes"], row["rows"], row["together"]) == (8, 2, 16)
+    assert 0 <= row["single_mean"] <= row["single_worst"] <= row["rows"] + 5
+    assert row["together_last"] <= row["rows"] + 3 * 16 + 5
