@@ -70,8 +70,8 @@ class DeadlineScan(wiring.Component):
     next row's once none is left: a pass of every row takes ``rows`` cycles, one more
     per candidate and one more per row that has any. The flags are read as they were
     before the cycle's writes: a QP marked in the cycle its row is read is a candidate
-    a pass later. ``o_candidate.p`` keeps the last QP offered while none
-    is. A hint written in a cycle shows in the row read the cycle after.
+    a pass later. A hint written in a cycle shows in the row read the cycle after.
+    ``o_candidate.p`` keeps the last QP offered while none is.
 
     So a check must write a hint that is never later than the QP's deadline, and each
     change of a QP's state that can bring the deadline closer must mark it; a hint
