@@ -152,8 +152,8 @@ class Pacer(wiring.Component):
         ]
 
         # The QPs to check: from a scan of hints (the cycle the QP's last packet's time at
-        # its interval is over, as its last check worked it out), and those
-        # a packet or a rate update changed since (a rate raised brings the time closer).
+        # its interval is over, as its last check worked it out), and those a packet or a
+        # rate update changed since (a rate raised brings the time closer).
         m.submodules.scan = scan = DeadlineScan(qps=qps, time_bits=HINT_BITS, marks=2)
         m.d.comb += [
             scan.i_now.eq(now[:HINT_BITS]),
