@@ -298,6 +298,10 @@ HEADLINES = [
              {"qps": 1024},
              lambda row: f"{row['completed']:,} of {row['messages']:,} completed, "
                          f"{row['lost']} lost"),
+    Headline("ACK timeout found at 4,096 QPs, worst of 64", "timer_scan", "timer_scan",
+             {"qps": 4096},
+             lambda row: f"{row['single_worst']} cycles late "
+                         f"({row['single_worst_us']:.2f} µs)"),
     Headline("Elaborating the 4,096-QP core (to RTLIL)", "elaboration", "elaboration",
              {"qps": 4096},
              lambda row: f"{row['seconds']:.0f} s, {row['peak_gb']:.1f} GB"),
