@@ -7,6 +7,7 @@ from amaranth.lib.wiring import In, Out
 
 from .ack import ACK_EVENT, AETH_ACK, AETH_NAK, AETH_RESERVED, AETH_RNR_NAK, NAK_SEQUENCE
 from .flag_memory import FlagMemory, write_flags
+from .qp_context import qp_bits_of
 from .requests import QP_INDEX_BITS, check_qp_count
 
 __all__ = ["AckIntake", "ACK_WINDOW", "ACK_TAKEN", "ACK_VERDICT"]
@@ -91,7 +92,7 @@ class AckIntake(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        qp_bits = max((self._qps - 1).bit_length(), 1)
+        qp_bits = qp_bits_of(self._qps)
         entries = 1 << qp_bits
         clear = self.i_clear
 

@@ -7,6 +7,7 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .flag_memory import FlagMemory, write_flags
+from .qp_context import qp_bits_of
 from .requests import QP_INDEX_BITS, check_qp_count
 
 __all__ = ["DcqcnReactionPoint", "DCQCN_CONFIG", "DCQCN_DEFAULTS", "RATE_UPDATE",
@@ -139,7 +140,7 @@ class DcqcnReactionPoint(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         qps = self._qps
-        entries = 1 << max((qps - 1).bit_length(), 1)
+        entries = 1 << qp_bits_of(qps)
         config = self.i_config
 
         # The time base: a count of µs.

@@ -8,7 +8,7 @@ from amaranth.lib.wiring import In, Out
 from .dcqcn import INTERVAL_BITS, INTERVAL_FRACTION_BITS, RATE_UPDATE
 from .deadline_scan import DeadlineScan
 from .flag_memory import FlagMemory, write_flags
-from .qp_context import lookup
+from .qp_context import lookup, qp_bits_of
 from .requests import QP_INDEX_BITS, WORK_REQUEST, check_qp_count
 
 __all__ = ["Pacer", "PacedGate", "PACED_BYTES", "WIRE_OVERHEAD", "PACED_LOOKUP"]
@@ -76,7 +76,7 @@ class Pacer(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         qps = self._qps
-        entries = 1 << max((qps - 1).bit_length(), 1)
+        entries = 1 << qp_bits_of(qps)
 
         now = Signal(48)
         m.d.sync += now.eq(now + 1)

@@ -25,6 +25,7 @@ from .page_pool import (
     page_take,
     vpage_bits_of,
 )
+from .qp_context import qp_bits_of
 from .qp_table import QP_PATH
 from .requests import (
     MAX_MESSAGE_BYTES,
@@ -212,7 +213,7 @@ class PacketPlanner(wiring.Component):
         replaying = Signal()
         # Which QP's message each context is in the middle of, while ``new_sending`` and
         # ``replaying`` (for ``holds``): the QP index bits the build uses.
-        qp_bits = max((self._qps - 1).bit_length(), 1)
+        qp_bits = qp_bits_of(self._qps)
         new_holds = Signal(qp_bits)
         replay_holds = Signal(qp_bits)
 
