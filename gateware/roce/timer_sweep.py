@@ -38,7 +38,7 @@ class TimerSweep(wiring.Component):
     stop it (a reset, a packet sent behind others), and a hint that runs out early only
     makes its QP a candidate once more.
 
-    The check, in two stages as before the hints: a candidate's state and flags read
+    The check, in two stages: a candidate's state and flags read
     (``r_*``, registered and addressed a cycle ahead: ``"transparent"`` ports of
     :class:`ContextMemory` and :class:`QpFlags`; of the flags it reads ``error``,
     ``rnr_wait``, ``from_sent``) and its time elapsed and due worked out, then the two

@@ -134,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         caption=f"Timers found by the timer sweep: {SINGLES} timers of QPs at random run "
                 f"out one at a time, then up to {TOGETHER} at one tick, each taken as "
                 f"it is offered; cycles from each timer's time to its offer:",
-        note="A sweep of one QP a cycle, as the engine had before the scan, is up to the "
-             "QP count and 3 cycles late: 4,099 cycles (16.4 µs) at 4,096 QPs. The "
+        note="A sweep of one QP a cycle instead of the scan would be up to the QP count "
+             "and 3 cycles late: 4,099 cycles (16.4 µs) at 4,096 QPs. The "
              "shortest ACK timeout IBTA allows is 8.2 µs.")
     print(table.header())
     for qps in args.qps:
