@@ -197,12 +197,11 @@ class Pacer(wiring.Component):
             due_time.eq(judged_turn + judged_time),
             due_stale.eq(stale | changed(judged.qp)),
         ]
-        judged_now, released = Signal(), Signal()     # a verdict that counts; its QP let go
-        m.d.comb += [judged_now.eq(due.valid & ~due_stale),
-                     released.eq(judged_now & (due_time <= now_fixed))]
+        released = Signal()
+        m.d.comb += released.eq(due.valid & ~due_stale & (due_time <= now_fixed))
         # The QP's hint, a cycle later (a change in that cycle marks it again and wins).
         m.d.sync += [
-            scan.i_hint.valid.eq(judged_now & ~changed(due.qp)),
+            scan.i_hint.valid.eq(due.valid & ~due_stale & ~changed(due.qp)),
             scan.i_hint.p.qp.eq(due.qp),
             scan.i_hint.p.hint.armed.eq(~released),
             # The first whole cycle at or after the due time.
