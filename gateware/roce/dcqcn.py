@@ -6,6 +6,7 @@ from amaranth import *
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from .deadline_scan import DeadlineScan
 from .flag_memory import FlagMemory, write_flags
 from .qp_context import qp_bits_of
 from .requests import QP_INDEX_BITS, check_qp_count
@@ -110,15 +111,40 @@ class DcqcnReactionPoint(wiring.Component):
     ``i_cnp`` takes a CNP's QP, ``i_bytes`` the QP and wire bytes of each packet sent
     (for the byte counter), ``i_reset`` a QP set again (it returns to the line rate);
     all are always ready and may come every cycle. Each QP's state (``_STATE``)
-    lives in a memory; a sweep visits the QPs in turn and, for a rate-limited QP or
-    one with a CNP waiting, updates α for every α period that ended (at most 8 a
-    visit), cuts the rate for a waiting CNP once the monitor period since the last cut
-    is over, and makes one rate-increase event (timer, else byte counter). A changed
-    rate leaves on ``o_rate`` with the QP's pacing interval, cycles per byte =
-    8·``cycles_per_us``/rate, from a 41-step divider. A visit takes 2 cycles for a QP
-    at the line rate, up to about 60 with a cut and the division; a CNP is acted on
-    within one sweep. Products (Rc·α, α·g) come from one registered multiplier, a
-    cycle each. With ``enable`` low nothing is limited.
+    lives in a memory. A visit of a QP, if it is rate limited or has a CNP waiting,
+    updates α for every α period that ended (at most 8 a visit), cuts the rate for a
+    waiting CNP once the monitor period since the last cut is over, and makes one
+    rate-increase event (timer, else byte counter). A changed rate leaves on
+    ``o_rate`` with the QP's pacing interval, cycles per byte =
+    8·``cycles_per_us``/rate, from a 37-step divider. Products (Rc·α, α·g) come from
+    one registered multiplier, a cycle each. With ``enable`` low nothing is limited: a
+    visit returns a limited QP to the line rate.
+
+    The QPs to visit come from a ``DeadlineScan`` of up to 32 QPs a cycle (time:
+    the count of µs): those marked since their last visit and those whose hint has
+    come. Marked are a QP's CNP taken (``i_cnp`` with ``enable``, in its cycle), its
+    reset (``i_reset``, in its cycle) and its byte counter reaching ``rpg_byte_reset``
+    (2 cycles after the packet's ``i_bytes``). A visit ends by writing the QP's hint,
+    worked out in the 3 cycles after it (the µs to each deadline, the least, its time)
+    and written in the 4th: armed while the QP is limited, at the earliest of the end
+    of its α period (``alpha_time`` + ``dce_tcp_rtt``), of its rate-increase timer
+    (``timer_time`` + ``rpg_time_reset``) and, with a cut waiting, of its monitor period
+    (``cut_time`` + ``rate_reduce_monitor_period``), or at once when the visit leaves an
+    event behind (a byte event put off by a timer event, a deadline already past). A
+    QP marked from the visit's read of its events to the hint's write keeps its mark
+    (the hint is not written), so it is visited again. A limited QP thus always has a
+    hint within its α period (so with ``enable`` low it returns to the line rate within
+    that), and a QP at the line rate with nothing waiting is not visited. A change of
+    the settings' periods takes effect for each QP at its next visit: its hint stays as
+    its last visit wrote it.
+
+    Latency: a visit takes 2 cycles for a QP with nothing to do (the candidate taken,
+    its state and events read), 45 to the rate update for a cut (with the division);
+    the update leaves in the visit's last cycle. A CNP is acted on within a pass of the
+    scan (``qps`` / 32 rows, a cycle each), 2 cycles from the row to its offer, the
+    visits of the other candidates found on the way (and a cycle per row that holds
+    one) and its own visit: at 4,096 QPs with nothing else waiting, 128 + 2 + 45 = 175
+    cycles from the CNP to the first cut's rate update.
     """
 
     def __init__(self, *, qps):
@@ -140,7 +166,8 @@ class DcqcnReactionPoint(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         qps = self._qps
-        entries = 1 << qp_bits_of(qps)
+        qp_bits = qp_bits_of(qps)
+        entries = 1 << qp_bits
         config = self.i_config
 
         # The time base: a count of µs.
@@ -154,41 +181,82 @@ class DcqcnReactionPoint(wiring.Component):
         def elapsed(since, period):
             return (now - since)[:_TIME_BITS] >= period
 
-        # A bit per QP each (in memories, :class:`FlagMemory`): events waiting for the
-        # sweep (``cnp_waiting``, ``byte_event``, ``reset_waiting``), the sweep's copy of
+        # The QPs to visit: marked by their events, or their hint has come.
+        m.submodules.scan = scan = DeadlineScan(qps=qps, time_bits=_TIME_BITS, marks=3)
+        cnp_mark, reset_mark, byte_mark = scan.i_mark
+        m.d.comb += [
+            scan.i_now.eq(now),
+            cnp_mark.valid.eq(self.i_cnp.valid & config.enable),
+            cnp_mark.p.eq(self.i_cnp.p),
+            reset_mark.valid.eq(self.i_reset.valid),
+            reset_mark.p.eq(self.i_reset.p),
+        ]
+
+        def marked(qp):
+            """Whether QP ``qp`` is marked this cycle."""
+            return Cat(mark.valid & (mark.p[:len(qp)] == qp) for mark in scan.i_mark).any()
+
+        # A bit per QP each (in memories, :class:`FlagMemory`): events waiting for a
+        # visit (``cnp_waiting``, ``byte_event``, ``reset_waiting``), the visits' copy of
         # ``limited`` for the byte counter, and ``bytes_clear``: the byte count starts
-        # again (a cut). Writers, the later winning: a packet sent, the sweep, the events.
+        # again (a cut). Writers, the later winning: a packet sent, the visit, the events.
         m.submodules.flags = flags = FlagMemory(
             flags=("cnp_waiting", "byte_event", "reset_waiting", "limited", "bytes_clear"),
             depth=entries, addr_bits=QP_INDEX_BITS,
             writers=(("sent", ("bytes_clear",)),
-                     ("sweep", ("cnp_waiting", "byte_event", "reset_waiting", "limited",
+                     ("visit", ("cnp_waiting", "byte_event", "reset_waiting", "limited",
                                 "bytes_clear")),
                      ("cnp", ("cnp_waiting",)), ("reset", ("reset_waiting",)),
                      ("bytes", ("byte_event",))),
-            reads=("comb", "comb"))
-        visited, sent_flags = flags.r[0].data, flags.r[1].data
+            reads=("sync", "comb"))
+        visited = flags.r[0].data
 
-        # The byte counter: a read-modify-write a cycle, from a registered input.
+        # The byte counter: a read-modify-write a cycle, from a registered input. The count
+        # and the QP's flags are read a cycle ahead, from the input: the count through a
+        # port that passes on that cycle's write, the flags as they were before that
+        # cycle's writes, and those writes of the QP registered apart (``sent_written``).
         m.submodules.byte_count = byte_count = memory.Memory(shape=24, depth=entries, init=[])
-        count_read = byte_count.read_port(domain="comb")
         count_write = byte_count.write_port()
+        count_read = byte_count.read_port(transparent_for=(count_write,))
         sent = Signal.like(self.i_bytes.p)
         sent_valid = Signal()
         m.d.sync += [sent.eq(self.i_bytes.p), sent_valid.eq(self.i_bytes.valid)]
-        m.d.comb += flags.r[1].addr.eq(sent.qp)
-        qp_limited, clear = sent_flags.limited, sent_flags.bytes_clear
+        sent_read = Signal.like(flags.r[1].data)
+        sent_written = {(writer, name): Signal(data.StructLayout({"en": 1, "value": 1}),
+                                               name=f"sent_written_{writer}_{name}")
+                        for writer, name in (("sent", "bytes_clear"), ("visit", "bytes_clear"),
+                                             ("visit", "limited"))}
+        m.d.comb += flags.r[1].addr.eq(self.i_bytes.p.qp)
+        m.d.sync += sent_read.eq(flags.r[1].data)
+        sent_flags = {}
+        for name in ("limited", "bytes_clear"):
+            value = sent_read[name]
+            for (writer, flag), written in sent_written.items():     # the later wins
+                if flag == name:
+                    port = getattr(flags, f"w_{writer}")
+                    m.d.sync += [
+                        written.en.eq(getattr(port, name).en
+                                      & (port.addr[:qp_bits] == self.i_bytes.p.qp[:qp_bits])),
+                        written.value.eq(getattr(port, name).value),
+                    ]
+                    value = Mux(written.en, written.value, value)
+            sent_flags[name] = value
+        qp_limited, clear = sent_flags["limited"], sent_flags["bytes_clear"]
         counted = Signal(25)
         reset_bytes = config.rpg_byte_reset
         m.d.comb += [
-            count_read.addr.eq(sent.qp),
+            count_read.addr.eq(self.i_bytes.p.qp),
             counted.eq(Mux(clear, 0, count_read.data) + sent.bytes),
             count_write.addr.eq(sent.qp),
             count_write.en.eq(sent_valid & qp_limited & (reset_bytes != 0)),
             count_write.data.eq(Mux(counted >= reset_bytes, counted - reset_bytes, counted)),
         ]
+        byte_event = Signal()
+        m.d.comb += byte_event.eq(sent_valid & qp_limited & (reset_bytes != 0)
+                                  & (counted >= reset_bytes))
+        m.d.sync += [byte_mark.valid.eq(byte_event), byte_mark.p.eq(sent.qp)]
 
-        # The sweep's per-QP state.
+        # The visits' per-QP state.
         m.submodules.state = state_memory = memory.Memory(shape=_STATE, depth=entries,
                                                           init=[])
         state_read = state_memory.read_port()
@@ -199,6 +267,8 @@ class DcqcnReactionPoint(wiring.Component):
         byte = Signal()                         # a byte event was waiting
         catch_up = Signal(range(_ALPHA_CATCH_UP + 1))
         changed = Signal()                      # the rate changed in this visit
+        again = Signal()                        # the visit put an event off
+        remarked = Signal()                     # the QP was marked since the visit's read
         product = Signal(_RATE + _ALPHA)
         quotient = Signal(INTERVAL_BITS)
         remainder = Signal(_RATE + 1)
@@ -223,33 +293,50 @@ class DcqcnReactionPoint(wiring.Component):
             self.o_rate.p.interval.eq(quotient),
         ]
 
-        # The sweep's writes of the flags of the QP it visits.
-        m.d.comb += [flags.r[0].addr.eq(index), flags.w_sweep.addr.eq(index)]
+        # The visit's reads and writes of the flags of its QP. The flags are read a cycle
+        # ahead, with the state, as they were before that cycle's events, and those events
+        # of the QP registered apart (a register after the flags' memories, not before).
+        m.d.comb += [flags.r[0].addr.eq(state_read.addr), flags.w_visit.addr.eq(index)]
+        fresh = Signal(data.StructLayout({"cnp": 1, "reset": 1, "byte": 1}))
+        for event, qp, valid in ((fresh.cnp, self.i_cnp.p, self.i_cnp.valid & config.enable),
+                                 (fresh.reset, self.i_reset.p, self.i_reset.valid),
+                                 (fresh.byte, sent.qp, byte_event)):
+            m.d.sync += event.eq(valid & (qp[:len(index)] == state_read.addr))
 
         def set_bit(name, value=1):
-            m.d.comb += [getattr(flags.w_sweep, name).en.eq(1),
-                         getattr(flags.w_sweep, name).value.eq(value)]
+            m.d.comb += [getattr(flags.w_visit, name).en.eq(1),
+                         getattr(flags.w_visit, name).value.eq(value)]
 
         def clear_bit(name):
             set_bit(name, 0)
 
         m.d.comb += write_flags(flags.w_sent, sent.qp, sent_valid, 0)   # (a cut's set wins)
 
+        # A visit's end (``ending``): whether its QP's hint is armed, and whether the QP
+        # was marked since the visit's read.
+        ending = Signal()
+        ending_armed = Signal()
+        ending_stale = Signal()
+        m.d.sync += remarked.eq(remarked | marked(index))
+
         with m.FSM():
             with m.State("NEXT"):
-                m.d.sync += index.eq(Mux(index + 1 >= qps, 0, index + 1))
-                m.next = "READ"
-            with m.State("READ"):
-                m.next = "LOAD"
+                m.d.comb += [scan.o_candidate.ready.eq(1),
+                             state_read.addr.eq(scan.o_candidate.p)]
+                with m.If(scan.o_candidate.valid):
+                    m.d.sync += index.eq(scan.o_candidate.p)
+                    m.next = "LOAD"
             with m.State("LOAD"):
-                waiting_cnp = visited.cnp_waiting & config.enable
-                waiting_reset = visited.reset_waiting | ~config.enable
+                waiting_cnp = (visited.cnp_waiting | fresh.cnp) & config.enable
+                waiting_reset = visited.reset_waiting | fresh.reset | ~config.enable
                 m.d.sync += [
                     state.eq(state_read.data),
                     cnp.eq(waiting_cnp),
-                    byte.eq(visited.byte_event),
+                    byte.eq(visited.byte_event | fresh.byte),
                     catch_up.eq(0),
                     changed.eq(0),
+                    again.eq(0),
+                    remarked.eq(marked(index)),
                 ]
                 clear_bit("cnp_waiting")
                 clear_bit("byte_event")
@@ -260,6 +347,7 @@ class DcqcnReactionPoint(wiring.Component):
                 with m.Elif(state_read.data.limited | waiting_cnp):
                     m.next = "ALPHA"
                 with m.Else():
+                    m.d.comb += [ending.eq(1), ending_stale.eq(marked(index))]  # not armed
                     m.next = "NEXT"
 
             # α: once for every period that ended (the first CNP starts the periods).
@@ -357,6 +445,7 @@ class DcqcnReactionPoint(wiring.Component):
                     ]
                     with m.If(byte):
                         set_bit("byte_event")
+                        m.d.sync += again.eq(1)
                     m.next = "INCREASE"
                 with m.Elif(byte):
                     m.d.sync += state.byte_stage.eq(state.byte_stage
@@ -421,15 +510,66 @@ class DcqcnReactionPoint(wiring.Component):
                 m.d.comb += [
                     state_write.en.eq(1),
                     self.o_rate.valid.eq(changed),
+                    ending.eq(1),
+                    ending_armed.eq(state.limited),
+                    ending_stale.eq(remarked | marked(index)),
                 ]
                 set_bit("limited", state.limited)
                 m.next = "NEXT"
 
-        # Events (later writers than the sweep: a new event for the QP it visits wins).
+        # The hint, over the three cycles after the visit: the µs left to each deadline (0
+        # once it has come, as ``elapsed`` judges it; all ones for a monitor period with
+        # no cut waiting; 0 for all when the visit put an event off), registered; the
+        # least, registered; its time (the earliest deadline, or now), written. A QP
+        # marked since the visit's read keeps its mark: the hint is not written (a mark in
+        # the cycle of the write wins in the scan).
+        hinting = data.StructLayout({"valid": 1, "qp": len(index), "armed": 1, "stale": 1,
+                                     "now": _TIME_BITS})
+        times = Signal(data.StructLayout({
+            "visit": hinting, "cut": 1, "again": 1,
+            "elapsed": data.ArrayLayout(_TIME_BITS, 3)}))
+        left = Signal(data.StructLayout({"visit": hinting,
+                                         "left": data.ArrayLayout(_MICROSECONDS, 3)}))
+        soonest = Signal(data.StructLayout({"visit": hinting, "left": _MICROSECONDS}))
+        m.d.sync += [
+            times.visit.valid.eq(ending),
+            times.visit.qp.eq(index),
+            times.visit.armed.eq(ending_armed),
+            times.visit.stale.eq(ending_stale),
+            times.visit.now.eq(now),
+            times.cut.eq(state.cut_waiting),
+            times.again.eq(again),
+        ]
+        for n, since in enumerate((state.alpha_time, state.timer_time, state.cut_time)):
+            m.d.sync += times.elapsed[n].eq(now - since)
+        periods = (config.dce_tcp_rtt, config.rpg_time_reset,
+                   config.rate_reduce_monitor_period)
+        m.d.sync += [left.visit.eq(times.visit),
+                     left.visit.stale.eq(times.visit.stale | marked(times.visit.qp))]
+        for n, period in enumerate(periods):
+            due = times.again | (times.elapsed[n] >= period)
+            time_left = Mux(due, 0, period - times.elapsed[n])
+            if n == 2:
+                time_left = Mux(times.cut, time_left, (1 << _MICROSECONDS) - 1)
+            m.d.sync += left.left[n].eq(time_left)
+        alpha_left, timer_left, cut_left = left.left
+        m.d.sync += [
+            soonest.visit.eq(left.visit),
+            soonest.visit.stale.eq(left.visit.stale | marked(left.visit.qp)),
+            soonest.left.eq(Mux((alpha_left <= timer_left) & (alpha_left <= cut_left),
+                                alpha_left,
+                                Mux(timer_left <= cut_left, timer_left, cut_left))),
+            scan.i_hint.valid.eq(soonest.visit.valid & ~soonest.visit.stale
+                                 & ~marked(soonest.visit.qp)),
+            scan.i_hint.p.qp.eq(soonest.visit.qp),
+            scan.i_hint.p.hint.armed.eq(soonest.visit.armed),
+            scan.i_hint.p.hint.at.eq(soonest.visit.now + soonest.left),
+        ]
+
+        # Events (later writers than the visit: a new event for the QP it visits wins).
         for writer, qp, valid in (
                 (flags.w_cnp, self.i_cnp.p, self.i_cnp.valid & config.enable),
                 (flags.w_reset, self.i_reset.p, self.i_reset.valid),
-                (flags.w_bytes, sent.qp,
-                 sent_valid & qp_limited & (reset_bytes != 0) & (counted >= reset_bytes))):
+                (flags.w_bytes, sent.qp, byte_event)):
             m.d.comb += write_flags(writer, qp, valid, 1)
         return m
