@@ -42,14 +42,21 @@ class FlagMemory(wiring.Component):
     A write takes effect at the end of its cycle. ``reads`` names each reader's kind
     (``r[n]``): ``"comb"``, ``"transparent"`` and ``"sync"`` as
     :class:`~gateware.roce.qp_context.ContextMemory`'s, and ``"written"``: the entry at
-    ``addr`` combinationally, as this cycle's writes leave it.
+    ``addr`` combinationally, as this cycle's writes leave them.
 
     Each writer has a memory of its flags, and a flag's value is the XOR of its
     writers' bits (a live-value table by XOR: LaForest and Steffan, FPGA 2012). A writer
     sets a flag by writing its own bit so that the XOR comes out as the value: the
-    value XOR the other writers' bits, which it reads at its address in the same
-    cycle; a writer that loses a flag to a later one keeps its own bit. All flags
-    start at 0.
+    value XOR the other writers' bits; a writer that loses a flag to a later one keeps
+    its own bit. All flags start at 0.
+
+    The memories are written a cycle after the write, from registers: each writer's
+    write is registered, the bits it needs are read through registered ports addressed
+    by the write (showing the writes of that cycle), and its memory is written in the
+    next cycle with the XOR of the two. So no path goes from a writer's logic through
+    a read into a memory's write. Until its memory has it, a write registered is passed
+    on to the reads of its entry, so every read kind gives what it would if the write
+    had gone in at once.
     """
 
     _READS = ("comb", "transparent", "sync", "written")
@@ -91,17 +98,16 @@ class FlagMemory(wiring.Component):
         write_ports = [store.write_port() for store in stores]
 
         def reads_at(kind, addr, names):
-            """Each store holding one of ``names``, read at ``addr``: its bits."""
+            """Each store holding one of ``names``, read at ``addr``: its bits (a
+            registered read shows the write its memory takes in the cycle of ``addr``)."""
             bits = {}
             for index, (store, written) in enumerate(zip(stores, self._writers, strict=True)):
                 if not set(names) & set(written):
                     continue
                 if kind == "comb":
                     port = store.read_port(domain="comb")
-                elif kind == "transparent":
-                    port = store.read_port(transparent_for=(write_ports[index],))
                 else:
-                    port = store.read_port()
+                    port = store.read_port(transparent_for=(write_ports[index],))
                 m.d.comb += port.addr.eq(addr)
                 bits[index] = port.data
             return bits
@@ -121,28 +127,62 @@ class FlagMemory(wiring.Component):
                      if name in names]
             return getattr(port, name).en & ~Cat(later).any()
 
+        # Each writer's write, registered with the flags it wins (``pending``), and the
+        # bits its memory's write needs, read at its address as the cycle's writes of the
+        # memories leave them; the memory written from the two a cycle later.
+        pending = []
         for index, (port, names) in enumerate(zip(writers, self._writers, strict=True)):
-            bits = reads_at("comb", port.addr, names)
+            waiting = Signal(data.StructLayout({
+                "addr": used,
+                **{name: data.StructLayout({"en": 1, "value": 1}) for name in names},
+            }), name=f"pending_{self._names[index]}")
+            m.d.sync += waiting.addr.eq(port.addr[:used])
+            for name in names:
+                m.d.sync += [getattr(waiting, name).en.eq(wins(index, name)),
+                             getattr(waiting, name).value.eq(getattr(port, name).value)]
+            pending.append(waiting)
+            bits = reads_at("transparent", port.addr, names)
             own = bits[index]
             write = write_ports[index]
             m.d.comb += [
-                write.addr.eq(port.addr),
-                write.en.eq(Cat(getattr(port, name).en for name in names).any()),
+                write.addr.eq(waiting.addr),
+                write.en.eq(Cat(getattr(waiting, name).en for name in names).any()),
             ]
             for name in names:
                 others = value_of(name, bits) ^ own[name]
                 m.d.comb += write.data[name].eq(
-                    Mux(wins(index, name), getattr(port, name).value ^ others, own[name]))
+                    Mux(getattr(waiting, name).en, getattr(waiting, name).value ^ others,
+                        own[name]))
 
-        for kind, reader in zip(self._reads, self.r, strict=True):
-            bits = reads_at("comb" if kind == "written" else kind, reader.addr, self._flags)
-            for name in self._flags:
-                value = value_of(name, bits)
-                if kind == "written":
-                    for port, names in zip(writers, self._writers, strict=True):
-                        if name in names:
-                            hit = port.addr[:used] == reader.addr[:used]
-                            value = Mux(getattr(port, name).en & hit,
-                                        getattr(port, name).value, value)
-                m.d.comb += reader.data[name].eq(value)
+        def passed_on(name, value, addr, writes):
+            """A flag's ``value`` at ``addr`` with ``writes`` (ports or registered writes,
+            the later winning) to it passed on."""
+            for port, names in zip(writes, self._writers, strict=True):
+                if name in names:
+                    hit = port.addr[:used] == addr[:used]
+                    value = Mux(getattr(port, name).en & hit, getattr(port, name).value, value)
+            return value
+
+        for number, (kind, reader) in enumerate(zip(self._reads, self.r, strict=True)):
+            if kind in ("comb", "written"):
+                # The memories as of the cycle's start, the writes registered in the cycle
+                # before (and, for a written read, this cycle's) passed on.
+                bits = reads_at("comb", reader.addr, self._flags)
+                for name in self._flags:
+                    value = passed_on(name, value_of(name, bits), reader.addr, pending)
+                    if kind == "written":
+                        value = passed_on(name, value, reader.addr, writers)
+                    m.d.comb += reader.data[name].eq(value)
+            else:
+                # Registered: the memories with the writes of the cycle before the address's
+                # (the memories take them in the address's cycle); for a transparent read,
+                # the writes of the address's cycle passed on a cycle later.
+                bits = reads_at("transparent", reader.addr, self._flags)
+                addr = Signal(used, name=f"read{number}_addr")
+                m.d.sync += addr.eq(reader.addr[:used])
+                for name in self._flags:
+                    value = value_of(name, bits)
+                    if kind == "transparent":
+                        value = passed_on(name, value, addr, pending)
+                    m.d.comb += reader.data[name].eq(value)
         return m
