@@ -32,13 +32,17 @@ ACK_COUNTS = data.StructLayout({
 class AckCounters(wiring.Component):
     """Counts, per QP, ``i_icrc_error`` (acknowledgements dropped for their ICRC),
     ``i_cnp`` (CNPs), and the intake's verdicts ``i_verdict`` (``acks`` taken,
-    ``acks_dropped``, and the NAKs taken by their kind), each in the cycle it comes.
+    ``acks_dropped``, and the NAKs taken by their kind), each a cycle after it comes:
+    the event is registered and its QP's count read as it comes (a registered read that
+    shows the write of that cycle), so the count's add starts from registers.
 
     A QP set again (``i_reset``) has its counts read as 0 until they are next written:
     each count has a flag per QP, set by the reset and cleared by the count's write
-    (:class:`FlagMemory`), so a reset clears the counts without a write of theirs.
+    (:class:`FlagMemory`), so a reset clears the counts without a write of theirs. An
+    event in the cycle of its QP's reset is not counted.
 
-    ``status_qp[n]`` → ``o_status[n]``: that QP's counts, 1 cycle later.
+    ``status_qp[n]`` → ``o_status[n]``: that QP's counts, 1 cycle later, with the
+    events up to 2 cycles before the request.
     """
 
     def __init__(self, *, qps, ports):
@@ -63,15 +67,15 @@ class AckCounters(wiring.Component):
         m.submodules.cleared = cleared = FlagMemory(
             flags=COUNT_FLAGS, depth=entries, addr_bits=QP_INDEX_BITS,
             writers=(*((name, (name,)) for name in COUNT_FLAGS), ("reset", COUNT_FLAGS)),
-            reads=(*["comb"] * len(COUNT_FLAGS), *["sync"] * self._ports))
+            reads=("transparent",) * (len(COUNT_FLAGS) + self._ports))
         m.d.comb += write_flags(cleared.w_reset, reset.p, reset.valid, 1)
 
-        # Each count: its memory, read combinationally by its writer and registered by
-        # each status port.
+        # Each count: its memory, read by its writer as the event comes and by each status
+        # port (registered reads that show the writes of their cycle).
         stores = {}
         for name, shape in (("icrc", 32), ("cnp", 32), ("intake", INTAKE_COUNTERS)):
             m.submodules[name] = stores[name] = ContextMemory(
-                shape=shape, depth=entries, reads=("comb", *["sync"] * self._ports),
+                shape=shape, depth=entries, reads=("transparent",) * (1 + self._ports),
                 addr_bits=QP_INDEX_BITS)
 
         # What each verdict adds to: taken or dropped, and a NAK taken by its kind.
@@ -91,25 +95,36 @@ class AckCounters(wiring.Component):
                 matches.append(nak_code > max(_NAK_COUNTERS))
             m.d.comb += verdict_counts[name].eq(
                 verdict.p.taken & (nak_kind == AETH_NAK) & Cat(matches).any())
-        for index, (name, counted, qp) in enumerate((("icrc", icrc_error.valid, icrc_error.p),
-                                                     ("cnp", cnp.valid, cnp.p),
-                                                     ("intake", verdict.valid, verdict.p.qp))):
+        strobes = Signal(data.StructLayout({name: 1 for name in verdict_counts}))
+        m.d.sync += strobes.eq(Cat(verdict_counts.values()))
+        for index, (name, event, qp) in enumerate((("icrc", icrc_error.valid, icrc_error.p),
+                                                   ("cnp", cnp.valid, cnp.p),
+                                                   ("intake", verdict.valid, verdict.p.qp))):
             before, write = stores[name].r[0], stores[name].w
             was_cleared = cleared.r[index]
-            counts_before = Mux(was_cleared.data[name], 0, before.data)
+            counted = Signal(name=f"{name}_counted")
+            counted_qp = Signal(QP_INDEX_BITS, name=f"{name}_qp")
+            m.d.sync += [
+                counted.eq(event & ~(reset.valid & (reset.p == qp))),
+                counted_qp.eq(qp),
+            ]
+            # The add from the count read, the count cleared chosen after it (so that the
+            # flag's read does not go on into the add's carry chain).
+            zero = was_cleared.data[name]
             m.d.comb += [
                 before.addr.eq(qp),
-                write.addr.eq(qp),
-                write.en.eq(counted),
                 was_cleared.addr.eq(qp),
-                *write_flags(getattr(cleared, f"w_{name}"), qp, counted, 0),
+                write.addr.eq(counted_qp),
+                write.en.eq(counted),
+                *write_flags(getattr(cleared, f"w_{name}"), counted_qp, counted, 0),
             ]
             if name == "intake":
-                counts_before = data.View(INTAKE_COUNTERS, counts_before)
-                for counter, strobe in verdict_counts.items():
-                    m.d.comb += write.data[counter].eq(counts_before[counter] + strobe)
+                for counter in verdict_counts:
+                    strobe = strobes[counter]
+                    m.d.comb += write.data[counter].eq(
+                        Mux(zero, strobe, before.data[counter] + strobe))
             else:
-                m.d.comb += write.data.eq(counts_before + 1)
+                m.d.comb += write.data.eq(Mux(zero, 1, before.data + 1))
 
         # The counts for the status ports, 0 while the QP was set again since their last
         # write.

@@ -65,8 +65,9 @@ _WRITES = ("una", "positions", "retry", "timer", "resend_psn", "peer", "event_co
 class AckHandler(wiring.Component):
     """Acts on one QP at a time, ``qp``, in an FSM; between two jobs it waits in IDLE
     (``o_busy`` low) and takes, in this order: a reset (``i_reset``, once ``i_quiet``
-    says nothing else writes the QP's state and ``i_pages_clear`` that the QP holds no
-    retransmit page), a close (``i_close``), an expired timer
+    says nothing else writes the QP's state in the next cycle and ``i_pages_clear``
+    that the QP holds no retransmit page; written in that next cycle, from a register),
+    a close (``i_close``), an expired timer
     (``i_expired``, so that acknowledgements streaming in do not hold it), an
     acknowledgement (``i_ack``, from :class:`AckIntake`).
 
@@ -104,8 +105,8 @@ class AckHandler(wiring.Component):
     Latency, from IDLE back to IDLE: an acknowledgement 4 cycles (IDLE, ACK,
     ACK_APPLY, RETIRE; 3 when it says nothing new by then) and 1 more per message
     it completes; an expired timer 2 (IDLE, EXPIRE), 4 when it fails the QP (then
-    RETIRE_READ, RETIRE); a close 4 (IDLE, CLOSE, RETIRE_READ, RETIRE); a reset 1,
-    or 2 when the FSM's QP was another (its list is read first).
+    RETIRE_READ, RETIRE); a close 4 (IDLE, CLOSE, RETIRE_READ, RETIRE); a reset 2
+    (IDLE, RESET), or 3 when the FSM's QP was another (its list is read first).
     A failed QP takes 1 cycle more per message it flushes. The reads of ``r_*``
     come a cycle after their address, so each state acts on the QP it was entered
     with.
@@ -152,7 +153,8 @@ class AckHandler(wiring.Component):
         def fsm_flag(name, value):
             m.d.comb += [self.o_flags[name].en.eq(1), self.o_flags[name].value.eq(value)]
 
-        # A reset is taken when no other writer of its state is busy (``i_quiet``).
+        # A reset is taken (in RESET) when no other writer of its state is busy then
+        # (``i_quiet`` in the cycle before).
         resetting = Signal()
         reset_write = self.o_reset.valid
         m.d.comb += [
@@ -234,21 +236,25 @@ class AckHandler(wiring.Component):
 
         with m.FSM() as engine:
             with m.State("IDLE"):
-                m.d.comb += self.i_reset.ready.eq(resetting)
                 # While a reset waits for quiet, nothing else goes in (the views soon
                 # block new packets): the other choices do not wait on ``i_quiet``. The
                 # QP's list is read first (for ``qp``, the QP of the cycle before): with
-                # messages in it, the QP is closed first.
+                # messages in it, the QP is closed first. The QP read next is the
+                # acknowledgement's unless another job goes first, whether one is offered
+                # or not (in IDLE the QP is written nothing), so that the reads' address
+                # does not wait on the offer.
+                m.d.comb += qp_next.eq(self.i_ack.p.qp)
                 with m.If(self.i_reset.valid):
                     m.d.comb += qp_next.eq(reset.qp)
                     listed = s_positions.first.slot != s_end.slot
                     with m.If(reset.qp >= qps):
-                        m.d.comb += resetting.eq(self.i_quiet)
+                        with m.If(self.i_quiet):
+                            m.next = "RESET"
                     with m.Elif(qp == reset.qp):
                         with m.If(listed):
                             m.next = "CLOSE"
-                        with m.Else():
-                            m.d.comb += resetting.eq(self.i_quiet & self.i_pages_clear)
+                        with m.Elif(self.i_quiet & self.i_pages_clear):
+                            m.next = "RESET"
                 with m.Elif(self.i_close.valid):
                     m.d.comb += [self.i_close.ready.eq(1), qp_next.eq(self.i_close.p)]
                     with m.If(self.i_close.p < qps):
@@ -260,7 +266,7 @@ class AckHandler(wiring.Component):
                     m.d.sync += expired_rnr_wait.eq(self.i_expired.p.rnr_wait)
                     m.next = "EXPIRE"
                 with m.Elif(self.i_ack.valid):
-                    m.d.comb += [self.i_ack.ready.eq(1), qp_next.eq(self.i_ack.p.qp)]
+                    m.d.comb += self.i_ack.ready.eq(1)
                     m.d.sync += [
                         event.eq(self.i_ack.p),
                         una_after.eq(Mux(self.i_ack.p.syndrome[5:7] == AETH_ACK,
@@ -368,6 +374,10 @@ class AckHandler(wiring.Component):
                             retry_write.data.retries.eq(s_retry.retries - 1),
                         ]
                         resend_from(s_una)
+
+            with m.State("RESET"):
+                m.d.comb += [resetting.eq(1), self.i_reset.ready.eq(1), qp_next.eq(reset.qp)]
+                m.next = "IDLE"
 
             with m.State("CLOSE"):
                 with m.If(~s_error):

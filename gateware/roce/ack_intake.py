@@ -13,8 +13,8 @@ from .requests import QP_INDEX_BITS, check_qp_count
 __all__ = ["AckIntake", "ACK_WINDOW", "ACK_TAKEN", "ACK_VERDICT"]
 
 #: What the intake checks an acknowledgement against: its QP's oldest unacknowledged
-#: and next PSN, peer address and whether it is in ERROR (the engine's, read
-#: combinationally at ``window_qp``).
+#: and next PSN, peer address and whether it is in ERROR (the engine's, read through
+#: registered ports at ``window_qp``: a cycle later, with the writes of that cycle).
 ACK_WINDOW = data.StructLayout({"una": 24, "nxt": 24, "remote_ip": 32, "error": 1})
 
 #: An acknowledgement for the engine to act on: its QP, PSN and AETH syndrome.
@@ -50,28 +50,34 @@ class AckIntake(wiring.Component):
     ``window_qp``) and beyond ``furthest`` (a NAK: at ``furthest + 1`` or
     beyond); else it is dropped (a duplicate, a ghost, a stranger's). So the
     verdicts are those the engine would give acting on every acknowledgement
-    in turn. Of those taken, the intake keeps per QP an ACK slot (up to
+    in turn. The acknowledgement passes a register first; its QP's window is read as it
+    comes in (``window_qp`` → ``window``, a cycle later: registered ports that show the
+    writes of the cycle of the address), so the check starts from registers and the
+    reads. Of those taken, the intake keeps per QP an ACK slot (up to
     ``furthest``) and apart a NAK slot (NAK sequence error, RNR NAK or error
     NAK; the newest, but of two for one PSN the error NAK over the RNR NAK
     over the sequence error, and an error NAK for good: the QP fails on it). An
     acknowledgement taken and not kept repeats what is kept. Every
-    acknowledgement gets a verdict (``o_verdict``, with its syndrome, 2 cycles
+    acknowledgement gets a verdict (``o_verdict``, with its syndrome, 3 cycles
     after ``i``); there is no queue, so none is lost, whatever the rate. An
-    acknowledgement counts against the packets sent up to 2 cycles before it.
+    acknowledgement counts against the packets sent up to the cycle before it.
 
     ``o`` offers the engine one slot of one QP at a time, the NAK before the ACK
-    of a QP; an acknowledgement is offered from 4 cycles after ``i`` on. The QPs
+    of a QP; an acknowledgement is offered from 6 cycles after ``i`` on. The QPs
     wait their turn in two queues (block RAM): those whose slot filled, in that
     order, and those taken with a slot still filled (the ACK behind a NAK taken,
     or one that came as it was taken), the two queues in turn. A QP is in a
     queue once at most, so neither overflows; no choice is made among all QPs.
-    Taking an offer (``o.ready``) empties the slot, unless a newer
-    acknowledgement fills it in the same cycle. ``i_clear`` empties the slots of
-    a QP being set again, and drops its acknowledgements in flight; a QP whose
-    slots it emptied is passed over (a cycle) when its turn comes.
+    The QP offered is a register, loaded from a queue the cycle after the one
+    before it left (an offer every second cycle at most). Taking an offer
+    (``o.ready``) empties the slot, unless a newer acknowledgement fills it in
+    the same cycle. ``i_clear`` empties the slots of a QP being set again, and
+    drops its acknowledgements in flight; a QP whose slots it emptied is passed
+    over (two cycles) when its turn comes.
 
     The per-QP state is in memories: ``furthest`` and the NAK slot, and 1-bit
-    flags in a :class:`FlagMemory`.
+    flags in a :class:`FlagMemory`; every read of them is registered, addressed a
+    cycle ahead.
     """
 
     def __init__(self, *, qps):
@@ -99,6 +105,12 @@ class AckIntake(wiring.Component):
         def cleared(qp):
             return clear.valid & (clear.p[:qp_bits] == qp[:qp_bits])
 
+        # Stage 0: the acknowledgement registered, its QP's window read as it comes in.
+        incoming = Signal()
+        acknowledgement = Signal.like(self.i.p)
+        m.d.comb += self.window_qp.eq(self.i.p.qp)
+        m.d.sync += [incoming.eq(self.i.valid), acknowledgement.eq(self.i.p)]
+
         # Stage 1: the window check's operands, from the QP's state as the engine has it.
         event = Signal(ACK_TAKEN)
         checked = Signal()
@@ -106,11 +118,9 @@ class AckIntake(wiring.Component):
         ahead = Signal(24)
         window = Signal(24)
         usable = Signal()
-        acknowledgement = self.i.p
         state = self.window
-        m.d.comb += self.window_qp.eq(acknowledgement.qp)
         m.d.sync += [
-            checked.eq(self.i.valid),
+            checked.eq(incoming),
             stale.eq(cleared(acknowledgement.qp)),
             event.qp.eq(acknowledgement.qp),
             event.psn.eq(acknowledgement.psn),
@@ -132,7 +142,7 @@ class AckIntake(wiring.Component):
             writers=(("taken", ("known",)), ("take", ("has_ack", "has_nak", "queued")),
                      ("kept", ("has_ack", "has_nak", "queued")),
                      ("clear", ("known", "has_ack", "has_nak"))),
-            reads=("comb", "comb", "comb"))
+            reads=("transparent",) * 3)
         event_flags, kept_flags, head_flags = (port.data for port in flags.r)
 
         # Stage 2: against what the QP's acknowledgements said so far: ``furthest``, the
@@ -143,9 +153,12 @@ class AckIntake(wiring.Component):
         m.submodules.naks = naks = memory.Memory(shape=_NAK_SLOT, depth=entries, init=[])
         furthest_write = furthest.write_port()
         nak_write = naks.write_port()
-        furthest_read = furthest.read_port(domain="comb")
-        nak_slot = naks.read_port(domain="comb")
-        m.d.comb += [furthest_read.addr.eq(event.qp), flags.r[0].addr.eq(event.qp)]
+        # Each stage reads its QP's slots and flags a cycle ahead, as the stage before holds
+        # it (registered reads that show the writes of that cycle).
+        furthest_read = furthest.read_port(transparent_for=(furthest_write,))
+        nak_slot = naks.read_port(transparent_for=(nak_write,))
+        m.d.comb += [furthest_read.addr.eq(acknowledgement.qp),
+                     flags.r[0].addr.eq(acknowledgement.qp)]
 
         is_nak = event.syndrome[5:7] != AETH_ACK
         # Beyond ``furthest``: not equal to it, and less than half the PSN space on (the
@@ -177,7 +190,7 @@ class AckIntake(wiring.Component):
         # Stage 3: into the slots. A NAK taken is kept unless the one kept is for the same
         # PSN and says as much (a NAK taken is never behind the one kept), or is an error
         # NAK. A QP whose slot fills goes into the queue ``arrived`` unless it is queued.
-        m.d.comb += [nak_slot.addr.eq(kept.qp), flags.r[1].addr.eq(kept.qp)]
+        m.d.comb += [nak_slot.addr.eq(event.qp), flags.r[1].addr.eq(event.qp)]
         nak_fatal = ((nak_slot.data.syndrome[5:7] == AETH_NAK)
                      & (nak_slot.data.syndrome[:5] != NAK_SEQUENCE))
         nak_says_more = _nak_rank(kept.syndrome) > _nak_rank(nak_slot.data.syndrome)
@@ -203,24 +216,34 @@ class AckIntake(wiring.Component):
             flags.w_kept.queued.value.eq(1),
         ]
 
-        # The offer: the QP at the head of ``arrived`` or of ``returned`` (QPs taken with a
-        # slot still filled), the two in turn; each QP is queued once at most (so neither
-        # queue overflows), and one whose slots a clear emptied is passed over.
-        from_returned = Signal()
-        last_returned = Signal()        # the last QP served came from ``returned``
+        # The offer: a QP from the head of ``arrived`` or of ``returned`` (QPs taken with a
+        # slot still filled), the two in turn, into a register (``head``) once the one
+        # offered before has left; each QP is queued once at most (so neither queue
+        # overflows), and one whose slots a clear emptied is passed over. Its slots and
+        # flags are read every cycle, addressed by the QP the register holds next.
         head = Signal(qp_bits)
+        head_valid = Signal()
+        head_next = Signal(qp_bits)
+        from_returned = Signal()
+        last_returned = Signal()        # the last QP loaded came from ``returned``
+        load = Signal()
         m.d.comb += [
             from_returned.eq(returned.r_rdy & ~(arrived.r_rdy & last_returned)),
-            head.eq(Mux(from_returned, returned.r_data, arrived.r_data)),
-            flags.r[2].addr.eq(head),
+            load.eq(~head_valid & (arrived.r_rdy | returned.r_rdy)),
+            head_next.eq(Mux(load, Mux(from_returned, returned.r_data, arrived.r_data), head)),
+            arrived.r_en.eq(load & ~from_returned),
+            returned.r_en.eq(load & from_returned),
+            flags.r[2].addr.eq(head_next),
         ]
-        head_valid = arrived.r_rdy | returned.r_rdy
+        m.d.sync += head.eq(head_next)
+        with m.If(load):
+            m.d.sync += [head_valid.eq(1), last_returned.eq(from_returned)]
         head_nak = head_flags.has_nak
-        offered_furthest = furthest.read_port(domain="comb")
-        offered_nak = naks.read_port(domain="comb")
+        offered_furthest = furthest.read_port(transparent_for=(furthest_write,))
+        offered_nak = naks.read_port(transparent_for=(nak_write,))
         m.d.comb += [
-            offered_furthest.addr.eq(head),
-            offered_nak.addr.eq(head),
+            offered_furthest.addr.eq(head_next),
+            offered_nak.addr.eq(head_next),
             self.o.valid.eq(head_valid & (head_flags.has_ack | head_flags.has_nak)),
             self.o.p.qp.eq(head),
             self.o.p.psn.eq(Mux(head_nak, offered_nak.data.psn, offered_furthest.data)),
@@ -233,8 +256,6 @@ class AckIntake(wiring.Component):
         again = ((take & head_nak & head_flags.has_ack)
                  | ((sets_ack | sets_nak) & (kept.qp[:qp_bits] == head)))
         m.d.comb += [
-            arrived.r_en.eq(leaves & ~from_returned),
-            returned.r_en.eq(leaves & from_returned),
             returned.w_data.eq(head),
             returned.w_en.eq(leaves & again),
             flags.w_take.addr.eq(head),
@@ -247,5 +268,5 @@ class AckIntake(wiring.Component):
             *write_flags(flags.w_clear, clear.p, clear.valid, 0),
         ]
         with m.If(leaves):
-            m.d.sync += last_returned.eq(from_returned)
+            m.d.sync += head_valid.eq(0)
         return m

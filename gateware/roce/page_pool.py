@@ -101,7 +101,8 @@ class PagePool(wiring.Component):
     buffer. ``i_take`` maps the page of a QP's ring that its next packet enters to the
     next free page (``o_available``: one is free); the planner takes a page for each
     packet that starts a page or crosses into one, so a QP holds the pages from its
-    ``released`` one (``view_released`` of ``view_qp``, combinational) up to the one its
+    ``released`` one (``view_released`` of ``view_qp``, a cycle later: a registered read
+    that shows the writes of the cycle of ``view_qp``) up to the one its
     next packet starts in. ``translate[n]`` reads a page table (registered, with an
     enable: the buffer's read and write sides).
 
@@ -208,7 +209,7 @@ class PagePool(wiring.Component):
         m.submodules.released = released = memory.Memory(
             shape=vpage_bits, depth=1 << qp_bits, init=[])
         released_write = released.write_port()
-        view = released.read_port(domain="comb")
+        view = released.read_port(transparent_for=(released_write,))
         own = released.read_port(transparent_for=(released_write,))
         m.d.comb += [view.addr.eq(self.view_qp), self.view_released.eq(view.data)]
         rebase = self.i_rebase.valid & (self.i_rebase.p < self._qps)

@@ -140,7 +140,10 @@ class PacketPlanner(wiring.Component):
     page the pool took back from the idle QP takes that page again (``again``),
     with that packet, or alone before it when the packet crosses into the next.
     ``o_active[0]`` and ``[1]`` name the QP the new and the replay context work on
-    (loading or sending its message).
+    (loading or sending its message). ``new_qp`` and ``replay_qp`` address the QP
+    views of the engine (``new_view``, ``replay_view``) and ``pages_released`` a
+    cycle ahead: each is the QP of its context in the next cycle, and what comes back
+    is registered.
 
     Two contexts take turns packet by packet: a *replay* (go-back-N resend of a
     message the reliability engine hands over, from one of its packets up to
@@ -431,9 +434,11 @@ class PacketPlanner(wiring.Component):
                                   | (replaying & (replay_holds == asked)))
 
         # Load contexts: a resend when the replay context is free, else a new message.
-        # The engine's view of a QP is a cycle late: while the new context is free, it
-        # asks for the next request's QP already (in any state: a resend going first
-        # leaves it unused), so its address does not wait on the FSM's choice.
+        # The engine's views of a QP (and the page pool's) come a cycle after their
+        # address: each context addresses the QP it works on in the next cycle. While the
+        # new context is free, it asks for the next request's QP already (in any state: a
+        # resend going first leaves it unused), so its address does not wait on the FSM's
+        # choice; the replay context asks for a resend's QP as it takes it.
         m.d.comb += [
             self.replay_qp.eq(replay.qp),
             self.new_qp.eq(Mux(new_sending | new_refusing, new.qp, self.i_request.p.qp)),
@@ -451,6 +456,7 @@ class PacketPlanner(wiring.Component):
                 with m.If(self.i_replay.valid & ~replaying):
                     m.d.comb += [
                         self.read_qp.eq(self.i_replay.p.qp),
+                        self.replay_qp.eq(self.i_replay.p.qp),
                         self.i_replay.ready.eq(1),
                     ]
                     command = self.i_replay.p

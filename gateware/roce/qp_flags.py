@@ -43,9 +43,9 @@ class QpFlags(wiring.Component):
     ``i_resend_taken`` clears ``resend``; ``i_engine`` writes the flags of
     :data:`ENGINE_FLAGS` of its QP; ``i_reset`` clears every flag of its QP.
 
-    ``o_due`` names the QP of an engine write that leaves it due for a resend
-    (:func:`due_for_resend`, all of the cycle's writes counted): only the engine's
-    writes make a QP due.
+    ``o_due`` names, a cycle after it, the QP of an engine write that leaves it due for
+    a resend (:func:`due_for_resend`, all of the cycle's writes counted; a registered
+    read of its flags): only the engine's writes make a QP due.
     """
 
     def __init__(self, *, qps, reads):
@@ -66,7 +66,7 @@ class QpFlags(wiring.Component):
             flags=FLAGS, depth=1 << qp_bits_of(self._qps), addr_bits=QP_INDEX_BITS,
             writers=(("timer_from_sent", ("from_sent",)), ("resend_taken", ("resend",)),
                      ("engine", ENGINE_FLAGS), ("reset", FLAGS)),
-            reads=(*self._reads, "written"))
+            reads=(*self._reads, "transparent"))
         engine, reset = self.i_engine, self.i_reset
         m.d.comb += [
             *write_flags(store.w_timer_from_sent, self.i_timer_from_sent.p,
@@ -83,12 +83,13 @@ class QpFlags(wiring.Component):
             m.d.comb += [reader.addr.eq(port.addr), port.data.eq(reader.data)]
 
         # Whether the engine's write leaves its QP due: its flags as the cycle's writes
-        # leave them.
+        # leave them, a cycle later.
         after = store.r[len(self._reads)]
-        wrote = Cat(engine[name].en for name in ENGINE_FLAGS).any()
-        m.d.comb += [
-            after.addr.eq(engine.qp),
-            self.o_due.valid.eq(wrote & due_for_resend(after.data)),
+        wrote = Signal()
+        m.d.comb += after.addr.eq(engine.qp)
+        m.d.sync += [
+            wrote.eq(Cat(engine[name].en for name in ENGINE_FLAGS).any()),
             self.o_due.p.eq(engine.qp),
         ]
+        m.d.comb += self.o_due.valid.eq(wrote & due_for_resend(after.data))
         return m

@@ -56,12 +56,11 @@ class ReliabilityEngine(wiring.Component):
     the pool all QPs share, ``message_slots``, up to ``messages`` a QP) and each
     packet it sends
     (``i_sent``); it tells the planner, per QP, the next PSN, the ring tail
-    and whether the QP may send (``new_view``/``replay_view``, combinational
-    from ``new_qp``/``replay_qp``; an event shows from the next cycle on, a
-    message loaded or a packet sent, which pass a register first, from the
-    second; whether the QP may send, ``error``, ``rnr_wait`` and ``blocked``,
-    is a register, for ``new_qp``/``replay_qp`` of the cycle before), and hands
-    it the messages to resend (``o_replay``).
+    and whether the QP may send (``new_view``/``replay_view``, registers, for
+    ``new_qp``/``replay_qp`` of the cycle before, as that cycle's writes left
+    the QP: the planner addresses its views a cycle ahead; an event shows from
+    the next cycle on, a message loaded or a packet sent, which pass a register
+    first, from the second), and hands it the messages to resend (``o_replay``).
 
     Acknowledgements (``i_ack``, one a cycle at any rate) go through an
     :class:`AckIntake`: from the QP's peer address, inside the window of
@@ -80,12 +79,12 @@ class ReliabilityEngine(wiring.Component):
     longer than the ring (up to 2^23 packets: 2^31 bytes at path MTU 256)
     completes as it is acknowledged. A reset waits for ``i_pages_clear`` (the
     QP holds no retransmit page) and sets both positions to 0. Latency: the
-    engine acts on an acknowledgement 4 cycles after ``i_ack`` at the
+    engine acts on an acknowledgement 5 cycles after ``i_ack`` at the
     earliest, takes 4 cycles for it (3 for one that says nothing new by then),
-    and 1 more per message it completes; a completion leaves 7 cycles after
-    the ``i_ack`` that finished its message, when the engine is idle (6 when
+    and 1 more per message it completes; a completion leaves 8 cycles after
+    the ``i_ack`` that finished its message, when the engine is idle (7 when
     an older ACK of the QP waits to be taken, the new one read with it). An
-    acknowledgement counts against the packets sent up to 2 cycles before it.
+    acknowledgement counts against the packets sent up to the cycle before it.
 
     - NAK sequence error for p: resend from p (go-back-N), one of
       ``retry_count`` retries, unless a resend from p is already under way
@@ -109,18 +108,18 @@ class ReliabilityEngine(wiring.Component):
     ``status_qp[n]`` → ``status[n]``: a
     QP's state and counters, 1 cycle later.
 
-    ``i_reset`` is taken when the engine is idle, in a cycle without
-    ``i_sent`` or ``i_loaded`` in the cycle before (while their register
-    writes them) and with no resend being looked up: while it waits, no new
+    ``i_reset`` is taken (and written) in the cycle after the idle engine saw
+    neither ``i_sent`` nor ``i_loaded`` (their register would write them in
+    that cycle) and no resend being looked up: while it waits, no new
     resend starts and the engine takes nothing else, and while it waits on an
     idle engine both views show every QP without a free slot, and from the
     next cycle on blocked, so that the planner pauses its new messages and the
     reset soon goes in. The caller sends no packet of the QP being set in the
     cycle it sets it (the planner's ``holds``).
 
-    Each QP's state lives in memories (:class:`ContextMemory`: distributed RAM
-    where a view reads it combinationally; the parts' own reads are registered,
-    addressed a cycle ahead), its 1-bit flags too (:class:`QpFlags`), and the QPs
+    Each QP's state lives in memories (:class:`ContextMemory`, every read of them
+    registered and addressed a cycle ahead, so that a large one can be block RAM),
+    its 1-bit flags too (:class:`QpFlags`), and the QPs
     due for a resend wait in a queue: no part reads or chooses among all QPs at once.
     Its outstanding messages are a list through the slots of a :class:`SlotPool`,
     from its oldest message (``positions.first``) to the empty slot its next
@@ -196,12 +195,11 @@ class ReliabilityEngine(wiring.Component):
         layouts = per_qp_layouts(slot_bits, count_bits)
 
         m.submodules.tick = tick = TickCount()
-        # The flags' readers: the sweep, the walker, the handler (registered, addressed a
-        # cycle ahead), the two views (as the cycle's writes leave them), the intake's
-        # window, the status ports.
+        # The flags' readers, all registered: the sweep, the walker, the handler, the two
+        # views and the intake's window (addressed a cycle ahead), the status ports.
         flag_reads = {"sweep": "transparent", "walker": "transparent",
-                      "handler": "transparent", "new_view": "written",
-                      "replay_view": "written", "window": "comb",
+                      "handler": "transparent", "new_view": "transparent",
+                      "replay_view": "transparent", "window": "transparent",
                       **{f"status{n}": "sync" for n in range(STATUS_PORTS)}}
         m.submodules.flags = flags = QpFlags(qps=qps, reads=flag_reads.values())
         flag_port = dict(zip(flag_reads, flags.r, strict=True))
@@ -217,12 +215,11 @@ class ReliabilityEngine(wiring.Component):
                                                     count_bits=count_bits, width=self._width)
         reset = handler.o_reset
 
-        # Messages loaded and packets sent pass a register first: no path goes on from
-        # the planner's decisions into the engine's memories and flags.
-        sent = stream.Signature(PACKET_SENT, always_ready=True).create(path=("sent",))
-        loaded = stream.Signature(MESSAGE_LOADED, always_ready=True).create(path=("loaded",))
-        for registered, port in ((sent, self.i_sent), (loaded, self.i_loaded)):
-            m.d.sync += [registered.valid.eq(port.valid), registered.p.eq(port.p)]
+        # Messages loaded and packets sent pass a register first (the tracker's, and this
+        # one for the timer sweep): no path goes on from the planner's decisions into the
+        # engine's memories and flags.
+        sent = stream.Signature(QP_INDEX_BITS, always_ready=True).create(path=("sent",))
+        m.d.sync += [sent.valid.eq(self.i_sent.valid), sent.p.eq(self.i_sent.p.qp)]
 
         def qp_event(port, valid, qp):
             m.d.comb += [port.valid.eq(valid), port.p.eq(qp)]
@@ -232,8 +229,8 @@ class ReliabilityEngine(wiring.Component):
             m.d.comb += part.i_now.eq(tick.o_now)
 
         # What the planner tells of messages and packets.
-        connect(m, sent, tracker.i_sent)
-        connect(m, loaded, tracker.i_loaded)
+        connect(m, flipped(self.i_sent), tracker.i_sent)
+        connect(m, flipped(self.i_loaded), tracker.i_loaded)
         connect(m, flipped(self.i_message_end), tracker.i_message_end)
         connect(m, reset, tracker.i_reset)
         connect(m, tracker.o_timer_from_sent, flags.i_timer_from_sent)
@@ -258,7 +255,7 @@ class ReliabilityEngine(wiring.Component):
         connect(m, sweep.o_expired, handler.i_expired)
         connect(m, handler.o_busy, sweep.i_busy)
         qp_event(sweep.i_reset, reset.valid, reset.p.qp)
-        qp_event(sweep.i_sent, sent.valid, sent.p.qp)
+        connect(m, sent, sweep.i_sent)
         qp_event(sweep.i_timer_from_sent, tracker.o_timer_from_sent.valid,
                  tracker.o_timer_from_sent.p)
         connect(m, flipped(self.i_reset), handler.i_reset)
@@ -266,10 +263,11 @@ class ReliabilityEngine(wiring.Component):
         m.d.comb += flags.i_engine.eq(handler.o_flags)
         connect(m, handler.o_completion, flipped(self.o_completion))
         qp_event(flags.i_reset, reset.valid, reset.p.qp)
-        # Nothing else writes what a reset writes (``i_sent``, ``i_loaded``), or works on
-        # a QP's state (the resend walker).
+        # Nothing else writes what a reset writes (``i_sent``, ``i_loaded``, a cycle after
+        # they come), or works on a QP's state (the resend walker, held while a reset
+        # waits), in the next cycle.
         m.d.comb += [
-            handler.i_quiet.eq(~sent.valid & ~loaded.valid & walker.o_idle),
+            handler.i_quiet.eq(~self.i_sent.valid & ~self.i_loaded.valid & walker.o_idle),
             handler.i_pages_clear.eq(self.i_pages_clear),
             walker.i_hold.eq(self.i_reset.valid),
         ]
@@ -296,21 +294,24 @@ class ReliabilityEngine(wiring.Component):
                     connect(m, reader, port)
             return own
 
-        view, status = [("comb", None)] * 2, [("sync", None)] * STATUS_PORTS
+        # Every read is registered: the views and the intake's window, like the parts' own
+        # ports, are addressed a cycle ahead and see the writes of that cycle.
+        window, view = ("transparent", None), [("transparent", None)] * 2
+        status = [("sync", None)] * STATUS_PORTS
         # Each QP's list starts empty, at the slot of its index.
         own_slots = [{"slot": qp} for qp in range(entries)]
         nxt = context("nxt", tracker.w_nxt, [
-            ("comb", tracker.r_nxt), ("comb", None), *view, ("transparent", handler.r_nxt),
+            ("transparent", tracker.r_nxt), window, *view, ("transparent", handler.r_nxt),
             ("transparent", sweep.r_nxt), *status])
         tail = context("tail", tracker.w_tail, [*view, ("transparent", None)])
         end = context("end", tracker.w_end, [
-            ("comb", tracker.r_end), *view, ("transparent", handler.r_end),
+            ("transparent", tracker.r_end), *view, ("transparent", handler.r_end),
             ("transparent", walker.r_end), ("transparent", None)], init=own_slots)
         context("sent_time", tracker.w_sent_time, [("transparent", sweep.r_sent_time)])
         sent_counters = context("sent_counters", tracker.w_sent_counters, [
-            ("comb", tracker.r_sent_counters), *status])
+            ("transparent", tracker.r_sent_counters), *status])
         una = context("una", handler.w_una, [
-            ("comb", tracker.r_una), ("comb", None), ("transparent", handler.r_una),
+            ("transparent", tracker.r_una), window, ("transparent", handler.r_una),
             ("transparent", sweep.r_una), *status])
         positions = context("positions", handler.w_positions, [
             *view, ("transparent", handler.r_positions), ("transparent", walker.r_positions),
@@ -319,7 +320,7 @@ class ReliabilityEngine(wiring.Component):
         context("timer", handler.w_timer, [("transparent", sweep.r_timer)])
         context("resend_psn", handler.w_resend_psn, [("transparent", walker.r_resend_psn)])
         peer = context("peer", handler.w_peer, [
-            ("comb", None), ("transparent", handler.r_peer), ("transparent", sweep.r_peer)])
+            window, ("transparent", handler.r_peer), ("transparent", sweep.r_peer)])
         event_counters = context("event_counters", handler.w_event_counters, [
             ("transparent", handler.r_event_counters), *status])
         # The slot pool's messages, and the status each one's payload ended with; reads
@@ -340,12 +341,12 @@ class ReliabilityEngine(wiring.Component):
             intake.window.remote_ip.eq(window["peer"].data.remote_ip),
         ]
 
-        # The planner's views. Whether a QP may send: registers, for the view's QP of
-        # the cycle before, from the flags as this cycle's writes leave them (so a flag
-        # shows in the view when the flag register itself has it); a resend looked up or
-        # a reset waiting shows a cycle later.
+        # The planner's views, for the view's QP of the cycle before: the memories and
+        # the flags as that cycle's writes left them; a resend looked up or a reset
+        # waiting (registered) shows a cycle later.
         reset_waiting = Signal()
-        m.d.comb += reset_waiting.eq(self.i_reset.valid & ~handler.o_busy.valid)
+        m.d.comb += reset_waiting.eq(self.i_reset.valid
+                                     & (~handler.o_busy.valid | self.i_reset.ready))
         for reader, qp, view in (("new_view", self.new_qp, self.new_view),
                                  ("replay_view", self.replay_qp, self.replay_view)):
             shown = {}
@@ -363,13 +364,13 @@ class ReliabilityEngine(wiring.Component):
                      != messages) & pool.o_available & ~reset_waiting),
                 flag_port[reader].addr.eq(qp),
             ]
-            flags_after = flag_port[reader].data
-            m.d.sync += [
-                view.error.eq(flags_after.error),
-                view.rnr_wait.eq(flags_after.rnr_wait),
-                view.blocked.eq(flags_after.resend | flags_after.rnr_wait
-                                | (walker.o_busy.valid & (walker.o_busy.p == qp))
-                                | reset_waiting),
+            shown_flags = flag_port[reader].data
+            held = Signal(name=f"{reader}_held")
+            m.d.sync += held.eq((walker.o_busy.valid & (walker.o_busy.p == qp)) | reset_waiting)
+            m.d.comb += [
+                view.error.eq(shown_flags.error),
+                view.rnr_wait.eq(shown_flags.rnr_wait),
+                view.blocked.eq(shown_flags.resend | shown_flags.rnr_wait | held),
             ]
 
         # The ring positions the page pool gives pages back behind, and which QP's oldest

@@ -35,7 +35,7 @@ class ResendWalker(wiring.Component):
     then: it goes on from the list's oldest message instead, resending that one from
     its first packet if the resend PSN is older.
 
-    Latency: a QP is taken from the queue 2 cycles after ``i_due`` at the earliest;
+    Latency: a QP is taken from the queue 3 cycles after ``i_due`` at the earliest;
     the first message is offered 4 cycles after the cycle the walker takes the QP
     (then clear, read, find, offer), plus 2 cycles per older message it skips;
     a later message 3 cycles after the one before is taken. ``o_busy`` shows the QP
@@ -69,16 +69,18 @@ class ResendWalker(wiring.Component):
         entries = 1 << qp_bits
 
         # The queue of QPs due, each in it once at most (``queued``: pushed and not yet
-        # taken out), so it never overflows. A QP due again in the cycle it is taken out
-        # is not put back: the walker reads its flags as that cycle's writes leave them.
+        # taken out), so it never overflows. A QP due is registered, its ``queued`` read
+        # as it comes in (a registered read). A QP due again after it is taken out goes
+        # back in: the walker finds its resend taken already, or walks it again.
         m.submodules.queue = queue = fifo.SyncFIFOBuffered(width=qp_bits, depth=entries)
         m.submodules.queued = queued = FlagMemory(
             flags=("queued",), depth=entries, addr_bits=QP_INDEX_BITS,
-            writers=(("pop", ("queued",)), ("push", ("queued",))), reads=("comb",))
-        due = self.i_due
+            writers=(("pop", ("queued",)), ("push", ("queued",))), reads=("transparent",))
+        due = stream.Signature(QP_INDEX_BITS, always_ready=True).flip().create(path=("due",))
+        m.d.sync += [due.valid.eq(self.i_due.valid), due.p.eq(self.i_due.p)]
         popped = Signal()
         m.d.comb += [
-            queued.r[0].addr.eq(due.p),
+            queued.r[0].addr.eq(self.i_due.p),
             queue.w_data.eq(due.p),
             queue.w_en.eq(due.valid & ~queued.r[0].data.queued),
             *write_flags(queued.w_push, due.p, queue.w_en, 1),

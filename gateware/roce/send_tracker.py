@@ -16,7 +16,13 @@ __all__ = ["SendTracker"]
 
 
 class SendTracker(wiring.Component):
-    """Writes, in the cycle of each event, what the planner's events change of a QP.
+    """Writes what the planner's events change of a QP, a cycle after each event.
+
+    The events (``i_sent``, ``i_loaded``) pass a register first; the QP's state they
+    change is read through registered ports addressed by the event as it comes in
+    (``r_*``, ``"transparent"`` ports of :class:`ContextMemory`: a write in the
+    cycle of the address shows), so each event is written a cycle after it came, from
+    registers and the read, and no memory is read combinationally.
 
     A packet sent (``i_sent``) that is new writes its QP's next PSN (``w_nxt``) and
     ring tail (``w_tail``); every packet sent adds to the QP's sent counters
@@ -31,9 +37,8 @@ class SendTracker(wiring.Component):
     from then on (``w_end``, with one more message counted). A message whose payload
     ended (``i_message_end``) leaves its status in its slot (``w_status``).
 
-    ``i_reset`` (a QP being set, when nothing else writes here) writes the QP's next
-    PSN and clears its tail and sent counters, instead of the events; its list, empty
-    by then, stays. The reads (``r_*``) are combinational.
+    ``i_reset`` (a QP being set, in a cycle without a registered event) writes the QP's
+    next PSN and clears its tail and sent counters; its list, empty by then, stays.
     """
 
     def __init__(self, *, qps, slots, count_bits):
@@ -60,17 +65,24 @@ class SendTracker(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        sent, loaded, ended = self.i_sent, self.i_loaded, self.i_message_end
+        ended = self.i_message_end
         reset = self.i_reset.p
+
+        # The events, registered; the state they change read as they come in.
+        sent = stream.Signature(PACKET_SENT, always_ready=True).flip().create(path=("sent",))
+        loaded = stream.Signature(MESSAGE_LOADED, always_ready=True).flip().create(
+            path=("loaded",))
+        for registered, port in ((sent, self.i_sent), (loaded, self.i_loaded)):
+            m.d.sync += [registered.valid.eq(port.valid), registered.p.eq(port.p)]
+        for read in (self.r_una, self.r_nxt, self.r_sent_counters):
+            m.d.comb += read.addr.eq(self.i_sent.p.qp)
+        m.d.comb += self.r_end.addr.eq(self.i_loaded.p.qp)
 
         end_loaded, counted_sent = self.r_end, self.r_sent_counters
         timer_starts = self.o_timer_from_sent.valid
         m.d.comb += [
-            self.r_una.addr.eq(sent.p.qp),
-            self.r_nxt.addr.eq(sent.p.qp),
             timer_starts.eq(sent.valid & ~sent.p.replay & (self.r_una.data == self.r_nxt.data)),
             self.o_timer_from_sent.p.eq(sent.p.qp),
-            end_loaded.addr.eq(loaded.p.qp),
             self.w_ring.addr.eq(end_loaded.data.slot),
             self.w_ring.data.message.eq(loaded.p.message),
             self.w_ring.data.next.eq(self.i_spare),
@@ -79,7 +91,6 @@ class SendTracker(wiring.Component):
             self.w_status.addr.eq(ended.p.slot),
             self.w_status.data.eq(ended.p.completion.status),
             self.w_status.en.eq(ended.valid & ended.p.tracked),
-            counted_sent.addr.eq(sent.p.qp),
             self.w_sent_time.addr.eq(sent.p.qp),
             self.w_sent_time.data.eq(self.i_now),
             self.w_sent_time.en.eq(timer_starts),

@@ -122,6 +122,13 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
         qps=16, width=WIDTH),
     "ReliabilityEngine (2 QPs)": lambda: _load("gateware.roce.reliability.ReliabilityEngine")(
         qps=2, messages=8, message_slots=16, width=WIDTH),
+    # As the core builds it at 1,024 and 4,096 QPs (its message slots: sim.build_options).
+    "ReliabilityEngine (1024 QPs)": lambda: _load("gateware.roce.reliability.ReliabilityEngine")(
+        qps=1024, messages=1024, message_slots=_load("sim.build_options.message_slots_for")(1024),
+        width=WIDTH),
+    "ReliabilityEngine (4096 QPs)": lambda: _load("gateware.roce.reliability.ReliabilityEngine")(
+        qps=4096, messages=1024, message_slots=_load("sim.build_options.message_slots_for")(4096),
+        width=WIDTH),
     "TimerSweep (16 QPs)": lambda: _load("gateware.roce.timer_sweep.TimerSweep")(qps=16),
     "TimerSweep (4096 QPs)": lambda: _load("gateware.roce.timer_sweep.TimerSweep")(qps=4096),
     "TrafficGenerator": lambda: _load("gateware.roce.generator.TrafficGenerator")(width=WIDTH),

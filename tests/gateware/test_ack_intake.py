@@ -14,13 +14,15 @@ ACK, NAK_SEQUENCE, RNR_NAK, NAK_INVALID, RESERVED = 0x1F, 0x60, 0x21, 0x61, 0x40
 
 
 class Bench:
-    """Drives ``i`` one acknowledgement a cycle at most, answers ``window_qp`` from
-    ``windows`` (QP → (una, nxt)), and notes verdicts and what the engine took."""
+    """Drives ``i`` one acknowledgement a cycle at most, answers ``window_qp`` a cycle
+    later from ``windows`` (QP → (una, nxt)), as the engine's registered ports do, and
+    notes verdicts and what the engine took."""
 
     def __init__(self, dut, ctx, windows):
         self.dut, self.ctx, self.windows = dut, ctx, windows
         self.verdicts = []          # (qp, taken)
         self.taken = []             # (qp, psn, syndrome)
+        self.window_qp = None       # the QP whose window the intake asked for last cycle
 
     async def cycle(self, event=None, *, ready=False):
         ctx, dut = self.ctx, self.dut
@@ -29,8 +31,9 @@ class Bench:
             qp, psn, syndrome, *source = event
             ctx.set(dut.i.p, {"qp": qp, "psn": psn % (1 << 24), "syndrome": syndrome,
                               "src_ip": source[0] if source else PEER_IP})
-        una, nxt = self.windows.get(ctx.get(dut.window_qp), (0, 0))
+        una, nxt = self.windows.get(self.window_qp, (0, 0))
         ctx.set(dut.window, {"una": una, "nxt": nxt, "remote_ip": PEER_IP, "error": 0})
+        self.window_qp = ctx.get(dut.window_qp)
         ctx.set(dut.o.ready, ready)
         if ready and ctx.get(dut.o.valid):
             offer = ctx.get(dut.o.p)
@@ -108,9 +111,9 @@ def test_a_qp_acknowledged_every_cycle_does_not_hold_the_others():
 
 def test_a_qp_back_in_line_takes_turns_with_those_arriving():
     """QP 0 has an ACK and a NAK waiting when QPs 1 to 10 get an ACK each: its NAK is
-    taken first; with its ACK still waiting it goes back in line, and the QPs back in
-    line take turns with those that arrived, so its ACK (up to 59, as the NAK says)
-    comes next, before QP 1's."""
+    taken first; with its ACK still waiting it goes back in line (QP 1 is offered
+    meanwhile), and the QPs back in line take turns with those that arrived, so its ACK
+    (up to 59, as the NAK says) comes after QP 1's, before QP 2's."""
 
     async def body(bench):
         for event in [(0, 55, ACK), (0, 60, NAK_SEQUENCE),
@@ -118,8 +121,8 @@ def test_a_qp_back_in_line_takes_turns_with_those_arriving():
             await bench.cycle(event)
         for cycle in range(60):
             await bench.cycle(ready=cycle % 4 == 0)
-        assert bench.taken == [(0, 60, NAK_SEQUENCE), (0, 59, 0),
-                               *((qp, 100, 0) for qp in range(1, 11))]
+        assert bench.taken == [(0, 60, NAK_SEQUENCE), (1, 100, 0), (0, 59, 0),
+                               *((qp, 100, 0) for qp in range(2, 11))]
 
     run({0: (0, 100), **{qp: (90, 110) for qp in range(1, 11)}}, body, qps=16)
 

@@ -81,7 +81,8 @@ def test_pages_go_out_free_and_come_back_behind_the_older_position(seed, hint_sh
                 # one, if the pool has one and the QP holds fewer than its ring's.
                 ctx.set(dut.i_active[0].valid, 1)
                 ctx.set(dut.i_active[0].p, qp)
-                ctx.set(dut.view_qp, qp)
+                ctx.set(dut.view_qp, qp)            # a cycle ahead, as the planner does
+                await ctx.tick()
                 beats = rng.choice([1, 7, PAGE // 2, PAGE])
                 vpage = (tail[qp] + beats - 1) // PAGE
                 if tail[qp] % PAGE and ctx.get(dut.view_released) == tail[qp] // PAGE + 1:
@@ -114,6 +115,7 @@ def test_pages_go_out_free_and_come_back_behind_the_older_position(seed, hint_sh
             await ctx.tick()
         for qp in range(QPS):
             ctx.set(dut.view_qp, qp)
+            await ctx.tick()
             kept = qp == 1 and tail[qp] % PAGE != 0
             assert ctx.get(dut.view_released) == -(-tail[qp] // PAGE) - kept, qp
         # QP 1 waits to be set: once its context is gone, it is cleared.
@@ -132,6 +134,7 @@ def test_pages_go_out_free_and_come_back_behind_the_older_position(seed, hint_sh
         ctx.set(dut.reset_qp.valid, 0)
         head[1] = tail[1] = 0
         ctx.set(dut.view_qp, 1)
+        await ctx.tick()
         assert ctx.get(dut.view_released) == 0
         # The free pages: all of them; QP 0 takes them one by one past its tail.
         free, vpage = 0, -(-tail[0] // PAGE)
