@@ -60,7 +60,8 @@ class Pacer(wiring.Component):
     to a pass of the scan (``qps`` / 32 cycles, and one or two per other QP checked on
     the way) and 6 cycles late, the late start counted as above. A rate update takes effect
     a cycle after ``i_rate`` (registered input); one that ends the limit clears the
-    QP's bit then.
+    QP's bit then. Every read of the per-QP memories is registered: a packet's QP's
+    interval and last turn are read as the packet comes in.
     """
 
     def __init__(self, *, qps, readers=1):
@@ -101,7 +102,7 @@ class Pacer(wiring.Component):
         m.submodules.intervals = intervals = memory.Memory(shape=_INTERVAL, depth=entries,
                                                            init=[])
         interval_write = intervals.write_port()
-        interval_read = intervals.read_port(domain="comb")
+        interval_read = intervals.read_port(transparent_for=(interval_write,))
         interval_sweep = intervals.read_port(transparent_for=(interval_write,))
         # Rate updates through a register (the reaction point's FSM does not chain with
         # the interval memory's write and the paced bits).
@@ -117,7 +118,7 @@ class Pacer(wiring.Component):
         # Each QP's last packet: its turn and its wire bytes.
         m.submodules.turns = turns = memory.Memory(shape=_TURN, depth=entries, init=[])
         turn_write = turns.write_port()
-        turn_read = turns.read_port(domain="comb")
+        turn_read = turns.read_port(transparent_for=(turn_write,))
         turn_sweep = turns.read_port(transparent_for=(turn_write,))
 
         # A packet: registered; the previous packet's bytes at the QP's interval,
@@ -135,7 +136,10 @@ class Pacer(wiring.Component):
         due = previous_turn + previous_time
         m.d.comb += turn.eq(Mux(due > earliest, due, earliest))
         chained = charging & (charged_qp == sent.qp)
-        m.d.comb += [interval_read.addr.eq(sent.qp), turn_read.addr.eq(sent.qp)]
+        # (The packet's QP's interval and last turn read as it comes in: registered
+        # reads that show the writes of that cycle.)
+        m.d.comb += [interval_read.addr.eq(self.i_sent.p.qp),
+                     turn_read.addr.eq(self.i_sent.p.qp)]
         m.d.sync += [
             charged_qp.eq(sent.qp),
             charged_bytes.eq(sent.bytes),
