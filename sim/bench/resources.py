@@ -33,7 +33,9 @@ domain's budget (:data:`LUT_LEVEL_BUDGET`), and the delay of its slowest path in
 Yosys's 7-series timing model against the clock's period (:mod:`sim.bench.timing`);
 a last line names the worst of the LUT-level paths:
 ``worst path: N LUT levels at F MHz (domain, from → to)`` (the one
-furthest over, or closest to, its budget).
+furthest over, or closest to, its budget). ``--each-domain`` gives components that
+table too: their one domain, ``sync`` at the core's 250 MHz, mapped alone in the same
+way (its paths from and to the component's ports included).
 
 A path from an input port or to an output port goes on in the neighbour,
 so for a block with latency 0 the depth adds to that of the blocks around
@@ -257,6 +259,7 @@ class Result:
     lut_path: str = ""
     paths: list[tuple[int, str, str, int | None]] = field(default_factory=list)
     domains: list["DomainDepth"] = field(default_factory=list)
+    board: bool = False
     seconds: float = 0.0
     error: str | None = None
 
@@ -399,6 +402,7 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
             board, text = _convert_reproducibly(name)
         else:
             board, text = convert(factory)
+        result.board = board
         if each_domain is None:
             each_domain = board
         # A board top's hard IP: its ports declared, as Yosys has no model of it.
@@ -912,6 +916,9 @@ def main() -> int:
                         help="seconds Yosys may take per target (default: %(default)s)")
     parser.add_argument("--build-dir", type=Path, default=BUILD_DIR,
                         help="where each target's files go (default: %(default)s)")
+    parser.add_argument("--each-domain", action="store_true",
+                        help="also map the clock domain of components alone, for its LUT "
+                             "levels and model delay, as board tops' domains always are")
     parser.add_argument("--reuse", action="store_true",
                         help="measure the netlists a finished run of the same design left "
                              "in the build directory instead of synthesizing again")
@@ -937,7 +944,7 @@ def main() -> int:
     for name in chosen:
         print(f"{name}: synthesizing…", file=sys.stderr, flush=True)
         result = synthesize(name, TARGETS[name], yosys, args.build_dir / slug(name), args.timeout,
-                            reuse=args.reuse)
+                            each_domain=True if args.each_domain else None, reuse=args.reuse)
         results.append(result)
         outcome = f"failed: {result.error}" if result.error else "done"
         print(f"{name}: {outcome} ({result.seconds:.1f} s)", file=sys.stderr, flush=True)
@@ -953,11 +960,12 @@ def main() -> int:
     resources, *boards = tables
     print(resources.markdown())
     if boards:
-        domains, worst, fit = boards
+        domains, worst, *fit = boards
         print(f"\n{domains.markdown()}\n")
         for row in worst.rows:
             print(row["summary"].split(": ", 1)[1])
-        print(f"\n{fit.markdown()}")
+        for shown in fit:
+            print(f"\n{shown.markdown()}")
     report.write(args.output, tables, directory=report.GENERATED / "resources",
                  origin=origin)
     return 1 if any(result.error for result in results) else 0
@@ -965,8 +973,9 @@ def main() -> int:
 
 def report_tables(results: list[Result], paths: int = 0) -> list[Table]:
     """The tables of a run: resources per target (with the deepest path of each, and
-    its ``paths`` worst paths, below it), and for board tops their clock domains, the
-    worst path of each top and how each fits the FPGA (:func:`fit_table`)."""
+    its ``paths`` worst paths, below it); for the targets whose clock domains were mapped
+    alone (board tops; components with ``--each-domain``) their domains and the worst
+    path of each; and how each board top fits the FPGA (:func:`fit_table`)."""
     heading = f"UltraScale+ (`{SYNTH}`), width {WIDTH} bytes, Yosys {yosys_version()}:"
     resources = table(results)
     notes = []
@@ -978,21 +987,22 @@ def report_tables(results: list[Result], paths: int = 0) -> list[Table]:
             notes += [f"  - {luts} LUT levels: {start} → {end}"
                       for luts, start, end, _ in result.paths[:paths]]
     resources.caption, resources.note = heading, "\n".join(notes)
-    boards = [result for result in results if result.domains]
-    if not boards:
+    mapped = [result for result in results if result.domains]
+    if not mapped:
         return [resources]
-    domains = domain_table(boards)
+    domains = domain_table(mapped)
     domains.caption = ("Per clock domain, its logic mapped alone for delay: LUT levels "
                        "into its registers, and its slowest path's delay in Yosys's "
                        "7-series timing model against the clock's period:")
-    worst = Table("worst_paths", [Column("summary", "worst path per board top", align="left")])
-    for result in boards:
+    worst = Table("worst_paths", [Column("summary", "worst path per target", align="left")])
+    for result in mapped:
         domain = worst_domain(result.domains)
         worst.add({"target": result.name, "domain": domain.name, "mhz": domain.hz / 1e6,
                    "lut_levels": domain.lut_levels, "budget": domain.budget,
                    "start": domain.start, "end": domain.end,
                    "summary": f"{result.name}: {worst_path_line(domain)}"})
-    return [resources, domains, worst, fit_table(resources, {r.name: r for r in boards})]
+    boards = {result.name: result for result in mapped if result.board}
+    return [resources, domains, worst, *([fit_table(resources, boards)] if boards else [])]
 
 
 #: The VCU118's FPGA, the XCVU9P (Xilinx DS923, the UltraScale+ product tables): CLB

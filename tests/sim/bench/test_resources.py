@@ -256,6 +256,21 @@ def test_a_board_top_fits_the_xcvu9p_when_each_resource_does():
     assert "| 3.00 | 3.11 |" in domains and "| 4.01 **over** | 4.00 |" in domains
 
 
+def test_a_components_domain_is_reported_and_only_board_tops_fit_the_fpga(monkeypatch):
+    """``--each-domain``: a component's mapped domain has its row and its worst path, and
+    the table of the XCVU9P's shares holds board tops alone (none without one)."""
+    monkeypatch.setattr(resources, "yosys_version", lambda: "0.23")
+    component = resources.Result("engine", cells={"LUT6": 10})
+    component.domains = [resources.DomainDepth("sync", 250e6, 5, 7, "a", "b", 5.3)]
+    top = resources.Result("top", cells={"LUT6": 20}, board=True)
+    top.domains = [resources.DomainDepth("sync", 250e6, 5, 8, "c", "d", 3.9)]
+    _, domains, worst, fit = resources.report_tables([component, top])
+    assert [row["target"] for row in domains.rows] == ["engine", "top"]
+    assert [row["target"] for row in worst.rows] == ["engine", "top"]
+    assert [row["target"] for row in fit.rows] == ["top"]
+    assert len(resources.report_tables([component])) == 3
+
+
 class OneLut(wiring.Component):
     """Two registers into an AND into a register, in sync: one LUT2 between registers."""
 
