@@ -138,12 +138,12 @@ class DcqcnReactionPoint(wiring.Component):
     the settings' periods takes effect for each QP at its next visit: its hint stays as
     its last visit wrote it.
 
-    Latency: a visit takes 2 cycles for a QP with nothing to do (the candidate taken,
-    its state and events read), 45 to the rate update for a cut (with the division);
-    the update leaves in the visit's last cycle. A CNP is acted on within a pass of the
-    scan (``qps`` / 32 rows, a cycle each), 2 cycles from the row to its offer, the
+    Latency: a visit takes 3 cycles for a QP with nothing to do (the candidate taken,
+    its state and events read, the decision), 46 to the rate update for a cut (with the
+    division); the update leaves in the visit's last cycle. A CNP is acted on within a
+    pass of the scan (``qps`` / 32 rows, a cycle each), 2 cycles from the row to its offer, the
     visits of the other candidates found on the way (and a cycle per row that holds
-    one) and its own visit: at 4,096 QPs with nothing else waiting, 128 + 2 + 45 = 175
+    one) and its own visit: at 4,096 QPs with nothing else waiting, 128 + 2 + 46 = 176
     cycles from the CNP to the first cut's rate update.
     """
 
@@ -208,26 +208,26 @@ class DcqcnReactionPoint(wiring.Component):
                                 "bytes_clear")),
                      ("cnp", ("cnp_waiting",)), ("reset", ("reset_waiting",)),
                      ("bytes", ("byte_event",))),
-            reads=("sync", "comb"))
+            reads=("sync", "sync"))
         visited = flags.r[0].data
 
         # The byte counter: a read-modify-write a cycle, from a registered input. The count
-        # and the QP's flags are read a cycle ahead, from the input: the count through a
-        # port that passes on that cycle's write, the flags as they were before that
-        # cycle's writes, and those writes of the QP registered apart (``sent_written``).
+        # and the QP's flags are read a cycle ahead, from the input, through registered
+        # ports: the count's passes on that cycle's write, the flags' gives them as they
+        # were before that cycle's writes, and those writes of the QP are registered apart
+        # (``sent_written``).
         m.submodules.byte_count = byte_count = memory.Memory(shape=24, depth=entries, init=[])
         count_write = byte_count.write_port()
         count_read = byte_count.read_port(transparent_for=(count_write,))
         sent = Signal.like(self.i_bytes.p)
         sent_valid = Signal()
         m.d.sync += [sent.eq(self.i_bytes.p), sent_valid.eq(self.i_bytes.valid)]
-        sent_read = Signal.like(flags.r[1].data)
         sent_written = {(writer, name): Signal(data.StructLayout({"en": 1, "value": 1}),
                                                name=f"sent_written_{writer}_{name}")
                         for writer, name in (("sent", "bytes_clear"), ("visit", "bytes_clear"),
                                              ("visit", "limited"))}
         m.d.comb += flags.r[1].addr.eq(self.i_bytes.p.qp)
-        m.d.sync += sent_read.eq(flags.r[1].data)
+        sent_read = flags.r[1].data
         sent_flags = {}
         for name in ("limited", "bytes_clear"):
             value = sent_read[name]
@@ -264,6 +264,7 @@ class DcqcnReactionPoint(wiring.Component):
         index = Signal(range(entries))
         state = Signal(_STATE)
         cnp = Signal()                          # a CNP was waiting at this visit
+        reset = Signal()                        # a reset was waiting (or not enabled)
         byte = Signal()                         # a byte event was waiting
         catch_up = Signal(range(_ALPHA_CATCH_UP + 1))
         changed = Signal()                      # the rate changed in this visit
@@ -277,14 +278,17 @@ class DcqcnReactionPoint(wiring.Component):
         dividend_bits = 10 + 3 + INTERVAL_FRACTION_BITS + RATE_FRACTION_BITS
         dividend = Signal(dividend_bits)
 
-        max_rate = Signal(_RATE)                # (a register: settings change seldom)
+        max_rate = Signal(_RATE)                # (registers: settings change seldom)
+        first_rate = Signal(_RATE)              # the first cut's rate, at most max_rate
         m.d.sync += max_rate.eq(Mux(config.rpg_max_rate != 0, config.rpg_max_rate,
                                     config.line_rate) << RATE_FRACTION_BITS)
+        first = config.rate_to_set_on_first_cnp << RATE_FRACTION_BITS
+        m.d.sync += first_rate.eq(Mux(first < max_rate, first, max_rate))
         min_rate = config.rpg_min_rate << RATE_FRACTION_BITS
         g_complement = (1 << ALPHA_BITS) - config.dce_tcp_g
 
         m.d.comb += [
-            state_read.addr.eq(index),
+            state_read.addr.eq(scan.o_candidate.p),     # (read for the LOAD that may follow)
             state_write.addr.eq(index),
             state_write.data.eq(state),
             self.o_rate.p.qp.eq(index),
@@ -319,19 +323,30 @@ class DcqcnReactionPoint(wiring.Component):
         ending_stale = Signal()
         m.d.sync += remarked.eq(remarked | marked(index))
 
+        def start_division():
+            """The divider's start: the steps that follow divide by ``state.rate`` as
+            this cycle leaves it."""
+            m.d.sync += [
+                dividend.eq(config.cycles_per_us
+                            << 3 + INTERVAL_FRACTION_BITS + RATE_FRACTION_BITS),
+                remainder.eq(0),
+                quotient.eq(0),
+                step.eq(dividend_bits - 1),
+            ]
+            m.next = "DIVIDE"
+
         with m.FSM():
             with m.State("NEXT"):
-                m.d.comb += [scan.o_candidate.ready.eq(1),
-                             state_read.addr.eq(scan.o_candidate.p)]
+                m.d.comb += scan.o_candidate.ready.eq(1)
                 with m.If(scan.o_candidate.valid):
                     m.d.sync += index.eq(scan.o_candidate.p)
                     m.next = "LOAD"
+            # The state and events read into registers; what to do decided from them.
             with m.State("LOAD"):
-                waiting_cnp = (visited.cnp_waiting | fresh.cnp) & config.enable
-                waiting_reset = visited.reset_waiting | fresh.reset | ~config.enable
                 m.d.sync += [
                     state.eq(state_read.data),
-                    cnp.eq(waiting_cnp),
+                    cnp.eq((visited.cnp_waiting | fresh.cnp) & config.enable),
+                    reset.eq(visited.reset_waiting | fresh.reset | ~config.enable),
                     byte.eq(visited.byte_event | fresh.byte),
                     catch_up.eq(0),
                     changed.eq(0),
@@ -341,13 +356,16 @@ class DcqcnReactionPoint(wiring.Component):
                 clear_bit("cnp_waiting")
                 clear_bit("byte_event")
                 clear_bit("reset_waiting")
-                with m.If(waiting_reset & (state_read.data.limited | waiting_cnp)):
+                m.next = "DECIDE"
+            with m.State("DECIDE"):
+                with m.If(reset & (state.limited | cnp)):
                     m.d.sync += [state.eq(0), changed.eq(1), quotient.eq(0)]
                     m.next = "WRITE"
-                with m.Elif(state_read.data.limited | waiting_cnp):
+                with m.Elif(state.limited | cnp):
                     m.next = "ALPHA"
                 with m.Else():
-                    m.d.comb += [ending.eq(1), ending_stale.eq(marked(index))]  # not armed
+                    m.d.comb += [ending.eq(1),                          # not armed
+                                 ending_stale.eq(remarked | marked(index))]
                     m.next = "NEXT"
 
             # α: once for every period that ended (the first CNP starts the periods).
@@ -392,11 +410,8 @@ class DcqcnReactionPoint(wiring.Component):
                         set_bit("bytes_clear")
                         clear_bit("byte_event")
                         with m.If(config.rate_to_set_on_first_cnp != 0):
-                            first = config.rate_to_set_on_first_cnp << RATE_FRACTION_BITS
-                            m.d.sync += [
-                                state.rate.eq(Mux(first < max_rate, first, max_rate)),
-                                state.target.eq(Mux(first < max_rate, first, max_rate)),
-                            ]
+                            m.d.sync += [state.rate.eq(first_rate),
+                                         state.target.eq(first_rate)]
                             m.next = "DIVIDE_START"
                         with m.Else():
                             m.next = "CUT_PRODUCT"
@@ -414,6 +429,7 @@ class DcqcnReactionPoint(wiring.Component):
                 m.d.sync += product.eq(product >> (config.rpg_gd + _ALPHA_EXTRA))
                 m.next = "CUT"
             with m.State("CUT"):
+                # (the rate lowered, then floored at ``rpg_min_rate`` as the divider starts)
                 cut = product
                 lowered = Signal(_RATE)
                 m.d.comb += lowered.eq(Mux(cut < state.rate, state.rate - cut, 0))
@@ -421,7 +437,7 @@ class DcqcnReactionPoint(wiring.Component):
                           | (config.clamp_tgt_rate_after_time_inc & (state.time_stage != 0))):
                     m.d.sync += state.target.eq(state.rate)
                 m.d.sync += [
-                    state.rate.eq(Mux(lowered > min_rate, lowered, min_rate)),
+                    product.eq(lowered),
                     state.cut_waiting.eq(0),
                     state.time_stage.eq(0),
                     state.byte_stage.eq(0),
@@ -432,7 +448,10 @@ class DcqcnReactionPoint(wiring.Component):
                 ]
                 set_bit("bytes_clear")
                 clear_bit("byte_event")
-                m.next = "DIVIDE_START"
+                m.next = "CUT_FLOOR"
+            with m.State("CUT_FLOOR"):
+                m.d.sync += state.rate.eq(Mux(product > min_rate, product, min_rate))
+                start_division()
 
             # One increase event: the timer's, else the byte counter's.
             with m.State("INCREASE_CHECK"):
@@ -454,14 +473,13 @@ class DcqcnReactionPoint(wiring.Component):
                 with m.Else():
                     m.next = "WRITE"
             with m.State("INCREASE"):
+                # (the greater stage below the threshold: both are; the lesser above it:
+                # both are; compared side by side, not one after the other)
                 threshold = config.rpg_threshold
-                most = Mux(state.time_stage > state.byte_stage, state.time_stage,
-                           state.byte_stage)
-                least = Mux(state.time_stage > state.byte_stage, state.byte_stage,
-                            state.time_stage)
-                with m.If(most < threshold):
+                stages = (state.time_stage, state.byte_stage)
+                with m.If(Cat(stage < threshold for stage in stages).all()):
                     m.d.sync += step_rate.eq(0)                     # fast recovery
-                with m.Elif(least > threshold):
+                with m.Elif(Cat(stage > threshold for stage in stages).all()):
                     m.d.sync += step_rate.eq(config.rpg_hai_rate)   # hyper increase
                 with m.Else():
                     m.d.sync += step_rate.eq(config.rpg_ai_rate)    # additive increase
@@ -487,14 +505,7 @@ class DcqcnReactionPoint(wiring.Component):
 
             # The pacing interval: cycles per byte = 8·cycles_per_us / rate, long division.
             with m.State("DIVIDE_START"):
-                m.d.sync += [
-                    dividend.eq(config.cycles_per_us
-                                << 3 + INTERVAL_FRACTION_BITS + RATE_FRACTION_BITS),
-                    remainder.eq(0),
-                    quotient.eq(0),
-                    step.eq(dividend_bits - 1),
-                ]
-                m.next = "DIVIDE"
+                start_division()
             with m.State("DIVIDE"):
                 shifted = Cat(dividend.bit_select(step, 1), remainder)
                 fits = shifted >= state.rate

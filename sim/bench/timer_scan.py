@@ -127,11 +127,12 @@ def measure(qps: int, seed: int = 1) -> dict:
 
 def cut_visit() -> int:
     """Cycles of the reaction point's visit that makes a QP's first cut, from its
-    candidate taken to the rate update: taken, state read, α, cut check, the product, its
-    shift, the cut, the divider's start and its steps (a bit of the dividend each)."""
+    candidate taken to the rate update: taken, state read, the decision, α, cut check, the
+    product, its shift, the cut, the divider's start and its steps (a bit of the dividend
+    each)."""
     from gateware.roce.dcqcn import INTERVAL_FRACTION_BITS, RATE_FRACTION_BITS
 
-    return 8 + 10 + 3 + INTERVAL_FRACTION_BITS + RATE_FRACTION_BITS
+    return 9 + 10 + 3 + INTERVAL_FRACTION_BITS + RATE_FRACTION_BITS
 
 
 def measure_cnps(qps: int, seed: int = 1) -> dict:

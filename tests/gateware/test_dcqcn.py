@@ -29,14 +29,14 @@ CYCLES_PER_US = 64
 QPS = 4
 
 #: Cycles of the reaction point's visits, from the cycle its candidate is taken to the
-#: rate update: taken, state read, α, cut check, then for a first cut the product, its
-#: shift and the cut, for a byte event the increase check, the increase, Rt raised and the
-#: average; then the divider's start and its steps (a bit of the dividend each); the
-#: update leaves in the last cycle. A reset: taken, read, written.
+#: rate update: taken, state read, the decision, α, cut check, then for a first cut the
+#: product, its shift and the cut, for a byte event the increase check, the increase, Rt
+#: raised and the average; then the divider's start and its steps (a bit of the dividend
+#: each); the update leaves in the last cycle. A reset: taken, read, decided, written.
 DIVIDER = 10 + 3 + INTERVAL_FRACTION_BITS + RATE_FRACTION_BITS
-FIRST_CUT_VISIT = 8 + DIVIDER
-BYTE_VISIT = 9 + DIVIDER
-RESET_VISIT = 2
+FIRST_CUT_VISIT = 9 + DIVIDER
+BYTE_VISIT = 10 + DIVIDER
+RESET_VISIT = 3
 #: From a mark to its QP's candidate taken, with nothing else waiting: the scan reads the
 #: QP's row within a pass (the row read in the mark's cycle misses it), registers the
 #: row's candidates, offers one. A byte event is marked 2 cycles after its packet comes
