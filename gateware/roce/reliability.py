@@ -195,13 +195,11 @@ class ReliabilityEngine(wiring.Component):
         layouts = per_qp_layouts(slot_bits, count_bits)
 
         m.submodules.tick = tick = TickCount()
-        # The flags' readers: the sweep, the walker, the handler and the intake's window
-        # (registered, addressed a cycle ahead), the two views (as the cycle's writes leave
-        # them, into registers of the views: what decides whether the planner may send
-        # starts from flip-flops), the status ports.
+        # The flags' readers, all registered: the sweep, the walker, the handler, the two
+        # views and the intake's window (addressed a cycle ahead), the status ports.
         flag_reads = {"sweep": "transparent", "walker": "transparent",
-                      "handler": "transparent", "new_view": "written",
-                      "replay_view": "written", "window": "transparent",
+                      "handler": "transparent", "new_view": "transparent",
+                      "replay_view": "transparent", "window": "transparent",
                       **{f"status{n}": "sync" for n in range(STATUS_PORTS)}}
         m.submodules.flags = flags = QpFlags(qps=qps, reads=flag_reads.values())
         flag_port = dict(zip(flag_reads, flags.r, strict=True))
@@ -345,7 +343,7 @@ class ReliabilityEngine(wiring.Component):
 
         # The planner's views, for the view's QP of the cycle before: the memories and
         # the flags as that cycle's writes left them; a resend looked up or a reset
-        # waiting shows a cycle later.
+        # waiting (registered) shows a cycle later.
         reset_waiting = Signal()
         m.d.comb += reset_waiting.eq(self.i_reset.valid
                                      & (~handler.o_busy.valid | self.i_reset.ready))
@@ -366,13 +364,13 @@ class ReliabilityEngine(wiring.Component):
                      != messages) & pool.o_available & ~reset_waiting),
                 flag_port[reader].addr.eq(qp),
             ]
-            flags_after = flag_port[reader].data
-            m.d.sync += [
-                view.error.eq(flags_after.error),
-                view.rnr_wait.eq(flags_after.rnr_wait),
-                view.blocked.eq(flags_after.resend | flags_after.rnr_wait
-                                | (walker.o_busy.valid & (walker.o_busy.p == qp))
-                                | reset_waiting),
+            shown_flags = flag_port[reader].data
+            held = Signal(name=f"{reader}_held")
+            m.d.sync += held.eq((walker.o_busy.valid & (walker.o_busy.p == qp)) | reset_waiting)
+            m.d.comb += [
+                view.error.eq(shown_flags.error),
+                view.rnr_wait.eq(shown_flags.rnr_wait),
+                view.blocked.eq(shown_flags.resend | shown_flags.rnr_wait | held),
             ]
 
         # The ring positions the page pool gives pages back behind, and which QP's oldest
