@@ -483,12 +483,13 @@ class DcqcnReactionPoint(wiring.Component):
                     m.d.sync += step_rate.eq(config.rpg_hai_rate)   # hyper increase
                 with m.Else():
                     m.d.sync += step_rate.eq(config.rpg_ai_rate)    # additive increase
+                # The room Rt has under the maximum, for the raise to compare the step with.
+                m.d.sync += product.eq(Mux(state.target < max_rate, max_rate - state.target, 0))
                 m.next = "RAISE"
             with m.State("RAISE"):
-                raised = Signal(_RATE + 1)
-                m.d.comb += raised.eq(state.target + (step_rate << RATE_FRACTION_BITS))
+                increase = step_rate << RATE_FRACTION_BITS
                 m.d.sync += [
-                    state.target.eq(Mux(raised < max_rate, raised, max_rate)),
+                    state.target.eq(Mux(increase < product, state.target + increase, max_rate)),
                     changed.eq(1),
                 ]
                 m.next = "AVERAGE"

@@ -137,6 +137,17 @@ def test_monitor_period_and_byte_counter_follow_the_model():
     assert_follows(samples)
 
 
+def test_a_raise_stops_at_the_maximum_rate():
+    """One CNP at the line rate, then additive increases of a fifth of the line: Rt,
+    still at the maximum after the cut, would pass it at each increase (and the rate,
+    Rt's mean with the rate, come back faster) but for the clamp."""
+    settings = DcqcnSettings(rpg_time_reset=8, rpg_byte_reset=0, rpg_threshold=0,
+                             rpg_ai_rate=20_000)
+    samples, _ = simulate(settings, microseconds=60, cnps=[5.25], packets=(0, 0))
+    assert 0 < min(rate for _, rate, _ in samples) <= 60_000     # cut, then raised
+    assert_follows(samples)
+
+
 def test_minimum_rate_and_first_cnp_rate():
     settings = DcqcnSettings(rpg_min_rate=2000, rate_to_set_on_first_cnp=40_000,
                              rpg_time_reset=1000, rpg_byte_reset=0)
