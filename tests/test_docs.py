@@ -27,7 +27,7 @@ GENERATED = {
         "pause", "dcqcn", "checker", "cm_setup", "connect_rate", "elaboration",
         "many_qps", "timer_scan")),
     "generated/resources/resources.md", "generated/resources/resources_dual.md",
-    "generated/resources/scans.md",
+    "generated/resources/scans.md", "generated/resources/engine.md",
     *(f"generated/waves/{port}.json" for port in (
         "work_request", "payload", "completion", "qp_write", "qp_status", "connection")),
 }
