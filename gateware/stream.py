@@ -19,7 +19,7 @@ from amaranth.lib.wiring import In, Out
 
 __all__ = [
     "BEAT_BYTES", "NO_META", "beat_layout", "packet_signature", "meta_with", "meta_without",
-    "meta_project", "forward",
+    "meta_project", "forward", "registered",
     "keep_mask", "keep_count", "beats_for", "axi_stream_signature",
 ]
 
@@ -83,6 +83,16 @@ def forward(source, sink):
         sink.p.keep.eq(source.p.keep),
         sink.p.last.eq(source.p.last),
     ]
+
+
+def registered(m, source, name):
+    """An always-ready stream of ``source``'s ``valid`` and payload a cycle later, in
+    registers of ``m``'s ``sync`` domain (named ``name``): an event registered before
+    the logic it drives."""
+    payload = source.signature.members["payload"].shape
+    copy = stream.Signature(payload, always_ready=True).create(path=(name,))
+    m.d.sync += [copy.valid.eq(source.valid), copy.p.eq(source.p)]
+    return copy
 
 
 def keep_mask(count, width):

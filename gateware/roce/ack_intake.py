@@ -5,6 +5,7 @@ from amaranth import *
 from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..stream import registered
 from .ack import ACK_EVENT, AETH_ACK, AETH_NAK, AETH_RESERVED, AETH_RNR_NAK, NAK_SEQUENCE
 from .flag_memory import FlagMemory, write_flags
 from .qp_context import qp_bits_of
@@ -106,10 +107,9 @@ class AckIntake(wiring.Component):
             return clear.valid & (clear.p[:qp_bits] == qp[:qp_bits])
 
         # Stage 0: the acknowledgement registered, its QP's window read as it comes in.
-        incoming = Signal()
-        acknowledgement = Signal.like(self.i.p)
+        incoming = registered(m, self.i, "incoming")
+        acknowledgement = incoming.p
         m.d.comb += self.window_qp.eq(self.i.p.qp)
-        m.d.sync += [incoming.eq(self.i.valid), acknowledgement.eq(self.i.p)]
 
         # Stage 1: the window check's operands, from the QP's state as the engine has it.
         event = Signal(ACK_TAKEN)
@@ -120,7 +120,7 @@ class AckIntake(wiring.Component):
         usable = Signal()
         state = self.window
         m.d.sync += [
-            checked.eq(incoming),
+            checked.eq(incoming.valid),
             stale.eq(cleared(acknowledgement.qp)),
             event.qp.eq(acknowledgement.qp),
             event.psn.eq(acknowledgement.psn),

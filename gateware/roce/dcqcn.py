@@ -6,6 +6,7 @@ from amaranth import *
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..stream import registered
 from .deadline_scan import DeadlineScan
 from .flag_memory import FlagMemory, write_flags
 from .qp_context import qp_bits_of
@@ -141,10 +142,10 @@ class DcqcnReactionPoint(wiring.Component):
     Latency: a visit takes 3 cycles for a QP with nothing to do (the candidate taken,
     its state and events read, the decision), 46 to the rate update for a cut (with the
     division); the update leaves in the visit's last cycle. A CNP is acted on within a
-    pass of the scan (``qps`` / 32 rows, a cycle each), 2 cycles from the row to its offer, the
-    visits of the other candidates found on the way (and a cycle per row that holds
-    one) and its own visit: at 4,096 QPs with nothing else waiting, 128 + 2 + 46 = 176
-    cycles from the CNP to the first cut's rate update.
+    pass of the scan (``qps`` / 32 rows, a cycle each), 2 cycles from the row to its
+    offer, the visits of the other candidates found on the way (and a cycle per row
+    that holds one) and its own visit: at 4,096 QPs with nothing else waiting,
+    128 + 2 + 46 = 176 cycles from the CNP to the first cut's rate update.
     """
 
     def __init__(self, *, qps):
@@ -219,9 +220,7 @@ class DcqcnReactionPoint(wiring.Component):
         m.submodules.byte_count = byte_count = memory.Memory(shape=24, depth=entries, init=[])
         count_write = byte_count.write_port()
         count_read = byte_count.read_port(transparent_for=(count_write,))
-        sent = Signal.like(self.i_bytes.p)
-        sent_valid = Signal()
-        m.d.sync += [sent.eq(self.i_bytes.p), sent_valid.eq(self.i_bytes.valid)]
+        sent = registered(m, self.i_bytes, "sent")
         sent_written = {(writer, name): Signal(data.StructLayout({"en": 1, "value": 1}),
                                                name=f"sent_written_{writer}_{name}")
                         for writer, name in (("sent", "bytes_clear"), ("visit", "bytes_clear"),
@@ -246,15 +245,15 @@ class DcqcnReactionPoint(wiring.Component):
         reset_bytes = config.rpg_byte_reset
         m.d.comb += [
             count_read.addr.eq(self.i_bytes.p.qp),
-            counted.eq(Mux(clear, 0, count_read.data) + sent.bytes),
-            count_write.addr.eq(sent.qp),
-            count_write.en.eq(sent_valid & qp_limited & (reset_bytes != 0)),
+            counted.eq(Mux(clear, 0, count_read.data) + sent.p.bytes),
+            count_write.addr.eq(sent.p.qp),
+            count_write.en.eq(sent.valid & qp_limited & (reset_bytes != 0)),
             count_write.data.eq(Mux(counted >= reset_bytes, counted - reset_bytes, counted)),
         ]
         byte_event = Signal()
-        m.d.comb += byte_event.eq(sent_valid & qp_limited & (reset_bytes != 0)
+        m.d.comb += byte_event.eq(sent.valid & qp_limited & (reset_bytes != 0)
                                   & (counted >= reset_bytes))
-        m.d.sync += [byte_mark.valid.eq(byte_event), byte_mark.p.eq(sent.qp)]
+        m.d.sync += [byte_mark.valid.eq(byte_event), byte_mark.p.eq(sent.p.qp)]
 
         # The visits' per-QP state.
         m.submodules.state = state_memory = memory.Memory(shape=_STATE, depth=entries,
@@ -270,7 +269,7 @@ class DcqcnReactionPoint(wiring.Component):
         changed = Signal()                      # the rate changed in this visit
         again = Signal()                        # the visit put an event off
         remarked = Signal()                     # the QP was marked since the visit's read
-        product = Signal(_RATE + _ALPHA)
+        product = Signal(_RATE + _ALPHA)        # a product; a cut's rate; a raise's room
         quotient = Signal(INTERVAL_BITS)
         remainder = Signal(_RATE + 1)
         step = Signal(range(64))
@@ -304,7 +303,7 @@ class DcqcnReactionPoint(wiring.Component):
         fresh = Signal(data.StructLayout({"cnp": 1, "reset": 1, "byte": 1}))
         for event, qp, valid in ((fresh.cnp, self.i_cnp.p, self.i_cnp.valid & config.enable),
                                  (fresh.reset, self.i_reset.p, self.i_reset.valid),
-                                 (fresh.byte, sent.qp, byte_event)):
+                                 (fresh.byte, sent.p.qp, byte_event)):
             m.d.sync += event.eq(valid & (qp[:len(index)] == state_read.addr))
 
         def set_bit(name, value=1):
@@ -314,7 +313,7 @@ class DcqcnReactionPoint(wiring.Component):
         def clear_bit(name):
             set_bit(name, 0)
 
-        m.d.comb += write_flags(flags.w_sent, sent.qp, sent_valid, 0)   # (a cut's set wins)
+        m.d.comb += write_flags(flags.w_sent, sent.p.qp, sent.valid, 0)   # (a cut's set wins)
 
         # A visit's end (``ending``): whether its QP's hint is armed, and whether the QP
         # was marked since the visit's read.
@@ -582,6 +581,6 @@ class DcqcnReactionPoint(wiring.Component):
         for writer, qp, valid in (
                 (flags.w_cnp, self.i_cnp.p, self.i_cnp.valid & config.enable),
                 (flags.w_reset, self.i_reset.p, self.i_reset.valid),
-                (flags.w_bytes, sent.qp, byte_event)):
+                (flags.w_bytes, sent.p.qp, byte_event)):
             m.d.comb += write_flags(writer, qp, valid, 1)
         return m

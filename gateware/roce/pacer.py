@@ -5,6 +5,7 @@ from amaranth import *
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..stream import registered
 from .dcqcn import INTERVAL_BITS, INTERVAL_FRACTION_BITS, RATE_UPDATE
 from .deadline_scan import DeadlineScan
 from .flag_memory import FlagMemory, write_flags
@@ -106,8 +107,7 @@ class Pacer(wiring.Component):
         interval_sweep = intervals.read_port(transparent_for=(interval_write,))
         # Rate updates through a register (the reaction point's FSM does not chain with
         # the interval memory's write and the paced bits).
-        rate = stream.Signature(RATE_UPDATE, always_ready=True).flip().create()
-        m.d.sync += [rate.valid.eq(self.i_rate.valid), rate.p.eq(self.i_rate.p)]
+        rate = registered(m, self.i_rate, "rate")
         m.d.comb += [
             interval_write.addr.eq(rate.p.qp),
             interval_write.data.limited.eq(rate.p.limited),

@@ -6,7 +6,7 @@ from amaranth import *
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
-from ..stream import BEAT_BYTES
+from ..stream import BEAT_BYTES, registered
 from .ack import ACK_EVENT
 from .ack_counters import COUNT_FLAGS, AckCounters
 from .ack_handler import MAX_PACKETS, RNR_RETRY_FOREVER, AckHandler
@@ -218,8 +218,7 @@ class ReliabilityEngine(wiring.Component):
         # Messages loaded and packets sent pass a register first (the tracker's, and this
         # one for the timer sweep): no path goes on from the planner's decisions into the
         # engine's memories and flags.
-        sent = stream.Signature(QP_INDEX_BITS, always_ready=True).create(path=("sent",))
-        m.d.sync += [sent.valid.eq(self.i_sent.valid), sent.p.eq(self.i_sent.p.qp)]
+        sent = registered(m, self.i_sent, "sent")
 
         def qp_event(port, valid, qp):
             m.d.comb += [port.valid.eq(valid), port.p.eq(qp)]
@@ -255,7 +254,7 @@ class ReliabilityEngine(wiring.Component):
         connect(m, sweep.o_expired, handler.i_expired)
         connect(m, handler.o_busy, sweep.i_busy)
         qp_event(sweep.i_reset, reset.valid, reset.p.qp)
-        connect(m, sent, sweep.i_sent)
+        qp_event(sweep.i_sent, sent.valid, sent.p.qp)
         qp_event(sweep.i_timer_from_sent, tracker.o_timer_from_sent.valid,
                  tracker.o_timer_from_sent.p)
         connect(m, flipped(self.i_reset), handler.i_reset)

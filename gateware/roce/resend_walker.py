@@ -5,6 +5,7 @@ from amaranth import *
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..stream import registered
 from .descriptor import REPLAY
 from .flag_memory import FlagMemory, write_flags
 from .qp_context import QP_FLAGS, lookup, per_qp_layouts, qp_bits_of
@@ -76,8 +77,7 @@ class ResendWalker(wiring.Component):
         m.submodules.queued = queued = FlagMemory(
             flags=("queued",), depth=entries, addr_bits=QP_INDEX_BITS,
             writers=(("pop", ("queued",)), ("push", ("queued",))), reads=("transparent",))
-        due = stream.Signature(QP_INDEX_BITS, always_ready=True).flip().create(path=("due",))
-        m.d.sync += [due.valid.eq(self.i_due.valid), due.p.eq(self.i_due.p)]
+        due = registered(m, self.i_due, "due")
         popped = Signal()
         m.d.comb += [
             queued.r[0].addr.eq(self.i_due.p),

@@ -7,6 +7,7 @@ from amaranth import *
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..stream import registered
 from .descriptor import MESSAGE_END, MESSAGE_LOADED, PACKET_SENT
 from .qp_context import TIME_BITS, lookup, per_qp_layouts, update
 from .requests import QP_INDEX_BITS, QP_WRITE, CompletionStatus, check_qp_count
@@ -69,11 +70,8 @@ class SendTracker(wiring.Component):
         reset = self.i_reset.p
 
         # The events, registered; the state they change read as they come in.
-        sent = stream.Signature(PACKET_SENT, always_ready=True).flip().create(path=("sent",))
-        loaded = stream.Signature(MESSAGE_LOADED, always_ready=True).flip().create(
-            path=("loaded",))
-        for registered, port in ((sent, self.i_sent), (loaded, self.i_loaded)):
-            m.d.sync += [registered.valid.eq(port.valid), registered.p.eq(port.p)]
+        sent = registered(m, self.i_sent, "sent")
+        loaded = registered(m, self.i_loaded, "loaded")
         for read in (self.r_una, self.r_nxt, self.r_sent_counters):
             m.d.comb += read.addr.eq(self.i_sent.p.qp)
         m.d.comb += self.r_end.addr.eq(self.i_loaded.p.qp)
