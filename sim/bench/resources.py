@@ -152,6 +152,12 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "IbCm (16 QPs)": lambda: _load("gateware.cm.ib_cm.IbCm")(qps=16),
     "VCU118Top": lambda: _load("boards.vcu118_top.VCU118Top")(),
     "VCU118Top (2 QPs)": lambda: _load("boards.vcu118_top.VCU118Top")(**SMALL_CORE),
+    # As ``make bitstream QPS=1024`` and ``QPS=4096`` build it (message slots as
+    # sim.build_options gives them; the other pools at their defaults).
+    "VCU118Top (1024 QPs)": lambda: _load("boards.vcu118_top.VCU118Top")(
+        qps=1024, message_slots=_load("sim.build_options.message_slots_for")(1024)),
+    "VCU118Top (4096 QPs)": lambda: _load("boards.vcu118_top.VCU118Top")(
+        qps=4096, message_slots=_load("sim.build_options.message_slots_for")(4096)),
     "VCU118DualTop": lambda: _load("boards.vcu118_top.VCU118DualTop")(),
     "VCU118DualTop (2 QPs)": lambda: _load("boards.vcu118_top.VCU118DualTop")(**SMALL_CORE),
 }
