@@ -59,7 +59,7 @@ _NAK_STATUS = {
 
 #: The per-QP memories the handler reads, and those it writes.
 _READS = ("una", "nxt", "end", "positions", "retry", "peer", "event_counters")
-_WRITES = ("una", "positions", "retry", "timer", "resend_psn", "peer", "event_counters")
+_WRITES = ("una", "positions", "retry", "timer", "peer", "event_counters")
 
 
 class AckHandler(wiring.Component):
@@ -78,7 +78,7 @@ class AckHandler(wiring.Component):
     - Acknowledgement for p (an ACK covers p, a NAK or RNR NAK the PSNs before p):
       checked again against the QP's window (one behind ``una`` says nothing new),
       then ``una`` advances; progress restores both retry counts and restarts the
-      ACK timer. NAK sequence error: resend from p (``resend``), one of
+      ACK timer. NAK sequence error: resend from p, ``una`` now (``resend``), one of
       ``retry_count`` retries, unless a resend from p is already under way
       (``retrying``: IBTA 9.7.5.2, as rxe). RNR NAK: an RNR wait (``rnr_wait``, the
       AETH's timer code) then a resend from p, ``rnr_retry`` times
@@ -147,7 +147,7 @@ class AckHandler(wiring.Component):
         reset = self.i_reset.p
         now = self.i_now
         una_write, positions_write, retry_write = self.w_una, self.w_positions, self.w_retry
-        timer_write, resend_psn_write = self.w_timer, self.w_resend_psn
+        timer_write = self.w_timer
         peer_write, event_counters_write = self.w_peer, self.w_event_counters
 
         def fsm_flag(name, value):
@@ -176,8 +176,7 @@ class AckHandler(wiring.Component):
         s_error, s_retrying = self.r_flags.data.error, self.r_flags.data.retrying
         # What the FSM writes; fields it leaves alone keep their value.
         for write, kept in ((una_write, None), (positions_write, s_positions),
-                            (retry_write, s_retry), (timer_write, None),
-                            (resend_psn_write, None)):
+                            (retry_write, s_retry), (timer_write, None)):
             m.d.comb += write.addr.eq(qp)
             if kept is not None:
                 m.d.comb += write.data.eq(kept)
@@ -210,10 +209,10 @@ class AckHandler(wiring.Component):
                 retry_write.data.error_reported.eq(0),
             ]
 
-        def resend_from(psn):
+        def resend():
+            """A resend from ``una`` is due (the walker reads it when it starts)."""
             fsm_flag("resend", 1)
             fsm_flag("retrying", 1)
-            m.d.comb += [resend_psn_write.en.eq(1), resend_psn_write.data.eq(psn)]
 
         def restart_timer(rnr_code=0):
             """The QP's timer runs from now (an RNR wait, with ``rnr_code``)."""
@@ -336,7 +335,7 @@ class AckHandler(wiring.Component):
                                 ]
                                 restart_timer(rnr_code=code)
                                 fsm_flag("rnr_wait", 1)
-                                resend_from(event.psn)
+                                resend()
                         with m.Case(AETH_NAK):
                             with m.If(code == NAK_SEQUENCE):
                                 # A resend from p under way (after a NAK, an RNR NAK or a
@@ -350,7 +349,7 @@ class AckHandler(wiring.Component):
                                     fail(CompletionStatus.RETRY_EXCEEDED)
                                 with m.Else():
                                     m.d.comb += retry_write.data.retries.eq(retries - 1)
-                                    resend_from(event.psn)
+                                    resend()
                                     restart_timer()
                             for nak_code, status in _NAK_STATUS.items():
                                 with m.Elif(code == nak_code):
@@ -373,7 +372,7 @@ class AckHandler(wiring.Component):
                             retry_write.en.eq(1),
                             retry_write.data.retries.eq(s_retry.retries - 1),
                         ]
-                        resend_from(s_una)
+                        resend()
 
             with m.State("RESET"):
                 m.d.comb += [resetting.eq(1), self.i_reset.ready.eq(1), qp_next.eq(reset.qp)]

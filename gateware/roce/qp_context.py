@@ -28,9 +28,10 @@ EVENT_COUNTERS = data.StructLayout({
     if name not in (*SENT_COUNTERS.members, *INTAKE_COUNTERS.members, "icrc_errors",
                     "cnps")})
 
-#: A QP's settings as the reliability engine keeps them.
+#: A QP's settings as the reliability engine keeps them (its peer's address is the QP
+#: table's).
 PEER = data.StructLayout({name: QP_STATE.members[name]
-                          for name in ("remote_ip", "timeout", "retry_count", "rnr_retry")})
+                          for name in ("timeout", "retry_count", "rnr_retry")})
 
 #: A QP's retries left before ERROR, and why it failed.
 RETRIES = data.StructLayout({
@@ -60,7 +61,6 @@ QP_LAYOUTS = {
     "una": 24,
     "retry": RETRIES,
     "timer": TIMER,
-    "resend_psn": 24,
     "peer": PEER,
     # counters, each memory with one writer
     "sent_counters": SENT_COUNTERS,

@@ -2,6 +2,7 @@ from amaranth import *
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from .qp_context import lookup
 from .requests import QP_INDEX_BITS, QP_STATE, QP_WRITE, check_qp_count
 
 __all__ = ["QpTable", "QP_PATH"]
@@ -18,7 +19,10 @@ class QpTable(wiring.Component):
 
     ``i_write`` sets a QP (the connection manager or user logic); its path
     fields are kept here. ``read_qp`` → ``read_path``: read latency 1 cycle; a
-    write is seen by reads issued from the next cycle on.
+    write is seen by reads issued from the next cycle on. ``r_remote_ip``: the
+    peer's IPv4 address, for the acknowledgement intake's check of an
+    acknowledgement's source, read alike (a memory of its own: a copy of the
+    path's field, not of the whole path, for this second reader).
     """
 
     def __init__(self, qps):
@@ -27,6 +31,7 @@ class QpTable(wiring.Component):
             "i_write": In(stream.Signature(QP_WRITE, always_ready=True)),
             "read_qp": In(QP_INDEX_BITS),
             "read_path": Out(QP_PATH),
+            "r_remote_ip": In(lookup(QP_PATH.members["remote_ip"], QP_INDEX_BITS)),
         })
 
     @property
@@ -46,4 +51,16 @@ class QpTable(wiring.Component):
         ]
         for name in QP_PATH.members:
             m.d.comb += write.data[name].eq(self.i_write.p.state[name])
+
+        m.submodules.remote_ips = remote_ips = memory.Memory(
+            shape=QP_PATH.members["remote_ip"], depth=self._qps, init=[])
+        ip_write = remote_ips.write_port()
+        ip_read = remote_ips.read_port()
+        m.d.comb += [
+            ip_write.addr.eq(self.i_write.p.qp),
+            ip_write.en.eq(self.i_write.valid),
+            ip_write.data.eq(self.i_write.p.state.remote_ip),
+            ip_read.addr.eq(self.r_remote_ip.addr),
+            self.r_remote_ip.data.eq(ip_read.data),
+        ]
         return m

@@ -20,11 +20,12 @@ from .descriptor import (
 )
 from .page_pool import PAGE_STATE
 from .planner import TRANSMIT_CONFIG
-from .qp_context import FLAGS, ContextMemory, per_qp_layouts, qp_bits_of
+from .qp_context import FLAGS, ContextMemory, lookup, per_qp_layouts, qp_bits_of
 from .qp_flags import QpFlags
 from .requests import (
     COMPLETION,
     QP_INDEX_BITS,
+    QP_STATE,
     QP_STATUS,
     QP_WRITE,
     CompletionStatus,
@@ -63,7 +64,9 @@ class ReliabilityEngine(wiring.Component):
     first, from the second), and hands it the messages to resend (``o_replay``).
 
     Acknowledgements (``i_ack``, one a cycle at any rate) go through an
-    :class:`AckIntake`: from the QP's peer address, inside the window of
+    :class:`AckIntake`: from the QP's peer address (the QP table's, read through
+    ``r_remote_ip`` a cycle after its address, as it was before that cycle's
+    write), inside the window of
     outstanding PSNs and beyond what the QP's acknowledgements acknowledged
     so far, they are taken (and counted as ``acks`` and, a NAK, by its kind),
     the others dropped (``acks_dropped``: duplicates, ghosts, strangers); per
@@ -174,6 +177,7 @@ class ReliabilityEngine(wiring.Component):
             "pages_qp": In(QP_INDEX_BITS),
             "pages_state": Out(PAGE_STATE),
             "o_head_moved": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "r_remote_ip": Out(lookup(QP_STATE.members["remote_ip"], QP_INDEX_BITS)),
         })
 
     @staticmethod
@@ -311,15 +315,14 @@ class ReliabilityEngine(wiring.Component):
             ("transparent", tracker.r_sent_counters), *status])
         una = context("una", handler.w_una, [
             ("transparent", tracker.r_una), window, ("transparent", handler.r_una),
-            ("transparent", sweep.r_una), *status])
+            ("transparent", sweep.r_una), ("transparent", walker.r_una), *status])
         positions = context("positions", handler.w_positions, [
             *view, ("transparent", handler.r_positions), ("transparent", walker.r_positions),
             ("transparent", None)], init=[{"first": own} for own in own_slots])
         retry = context("retry", handler.w_retry, [("transparent", handler.r_retry), *status])
         context("timer", handler.w_timer, [("transparent", sweep.r_timer)])
-        context("resend_psn", handler.w_resend_psn, [("transparent", walker.r_resend_psn)])
-        peer = context("peer", handler.w_peer, [
-            window, ("transparent", handler.r_peer), ("transparent", sweep.r_peer)])
+        context("peer", handler.w_peer, [("transparent", handler.r_peer),
+                                         ("transparent", sweep.r_peer)])
         event_counters = context("event_counters", handler.w_event_counters, [
             ("transparent", handler.r_event_counters), *status])
         # The slot pool's messages, and the status each one's payload ended with; reads
@@ -331,13 +334,13 @@ class ReliabilityEngine(wiring.Component):
                 shape=CompletionStatus, depth=slots, addr_bits=slot_bits)
 
         # The intake's window of the QP it checks.
-        window = {"una": una.pop(0), "nxt": nxt.pop(0), "peer": peer.pop(0)}
+        window = {"una": una.pop(0), "nxt": nxt.pop(0), "remote_ip": self.r_remote_ip}
         for port in window.values():
             m.d.comb += port.addr.eq(intake.window_qp)
         m.d.comb += [
             intake.window.una.eq(window["una"].data),
             intake.window.nxt.eq(window["nxt"].data),
-            intake.window.remote_ip.eq(window["peer"].data.remote_ip),
+            intake.window.remote_ip.eq(window["remote_ip"].data),
         ]
 
         # The planner's views, for the view's QP of the cycle before: the memories and

@@ -1,5 +1,5 @@
 """The reliability engine's go-back-N resend: the outstanding messages of a QP with a
-resend due, handed to the planner from the resend PSN on."""
+resend due, handed to the planner from its oldest unacknowledged packet on."""
 
 from amaranth import *
 from amaranth.lib import fifo, stream, wiring
@@ -17,16 +17,19 @@ __all__ = ["ResendWalker"]
 
 
 class ResendWalker(wiring.Component):
-    """Finds the message of a QP's resend PSN, and hands the planner (``o_replay``) that
-    message from that packet on, then every later outstanding message of the QP.
+    """Finds the message of a QP's oldest unacknowledged packet (``una``, where every
+    resend starts: a NAK or RNR NAK for p acknowledges the packets before p, and a timeout
+    resends from ``una``), and hands the planner (``o_replay``) that message from that
+    packet on, then every later outstanding message of the QP.
 
     The QPs come from ``i_due`` (a QP an engine write left due for a resend) through a
     queue (block RAM, a QP in it once at most), in the order they became due. Unless
     ``i_hold`` (a reset waits), the walker takes the first one, reads its flags
     (``r_flags``), and if a resend of it is still due (``resend`` set, neither
     ``rnr_wait`` nor ``error``) clears its ``resend`` (``o_taken``, in the cycle after
-    it takes the QP); else it goes on to the next. It reads the QP's resend PSN
-    (``r_resend_psn``), the ends of its list of messages (``r_positions``, ``r_end``:
+    it takes the QP); else it goes on to the next. It reads the QP's ``una``
+    (``r_una``: as it is when the walk starts, so packets acknowledged since the resend
+    was due are not sent again), the ends of its list of messages (``r_positions``, ``r_end``:
     registered reads addressed a cycle ahead, as ``r_flags``) and each message slot
     from the oldest on along the list (``r_ring``, registered). It stops after the
     QP's last outstanding message, when the QP enters ERROR, or when a new resend of
@@ -34,7 +37,7 @@ class ResendWalker(wiring.Component):
     queue again). A slot it comes to that is no longer in the list
     (its message completed while the walker waited) may hold another QP's message by
     then: it goes on from the list's oldest message instead, resending that one from
-    its first packet if the resend PSN is older.
+    its first packet if ``una`` is older.
 
     Latency: a QP is taken from the queue 3 cycles after ``i_due`` at the earliest;
     the first message is offered 4 cycles after the cycle the walker takes the QP
@@ -59,7 +62,7 @@ class ResendWalker(wiring.Component):
             "o_busy": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "o_idle": Out(1),
         }
-        for name in ("resend_psn", "positions", "end"):
+        for name in ("una", "positions", "end"):
             members[f"r_{name}"] = Out(lookup(layouts[name], QP_INDEX_BITS))
         super().__init__(members)
 
@@ -99,10 +102,9 @@ class ResendWalker(wiring.Component):
         walk_next = Signal(QP_INDEX_BITS)
         m.d.comb += walk_next.eq(walk_qp)
         m.d.sync += walk_qp.eq(walk_next)
-        for reader in (self.r_resend_psn, self.r_positions, self.r_end, self.r_flags):
+        for reader in (self.r_una, self.r_positions, self.r_end, self.r_flags):
             m.d.comb += reader.addr.eq(walk_next)
-        k_resend_psn, k_positions, k_end = (self.r_resend_psn.data, self.r_positions.data,
-                                            self.r_end.data)
+        k_una, k_positions, k_end = self.r_una.data, self.r_positions.data, self.r_end.data
         k_flags = self.r_flags.data
         k_error = k_flags.error
         walk_entry = self.r_ring.data
@@ -124,7 +126,7 @@ class ResendWalker(wiring.Component):
                     m.d.comb += walk_clear.eq(1)
                     m.d.sync += [
                         walking.eq(1),
-                        walk_psn.eq(k_resend_psn),
+                        walk_psn.eq(k_una),
                         walk_slot.eq(k_positions.first.slot),
                         walk_count.eq(k_positions.first.count),
                     ]
@@ -138,7 +140,7 @@ class ResendWalker(wiring.Component):
                 # from its oldest message (0) to its empty slot (the length), or behind
                 # the oldest (completed, far below 2^count_bits).
                 into = (walk_psn - walk_record.first_psn)[:24]
-                before = into[23]               # the resend PSN is older than the message
+                before = into[23]               # ``una`` is older than the message
                 listed = (walk_count - k_positions.first.count)[:count_bits]
                 length = (k_end.count - k_positions.first.count)[:count_bits]
                 with m.If((walk_count == k_end.count) | k_error):

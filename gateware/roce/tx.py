@@ -184,6 +184,8 @@ class RequesterTransmitter(wiring.Component):
             reliability.replay_qp.eq(planner.replay_qp),
             planner.replay_view.eq(reliability.replay_view),
         ]
+        # The engine checks each acknowledgement's source against the table's path.
+        connect(m, reliability.r_remote_ip, table.r_remote_ip)
 
         # The retransmit pages: taken by the planner's new packets, looked up by the
         # buffer, given back behind the engine's positions.

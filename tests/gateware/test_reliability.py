@@ -10,13 +10,14 @@ from gateware.roce.reliability import ReliabilityEngine, check_message_count, ch
 from gateware.roce.requests import QP_STATE
 
 from .streams import get_item, put_item, run_testbenches
+from .test_reliability_responder import qp_table
 
 QPS = 4
 PEER_IP = 0x0A4D0003
 
 
-def qp_state(*, next_psn=0, timeout=0):
-    return QP_STATE.const({"next_psn": next_psn, "remote_ip": PEER_IP, "path_mtu": 1,
+def qp_state(*, next_psn=0, timeout=0, remote_ip=PEER_IP):
+    return QP_STATE.const({"next_psn": next_psn, "remote_ip": remote_ip, "path_mtu": 1,
                            "timeout": timeout, "retry_count": 3, "rnr_retry": 3})
 
 
@@ -82,7 +83,7 @@ def test_every_event_is_counted():
         counters = (await status_of(ctx, dut, 3)).counters
         assert counters.icrc_errors == expected[3]["icrc_errors"] > 0
 
-    run_testbenches(dut, main)
+    run_testbenches(dut, main, qp_table(dut))
 
 
 def test_a_qp_is_set_again_once_no_packet_is_sent():
@@ -119,7 +120,40 @@ def test_a_qp_is_set_again_once_no_packet_is_sent():
         assert not ctx.get(dut.new_view.blocked) and ctx.get(dut.new_view.slot_free)
         assert ctx.get(dut.new_view.next_psn) == 700
 
-    run_testbenches(dut, main)
+    run_testbenches(dut, main, qp_table(dut))
+
+
+def test_an_acknowledgement_counts_only_from_the_peer_the_qp_was_set_with():
+    """The engine looks a QP's peer address up in the QP table (here its model): set
+    with one peer, an ACK from another is dropped and the peer's taken; set again with
+    the other as its peer, the first one's ACK is dropped and the new peer's taken."""
+    dut = ReliabilityEngine(qps=QPS, messages=4)
+    other_ip = PEER_IP + 0x100
+
+    async def main(ctx):
+        ctx.set(dut.i_config, {"tos": 0, "tick": 100})
+        for round, (peer, stranger) in enumerate([(PEER_IP, other_ip), (other_ip, PEER_IP)]):
+            await put_item(ctx, dut.i_reset,
+                           {"qp": 1, "state": qp_state(next_psn=10, remote_ip=peer)})
+            ctx.set(dut.i_sent.valid, 1)
+            ctx.set(dut.i_sent.p, {"qp": 1, "bytes": 64, "next_psn": 11, "next_tail": 1})
+            await ctx.tick()
+            ctx.set(dut.i_sent.valid, 0)
+            for source in (stranger, peer):
+                ctx.set(dut.i_ack.valid, 1)
+                ctx.set(dut.i_ack.p, {"qp": 1, "src_ip": source, "psn": 10,
+                                      "syndrome": 0x1F})
+                await ctx.tick()
+                ctx.set(dut.i_ack.valid, 0)
+                for _ in range(12):
+                    await ctx.tick()
+                status = await status_of(ctx, dut, 1)
+                taken = source == peer
+                assert (status.counters.acks, status.counters.acks_dropped) == (
+                    int(taken), 1), (round, source)
+                assert status.outstanding == (0 if taken else 1)
+
+    run_testbenches(dut, main, qp_table(dut))
 
 
 @pytest.mark.parametrize("paused", [0, 50])
@@ -168,7 +202,7 @@ def test_an_unacknowledged_packet_times_out_and_is_resent(paused):
         status = await status_of(ctx, dut, 3)
         assert status.outstanding == 0 and status.counters.acks == 1
 
-    run_testbenches(dut, main)
+    run_testbenches(dut, main, qp_table(dut))
 
 
 @pytest.mark.parametrize("messages", [0, 1, 3, 96, 1 << 16, 2.0])

@@ -110,10 +110,25 @@ class Requester:
         return self.ctx.get(self.dut.status[1])
 
 
+def qp_table(dut):
+    """A background testbench answering the engine's lookups of a QP's peer address
+    (``r_remote_ip``) as the transmitter's QP table does: with the address the QP was
+    set with (written as the engine takes the reset), a cycle after the lookup, as it was
+    before that cycle's write (0 for a QP never set)."""
+    async def table(ctx):
+        remote_ips = {}
+        async for _, _, valid, ready, write, qp in ctx.tick().sample(
+                dut.i_reset.valid, dut.i_reset.ready, dut.i_reset.p, dut.r_remote_ip.addr):
+            ctx.set(dut.r_remote_ip.data, remote_ips.get(qp, 0))
+            if valid and ready:
+                remote_ips[write.qp] = write.state.remote_ip
+    return table
+
+
 def run(dut, body):
     async def main(ctx):
         await body(Requester(dut, ctx))
-    run_testbenches(dut, main)
+    run_testbenches(dut, main, qp_table(dut))
 
 
 def test_rnr_nak_with_a_sequence_nak_for_ten_rounds_completes():

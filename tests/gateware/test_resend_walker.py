@@ -29,7 +29,7 @@ class Model:
         """The registered reads, for the addresses given in the cycle before."""
         dut, qp, slot = self.dut, self.addresses["qp"], self.addresses["slot"]
         ctx.set(dut.r_flags.data, self.flags[qp])
-        ctx.set(dut.r_resend_psn.data, self.first_psn(qp) + 1)
+        ctx.set(dut.r_una.data, self.first_psn(qp) + 1)
         ctx.set(dut.r_positions.data, {"first": {"slot": qp, "count": 0}})
         ctx.set(dut.r_end.data, {"slot": QPS + qp, "count": 1})
         owner = slot % QPS
@@ -54,7 +54,7 @@ class Model:
             replay = ctx.get(dut.o_replay.p)
             self.replays.append((replay.qp, replay.packet))
         self.addresses = {"qp": ctx.get(dut.r_flags.addr), "slot": ctx.get(dut.r_ring.addr)}
-        for reader in (dut.r_resend_psn, dut.r_positions, dut.r_end):
+        for reader in (dut.r_una, dut.r_positions, dut.r_end):
             assert ctx.get(reader.addr) == self.addresses["qp"]
         await ctx.tick()
 
@@ -70,8 +70,8 @@ def run(body):
 def test_each_qp_due_is_walked_once_in_the_order_it_became_due():
     """While held, QP 3 is made due five times, then every other QP once, then QP 3
     again: more than the queue holds, were a QP in it more than once. Released, each
-    QP is walked once, from its resend PSN, in the order it first became due; made due
-    again, it is walked again."""
+    QP is walked once, from its oldest unacknowledged PSN (``una``), in the order it
+    first became due; made due again, it is walked again."""
     order = [3, 5, 1, 7, 0, 2, 4, 6]
 
     async def body(model, ctx):
