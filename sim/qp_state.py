@@ -1,5 +1,7 @@
 """The state the endpoint keeps per QP, in bits, from the design's own layouts:
-``python -m sim.qp_state`` prints the README's table."""
+``python -m sim.qp_state`` prints the table, and the QP's transport state (the
+reliability engine's and the acknowledgement intake's, but for the counters) against
+its goal of 32 bytes."""
 
 from __future__ import annotations
 
@@ -12,19 +14,32 @@ from amaranth import Shape
 from gateware.cm.manager import CM_ENTRY
 from gateware.core import NetworkCore
 from gateware.roce.ack_intake import AckIntake
+from gateware.roce.dcqcn import DcqcnReactionPoint
+from gateware.roce.pacer import Pacer
 from gateware.roce.page_pool import PAGE_BYTES, PagePool
 from gateware.roce.qp_table import QP_PATH
 from gateware.roce.reliability import ReliabilityEngine
 from gateware.roce.requests import CompletionStatus
 from gateware.roce.slot_pool import slot_entry
+from gateware.roce.timer_sweep import TimerSweep
 from gateware.stream import BEAT_BYTES
 
 #: The generator pool keeps the message count of each QP's last run.
 GENERATOR_BITS = 32
 COUNTERS = ("sent_counters", "event_counters", "intake_counters", "icrc_errors", "cnps")
+#: The goal for the transport state, in bits: 32 bytes.
+TRANSPORT_GOAL_BITS = 256
 
 
 Row = tuple[str, str, int]
+
+
+def transport_bits(messages: int, message_slots: int) -> int:
+    """Bits of a QP's transport state: the reliability engine's but its counters, and
+    the acknowledgement intake's."""
+    engine = ReliabilityEngine.qp_state_bits(messages, message_slots)
+    return (sum(bits for name, bits in engine.items() if name not in COUNTERS)
+            + sum(AckIntake.qp_state_bits().values()))
 
 
 def rows(messages: int, message_slots: int, ring_beats: int,
@@ -43,6 +58,15 @@ def rows(messages: int, message_slots: int, ring_beats: int,
          sum(engine[name] for name in COUNTERS)),
         ("acknowledgement intake (`roce/ack_intake.py`)",
          "newest ACK and NAK (PSN, syndrome), flags", sum(AckIntake.qp_state_bits().values())),
+        ("timer sweep (`roce/timer_sweep.py`)",
+         "its scan's hint (whether a timer runs, when it runs out), a flag",
+         sum(TimerSweep.qp_state_bits().values())),
+        ("DCQCN reaction point (`roce/dcqcn.py`)",
+         "Rc, Rt, α, stages, period starts, byte count, flags, its scan's hint and flag",
+         sum(DcqcnReactionPoint.qp_state_bits().values())),
+        ("pacer (`roce/pacer.py`)",
+         "interval, last packet's turn and bytes, paced, its scan's hint and flag",
+         sum(Pacer.qp_state_bits().values())),
         ("connection manager (`cm/manager.py`)",
          "open, the host's IPv4 and QPN, first PSN, path MTU, buffer address, runs",
          CM_ENTRY.size),
@@ -85,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| **QP context** | | **{total} bits = {total / 8:.0f} bytes** |")
     for where, what, bits in queues:
         print(f"| {where} | {what} | {bits} ({bits // 8:,} bytes) |")
+    transport = transport_bits(args.messages, args.message_slots)
+    verdict = "within" if transport <= TRANSPORT_GOAL_BITS else "over"
+    print(f"\nTransport state (the reliability engine's but its counters, and the "
+          f"acknowledgement intake's): {transport} bits = {transport / 8:.1f} bytes, "
+          f"{verdict} the goal of {TRANSPORT_GOAL_BITS // 8} bytes.")
     return 0
 
 

@@ -102,6 +102,15 @@ _STATE = data.StructLayout({
     "cut_time": _TIME_BITS,             # the last cut
 })
 
+#: A QP's bytes sent since the byte counter last ran out (it runs out at
+#: ``rpg_byte_reset``, up to 2^24 - 1).
+_BYTE_COUNT_BITS = 24
+
+#: A bit per QP each: events waiting for a visit (``cnp_waiting``, ``byte_event``,
+#: ``reset_waiting``), the visits' copy of ``limited`` for the byte counter, and
+#: ``bytes_clear``: the byte count starts again (a cut).
+_FLAGS = ("cnp_waiting", "byte_event", "reset_waiting", "limited", "bytes_clear")
+
 #: Most α periods one visit catches up on (a longer backlog is dropped).
 _ALPHA_CATCH_UP = 8
 
@@ -147,6 +156,13 @@ class DcqcnReactionPoint(wiring.Component):
     that holds one) and its own visit: at 4,096 QPs with nothing else waiting,
     128 + 2 + 46 = 176 cycles from the CNP to the first cut's rate update.
     """
+
+    @staticmethod
+    def qp_state_bits():
+        """Bits the reaction point keeps per QP: its state, its byte count, its flags, and
+        its scan's."""
+        return {"state": _STATE.size, "byte_count": _BYTE_COUNT_BITS, "flags": len(_FLAGS),
+                **DeadlineScan.qp_state_bits(_TIME_BITS)}
 
     def __init__(self, *, qps):
         self._qps = check_qp_count(qps)
@@ -197,16 +213,11 @@ class DcqcnReactionPoint(wiring.Component):
             """Whether QP ``qp`` is marked this cycle."""
             return Cat(mark.valid & (mark.p[:len(qp)] == qp) for mark in scan.i_mark).any()
 
-        # A bit per QP each (in memories, :class:`FlagMemory`): events waiting for a
-        # visit (``cnp_waiting``, ``byte_event``, ``reset_waiting``), the visits' copy of
-        # ``limited`` for the byte counter, and ``bytes_clear``: the byte count starts
-        # again (a cut). Writers, the later winning: a packet sent, the visit, the events.
+        # The flags (:data:`_FLAGS`, in memories: :class:`FlagMemory`). Writers, the later
+        # winning: a packet sent, the visit, the events.
         m.submodules.flags = flags = FlagMemory(
-            flags=("cnp_waiting", "byte_event", "reset_waiting", "limited", "bytes_clear"),
-            depth=entries, addr_bits=QP_INDEX_BITS,
-            writers=(("sent", ("bytes_clear",)),
-                     ("visit", ("cnp_waiting", "byte_event", "reset_waiting", "limited",
-                                "bytes_clear")),
+            flags=_FLAGS, depth=entries, addr_bits=QP_INDEX_BITS,
+            writers=(("sent", ("bytes_clear",)), ("visit", _FLAGS),
                      ("cnp", ("cnp_waiting",)), ("reset", ("reset_waiting",)),
                      ("bytes", ("byte_event",))),
             reads=("sync", "sync"))
@@ -217,7 +228,8 @@ class DcqcnReactionPoint(wiring.Component):
         # ports: the count's passes on that cycle's write, the flags' gives them as they
         # were before that cycle's writes, and those writes of the QP are registered apart
         # (``sent_written``).
-        m.submodules.byte_count = byte_count = memory.Memory(shape=24, depth=entries, init=[])
+        m.submodules.byte_count = byte_count = memory.Memory(shape=_BYTE_COUNT_BITS,
+                                                             depth=entries, init=[])
         count_write = byte_count.write_port()
         count_read = byte_count.read_port(transparent_for=(count_write,))
         sent = registered(m, self.i_bytes, "sent")
@@ -241,7 +253,7 @@ class DcqcnReactionPoint(wiring.Component):
                     value = Mux(written.en, written.value, value)
             sent_flags[name] = value
         qp_limited, clear = sent_flags["limited"], sent_flags["bytes_clear"]
-        counted = Signal(25)
+        counted = Signal(_BYTE_COUNT_BITS + 1)
         reset_bytes = config.rpg_byte_reset
         m.d.comb += [
             count_read.addr.eq(self.i_bytes.p.qp),

@@ -89,6 +89,11 @@ class DeadlineScan(wiring.Component):
             "o_candidate": Out(stream.Signature(QP_INDEX_BITS)),
         })
 
+    @staticmethod
+    def qp_state_bits(time_bits):
+        """Bits the scan keeps per QP: its hint, and its dirty flag."""
+        return {"hint": hint(time_bits).size, "dirty": 1}
+
     @property
     def lanes(self):
         return self._lanes

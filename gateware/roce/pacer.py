@@ -65,6 +65,13 @@ class Pacer(wiring.Component):
     interval and last turn are read as the packet comes in.
     """
 
+    @staticmethod
+    def qp_state_bits():
+        """Bits the pacer keeps per QP: its interval, its last packet's turn and bytes,
+        its paced bit, and its scan's."""
+        return {"interval": _INTERVAL.size, "turn": _TURN.size, "paced": 1,
+                **DeadlineScan.qp_state_bits(HINT_BITS)}
+
     def __init__(self, *, qps, readers=1):
         self._qps = check_qp_count(qps)
         self._readers = readers

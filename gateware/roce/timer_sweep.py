@@ -75,6 +75,11 @@ class TimerSweep(wiring.Component):
             members[f"r_{name}"] = Out(lookup(QP_LAYOUTS[name], QP_INDEX_BITS))
         super().__init__(members)
 
+    @staticmethod
+    def qp_state_bits():
+        """Bits the sweep keeps per QP: its scan's."""
+        return DeadlineScan.qp_state_bits(TIME_BITS)
+
     def elaborate(self, platform):
         m = Module()
         qps = self._qps
