@@ -14,7 +14,6 @@ from .qp_context import (
     EVENT_COUNTERS,
     PEER,
     QP_FLAGS,
-    TIME_BITS,
     lookup,
     per_qp_layouts,
     update,
@@ -59,7 +58,7 @@ _NAK_STATUS = {
 
 #: The per-QP memories the handler reads, and those it writes.
 _READS = ("una", "nxt", "end", "positions", "retry", "peer", "event_counters")
-_WRITES = ("una", "positions", "retry", "timer", "peer", "event_counters")
+_WRITES = ("una", "positions", "retry", "rnr_code", "peer", "event_counters")
 
 
 class AckHandler(wiring.Component):
@@ -124,7 +123,6 @@ class AckHandler(wiring.Component):
             "i_close": In(stream.Signature(QP_INDEX_BITS)),
             "i_expired": In(stream.Signature(expired_timer(qps))),
             "i_ack": In(stream.Signature(ACK_TAKEN)),
-            "i_now": In(TIME_BITS),
             "r_flags": Out(lookup(QP_FLAGS, QP_INDEX_BITS)),
             "r_ring": Out(lookup(slot_entry(slot_bits), slot_bits)),
             "r_status": Out(lookup(CompletionStatus, slot_bits)),
@@ -145,9 +143,8 @@ class AckHandler(wiring.Component):
         qps = self._qps
         beat_bits = (self._width - 1).bit_length()
         reset = self.i_reset.p
-        now = self.i_now
         una_write, positions_write, retry_write = self.w_una, self.w_positions, self.w_retry
-        timer_write = self.w_timer
+        rnr_code_write = self.w_rnr_code
         peer_write, event_counters_write = self.w_peer, self.w_event_counters
 
         def fsm_flag(name, value):
@@ -176,7 +173,7 @@ class AckHandler(wiring.Component):
         s_error, s_retrying = self.r_flags.data.error, self.r_flags.data.retrying
         # What the FSM writes; fields it leaves alone keep their value.
         for write, kept in ((una_write, None), (positions_write, s_positions),
-                            (retry_write, s_retry), (timer_write, None)):
+                            (retry_write, s_retry), (rnr_code_write, None)):
             m.d.comb += write.addr.eq(qp)
             if kept is not None:
                 m.d.comb += write.data.eq(kept)
@@ -214,14 +211,12 @@ class AckHandler(wiring.Component):
             fsm_flag("resend", 1)
             fsm_flag("retrying", 1)
 
-        def restart_timer(rnr_code=0):
-            """The QP's timer runs from now (an RNR wait, with ``rnr_code``)."""
-            fsm_flag("from_sent", 0)
-            m.d.comb += [
-                timer_write.en.eq(1),
-                timer_write.data.start.eq(now),
-                timer_write.data.rnr_code.eq(rnr_code),
-            ]
+        def restart_timer(rnr_code=None):
+            """The QP's timer starts again (an RNR wait, with ``rnr_code``): the timer
+            sweep takes the start (``timer_started``)."""
+            fsm_flag("timer_started", 1)
+            if rnr_code is not None:
+                m.d.comb += [rnr_code_write.en.eq(1), rnr_code_write.data.eq(rnr_code)]
 
         def ring_room_after(covered):
             """The ring position after the first ``covered`` packets of ``record``."""

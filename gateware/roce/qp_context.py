@@ -9,10 +9,10 @@ from .descriptor import POINTER_BITS
 from .requests import QP_COUNTERS, QP_STATE, CompletionStatus
 
 __all__ = ["ContextMemory", "lookup", "update", "qp_bits_of", "per_qp_layouts", "QP_LAYOUTS",
-           "message_list", "FLAGS", "QP_FLAGS", "TIME_BITS", "PEER", "RETRIES", "TIMER",
+           "message_list", "FLAGS", "QP_FLAGS", "TIME_BITS", "PEER", "RETRIES",
            "SENT_COUNTERS", "INTAKE_COUNTERS", "EVENT_COUNTERS"]
 
-#: Bits of the tick count the timers are stamped with: an ACK timeout is up to 2^31 ticks.
+#: Bits of the tick count the timers run on: an ACK timeout is up to 2^31 ticks.
 TIME_BITS = 32
 
 #: The counters each packet sent adds to, each acknowledgement's verdict, and the engine's
@@ -41,12 +41,9 @@ RETRIES = data.StructLayout({
     "error_reported": 1,            # the failed work request has completed
 })
 
-#: When the QP's timer last started (in ticks), and the RNR NAK's timer code of an RNR wait.
-TIMER = data.StructLayout({"start": TIME_BITS, "rnr_code": 5})
-
 #: The 1-bit flags of every QP (in memories: :class:`~gateware.roce.qp_flags.QpFlags`),
 #: and a QP's flags as a read gives them.
-FLAGS = ("error", "resend", "rnr_wait", "retrying", "from_sent")
+FLAGS = ("error", "resend", "rnr_wait", "retrying", "timer_started")
 QP_FLAGS = data.StructLayout({name: 1 for name in FLAGS})
 
 
@@ -56,11 +53,10 @@ QP_LAYOUTS = {
     # the planner's side: written by each new packet sent, packet sent
     "nxt": 24,
     "tail": POINTER_BITS,
-    "sent_time": TIME_BITS,
     # the engine's side: written by the FSM, the settings by a reset
     "una": 24,
     "retry": RETRIES,
-    "timer": TIMER,
+    "rnr_code": 5,          # the RNR NAK's timer code of an RNR wait
     "peer": PEER,
     # counters, each memory with one writer
     "sent_counters": SENT_COUNTERS,

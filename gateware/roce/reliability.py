@@ -134,13 +134,14 @@ class ReliabilityEngine(wiring.Component):
     :class:`TimerSweep` checks the timers, :class:`AckHandler` acts on
     acknowledgements, timers, closes and resets and retires messages,
     :class:`ResendWalker` hands the planner the messages to resend, and
-    :class:`TickCount` counts the ticks. The timers are start times on a count of
-    ticks, found by a scan of the QPs in rows of up to 32, a row a cycle, and served
-    before acknowledgements: a timer expires up to a pass of the rows and 5 cycles
-    after its time when no other QP's state changes meanwhile (a cycle more for each
-    other QP the scan finds changed or expired on the way, and for each row that holds
-    one), plus at most one acknowledgement's work (4 cycles and 1 per message it
-    completes). ``i_icrc_error`` and ``i_cnp`` (a QP index each) count the
+    :class:`TickCount` counts the ticks. A timer that starts sets a flag; the sweep,
+    a scan of the QPs in rows of up to 32, a row a cycle, finds the QP and takes the
+    start, and keeps the deadline on the count of ticks: a timer runs from that check,
+    up to a pass of the rows and 3 cycles after it started. Timers are served before
+    acknowledgements: a timer expires up to a pass of the rows and 5 cycles after its
+    deadline when no other QP's state changes meanwhile (a cycle more for each other QP
+    the scan finds changed or expired on the way, and for each row that holds one),
+    plus at most one acknowledgement's work (4 cycles and 1 per message it completes). ``i_icrc_error`` and ``i_cnp`` (a QP index each) count the
     acknowledgements dropped for their ICRC and the CNPs of a QP. While
     ``i_paused`` (the link pauses RoCEv2 frames: PAUSE or PFC) the tick count
     stands still, so pause time counts against no ACK timer or RNR wait.
@@ -228,8 +229,7 @@ class ReliabilityEngine(wiring.Component):
             m.d.comb += [port.valid.eq(valid), port.p.eq(qp)]
 
         m.d.comb += [tick.i_cycles.eq(self.i_config.tick), tick.i_paused.eq(self.i_paused)]
-        for part in (tracker, sweep, handler):
-            m.d.comb += part.i_now.eq(tick.o_now)
+        m.d.comb += sweep.i_now.eq(tick.o_now)
 
         # What the planner tells of messages and packets.
         connect(m, flipped(self.i_sent), tracker.i_sent)
@@ -261,6 +261,7 @@ class ReliabilityEngine(wiring.Component):
         qp_event(sweep.i_sent, sent.valid, sent.p.qp)
         qp_event(sweep.i_timer_from_sent, tracker.o_timer_from_sent.valid,
                  tracker.o_timer_from_sent.p)
+        connect(m, sweep.o_timer_taken, flags.i_timer_taken)
         connect(m, flipped(self.i_reset), handler.i_reset)
         connect(m, flipped(self.i_close), handler.i_close)
         m.d.comb += flags.i_engine.eq(handler.o_flags)
@@ -310,7 +311,6 @@ class ReliabilityEngine(wiring.Component):
         end = context("end", tracker.w_end, [
             ("transparent", tracker.r_end), *view, ("transparent", handler.r_end),
             ("transparent", walker.r_end), ("transparent", None)], init=own_slots)
-        context("sent_time", tracker.w_sent_time, [("transparent", sweep.r_sent_time)])
         sent_counters = context("sent_counters", tracker.w_sent_counters, [
             ("transparent", tracker.r_sent_counters), *status])
         una = context("una", handler.w_una, [
@@ -320,7 +320,7 @@ class ReliabilityEngine(wiring.Component):
             *view, ("transparent", handler.r_positions), ("transparent", walker.r_positions),
             ("transparent", None)], init=[{"first": own} for own in own_slots])
         retry = context("retry", handler.w_retry, [("transparent", handler.r_retry), *status])
-        context("timer", handler.w_timer, [("transparent", sweep.r_timer)])
+        context("rnr_code", handler.w_rnr_code, [("transparent", sweep.r_rnr_code)])
         context("peer", handler.w_peer, [("transparent", handler.r_peer),
                                          ("transparent", sweep.r_peer)])
         event_counters = context("event_counters", handler.w_event_counters, [

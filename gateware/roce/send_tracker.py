@@ -1,7 +1,7 @@
 """The planner's side of the reliability engine's per-QP state: what each message loaded
 and each packet sent writes (next PSN, ring tail, the end of the QP's list of messages,
-the ACK timer's start, the sent counters), and the messages themselves into the slot
-pool."""
+the sent counters; the ACK timer's start shown), and the messages themselves into the
+slot pool."""
 
 from amaranth import *
 from amaranth.lib import stream, wiring
@@ -9,7 +9,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..stream import registered
 from .descriptor import MESSAGE_END, MESSAGE_LOADED, PACKET_SENT
-from .qp_context import TIME_BITS, lookup, per_qp_layouts, update
+from .qp_context import lookup, per_qp_layouts, update
 from .requests import QP_INDEX_BITS, QP_WRITE, CompletionStatus, check_qp_count
 from .slot_pool import slot_entry
 
@@ -29,8 +29,9 @@ class SendTracker(wiring.Component):
     ring tail (``w_tail``); every packet sent adds to the QP's sent counters
     (``w_sent_counters``: ``packets`` and ``bytes``, or ``retransmitted`` for a
     resent one). A new packet sent while none is outstanding (``una`` = ``nxt``, read
-    through ``r_una`` and ``r_nxt``) starts the ACK timer: it stamps ``w_sent_time``
-    with ``i_now`` and shows on ``o_timer_from_sent``; the others leave it running
+    through ``r_una`` and ``r_nxt``) starts the ACK timer: it shows on
+    ``o_timer_from_sent`` (which sets the QP's ``timer_started`` for the timer sweep to
+    take); the others leave it running
     (IBTA 9.7.6.1.3: the timer measures from the oldest unacknowledged packet; progress
     restarts it). A message loaded (``i_loaded``) goes into the QP's empty slot, the
     end of its list (``r_end``), with the slot the pool hands out (``i_spare``, taken
@@ -51,7 +52,6 @@ class SendTracker(wiring.Component):
             "i_loaded": In(stream.Signature(MESSAGE_LOADED, always_ready=True)),
             "i_message_end": In(stream.Signature(MESSAGE_END, always_ready=True)),
             "i_reset": In(stream.Signature(QP_WRITE, always_ready=True)),
-            "i_now": In(TIME_BITS),
             "o_timer_from_sent": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "i_spare": In(slot_bits),
             "o_take": Out(1),
@@ -60,7 +60,7 @@ class SendTracker(wiring.Component):
         }
         for name in ("una", "nxt", "end", "sent_counters"):
             members[f"r_{name}"] = Out(lookup(layouts[name], QP_INDEX_BITS))
-        for name in ("nxt", "tail", "end", "sent_time", "sent_counters"):
+        for name in ("nxt", "tail", "end", "sent_counters"):
             members[f"w_{name}"] = Out(update(layouts[name], QP_INDEX_BITS))
         super().__init__(members)
 
@@ -89,9 +89,6 @@ class SendTracker(wiring.Component):
             self.w_status.addr.eq(ended.p.slot),
             self.w_status.data.eq(ended.p.completion.status),
             self.w_status.en.eq(ended.valid & ended.p.tracked),
-            self.w_sent_time.addr.eq(sent.p.qp),
-            self.w_sent_time.data.eq(self.i_now),
-            self.w_sent_time.en.eq(timer_starts),
         ]
         nxt_write, tail_write, end_write = self.w_nxt, self.w_tail, self.w_end
         sent_counters_write = self.w_sent_counters

@@ -182,11 +182,12 @@ def test_an_unacknowledged_packet_times_out_and_is_resent(paused):
             await ctx.tick()
             cycles += 1
             assert cycles < 200, "no resend"
-        # The sweep's latency (a pass of its rows, and 5 cycles), then the handler's and
-        # the walker's cycles (the resend due a cycle after the handler's write, the
+        # The sweep takes the timer's start within a pass of its rows and 3 cycles, and
+        # finds it run out within a pass and 5 cycles; then the handler's and the
+        # walker's cycles (the resend due a cycle after the handler's write, the
         # walker's queue a cycle after that), and the packet sent within a tick of 2
         # cycles.
-        late = scan_rows(QPS) + 5 + 8
+        late = (scan_rows(QPS) + 3) + (scan_rows(QPS) + 5) + 8
         assert paused + 2 * 8 <= cycles <= paused + 2 * 8 + late, cycles
         replay = await get_item(ctx, dut.o_replay)
         # QP 3's first message takes its own empty slot, slot 3
