@@ -313,6 +313,14 @@ HEADLINES = [
              {"target": "VCU118Top"},
              lambda row: f"{row['lut']:,} LUT, {row['ff']:,} FF, {row['bram36']:g} BRAM36, "
                          f"{row['uram']} URAM", group="resources"),
+    Headline("VCU118Top (1,024 QPs), Yosys synth_xilinx", "top_1024", "resources",
+             {"target": "VCU118Top (1024 QPs)"},
+             lambda row: f"{row['lut']:,} LUT, {row['ff']:,} FF, {row['bram36']:g} BRAM36, "
+                         f"{row['uram']} URAM", group="resources"),
+    Headline("VCU118Top (1,024 QPs), deepest path", "top_1024", "worst_paths",
+             {"target": "VCU118Top (1024 QPs)"},
+             lambda row: f"{row['lut_levels']} LUT levels at {row['mhz']:g} MHz "
+                         f"({row['domain']}; budget {row['budget']})", group="resources"),
     Headline("VCU118Top (16 QPs), deepest path", "resources", "worst_paths",
              {"target": "VCU118Top"},
              lambda row: f"{row['lut_levels']} LUT levels at {row['mhz']:g} MHz "
