@@ -37,28 +37,32 @@ TRANSPORT_GOAL_BITS = 256
 Row = tuple[str, str, int]
 
 
+def engine_bits(messages: int, message_slots: int) -> tuple[int, int]:
+    """Bits the reliability engine keeps per QP: its state but the counters, and its
+    counters."""
+    engine = ReliabilityEngine.qp_state_bits(messages, message_slots)
+    counters = sum(engine[name] for name in COUNTERS)
+    return sum(engine.values()) - counters, counters
+
+
 def transport_bits(messages: int, message_slots: int) -> int:
     """Bits of a QP's transport state: the reliability engine's but its counters, and
     the acknowledgement intake's."""
-    engine = ReliabilityEngine.qp_state_bits(messages, message_slots)
-    return (sum(bits for name, bits in engine.items() if name not in COUNTERS)
-            + sum(AckIntake.qp_state_bits().values()))
+    return engine_bits(messages, message_slots)[0] + sum(AckIntake.qp_state_bits().values())
 
 
 def rows(messages: int, message_slots: int, ring_beats: int,
          pages: int) -> tuple[list[Row], list[Row]]:
     """The QP context, and the queues: (where, what, bits) each."""
-    engine = ReliabilityEngine.qp_state_bits(messages, message_slots)
+    state, counters = engine_bits(messages, message_slots)
     pool = PagePool(qps=2, pages=pages, ring_beats=ring_beats)
     ring_pages = ring_beats * BEAT_BYTES // PAGE_BYTES
     context = [
         ("QP table (`roce/qp_table.py`)",
          "path: remote QPN, rkey, remote IPv4, path MTU, UDP source port", QP_PATH.size),
         ("reliability engine (`roce/reliability.py`)",
-         "PSNs, ring and slot positions, RNR code, retries, error, settings, flags",
-         sum(bits for name, bits in engine.items() if name not in COUNTERS)),
-        ("reliability engine", "14 counters (STATUS bytes 13-60)",
-         sum(engine[name] for name in COUNTERS)),
+         "PSNs, ring and slot positions, RNR code, retries, error, settings, flags", state),
+        ("reliability engine", "14 counters (STATUS bytes 13-60)", counters),
         ("acknowledgement intake (`roce/ack_intake.py`)",
          "newest ACK and NAK (PSN, syndrome), flags", sum(AckIntake.qp_state_bits().values())),
         ("timer sweep (`roce/timer_sweep.py`)",

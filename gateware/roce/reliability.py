@@ -141,7 +141,8 @@ class ReliabilityEngine(wiring.Component):
     acknowledgements: a timer expires up to a pass of the rows and 5 cycles after its
     deadline when no other QP's state changes meanwhile (a cycle more for each other QP
     the scan finds changed or expired on the way, and for each row that holds one),
-    plus at most one acknowledgement's work (4 cycles and 1 per message it completes). ``i_icrc_error`` and ``i_cnp`` (a QP index each) count the
+    plus at most one acknowledgement's work (4 cycles and 1 per message it completes).
+    ``i_icrc_error`` and ``i_cnp`` (a QP index each) count the
     acknowledgements dropped for their ICRC and the CNPs of a QP. While
     ``i_paused`` (the link pauses RoCEv2 frames: PAUSE or PFC) the tick count
     stands still, so pause time counts against no ACK timer or RNR wait.

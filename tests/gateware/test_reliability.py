@@ -132,7 +132,8 @@ def test_an_acknowledgement_counts_only_from_the_peer_the_qp_was_set_with():
 
     async def main(ctx):
         ctx.set(dut.i_config, {"tos": 0, "tick": 100})
-        for round, (peer, stranger) in enumerate([(PEER_IP, other_ip), (other_ip, PEER_IP)]):
+        for setting, (peer, stranger) in enumerate([(PEER_IP, other_ip),
+                                                    (other_ip, PEER_IP)]):
             await put_item(ctx, dut.i_reset,
                            {"qp": 1, "state": qp_state(next_psn=10, remote_ip=peer)})
             ctx.set(dut.i_sent.valid, 1)
@@ -150,7 +151,7 @@ def test_an_acknowledgement_counts_only_from_the_peer_the_qp_was_set_with():
                 status = await status_of(ctx, dut, 1)
                 taken = source == peer
                 assert (status.counters.acks, status.counters.acks_dropped) == (
-                    int(taken), 1), (round, source)
+                    int(taken), 1), (setting, source)
                 assert status.outstanding == (0 if taken else 1)
 
     run_testbenches(dut, main, qp_table(dut))
