@@ -1,6 +1,7 @@
 """The state the endpoint keeps per QP, in bits, from the design's own layouts:
 ``python -m sim.qp_state`` prints the table, and the QP's transport state (the
-reliability engine's and the acknowledgement intake's, but for the counters) against
+reliability engine's and the acknowledgement intake's, but for the counters, and the
+timer sweep's flag that a timer started) against
 its goal of 32 bytes, and writes them to ``docs/generated/bench/qp_state.md``;
 ``make bench``. It fails (exit status 1) when the transport state is over its goal."""
 
@@ -46,9 +47,12 @@ def engine_bits(messages: int, message_slots: int) -> tuple[int, int]:
 
 
 def transport_bits(messages: int, message_slots: int) -> int:
-    """Bits of a QP's transport state: the reliability engine's but its counters, and
-    the acknowledgement intake's."""
-    return engine_bits(messages, message_slots)[0] + sum(AckIntake.qp_state_bits().values())
+    """Bits of a QP's transport state: the reliability engine's but its counters, the
+    acknowledgement intake's, and the timer sweep's flag that the QP's timer started
+    (the sweep's deadlines are its scan's, as the DCQCN reaction point's and the
+    pacer's)."""
+    return (engine_bits(messages, message_slots)[0] + sum(AckIntake.qp_state_bits().values())
+            + TimerSweep.qp_state_bits()["started"])
 
 
 def rows(messages: int, message_slots: int, ring_beats: int,
@@ -66,7 +70,8 @@ def rows(messages: int, message_slots: int, ring_beats: int,
         ("acknowledgement intake (`roce/ack_intake.py`)",
          "newest ACK and NAK (PSN, syndrome), flags", sum(AckIntake.qp_state_bits().values())),
         ("timer sweep (`roce/timer_sweep.py`)",
-         "its scan's hint (whether a timer runs, when it runs out), a flag",
+         "its scan's hint (whether a timer runs, when it runs out) and flag, "
+         "whether a timer started",
          sum(TimerSweep.qp_state_bits().values())),
         ("DCQCN reaction point (`roce/dcqcn.py`)",
          "Rc, Rt, α, stages, period starts, byte count, flags, its scan's hint and flag",
@@ -129,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = Table("transport", [
         Column("bits", "transport state: bits"), Column("bytes", "bytes", ".1f"),
         Column("goal_bytes", "goal: bytes at most"), Column("within", "within")],
-        caption="A QP's transport state: the reliability engine's, but its counters, and "
-                "the acknowledgement intake's:")
+        caption="A QP's transport state: the reliability engine's, but its counters, "
+                "the acknowledgement intake's, and whether its timer started:")
     summary.add({"bits": transport, "bytes": transport / 8,
                  "goal_bytes": TRANSPORT_GOAL_BITS // 8,
                  "within": "yes" if transport <= TRANSPORT_GOAL_BITS else "no"})

@@ -98,7 +98,8 @@ class AckHandler(wiring.Component):
     (``r_*`` of the per-QP memories and its flags, ``"transparent"``), the oldest message slot
     through registered ports of the slot pool (``r_ring``, ``r_status``), and
     writes the QP's state (``w_*``; a reset writes the QP's settings and clears
-    the rest but its list, empty by then) and its flags (``o_flags``).
+    the rest but its list, empty by then) and its flags (``o_flags``); a restart of
+    the QP's timer shows on ``o_timer_restart``, for the timer sweep.
     ``o_reset`` shows the reset it takes.
 
     Latency, from IDLE back to IDLE: an acknowledgement 4 cycles (IDLE, ACK,
@@ -130,6 +131,7 @@ class AckHandler(wiring.Component):
             "o_flags": Out(ENGINE_FLAG_WRITES),
             "o_reset": Out(stream.Signature(QP_WRITE, always_ready=True)),
             "o_busy": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "o_timer_restart": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "o_completion": Out(stream.Signature(COMPLETION)),
         }
         for name in _READS:
@@ -213,8 +215,8 @@ class AckHandler(wiring.Component):
 
         def restart_timer(rnr_code=None):
             """The QP's timer starts again (an RNR wait, with ``rnr_code``): the timer
-            sweep takes the start (``timer_started``)."""
-            fsm_flag("timer_started", 1)
+            sweep takes the start."""
+            m.d.comb += self.o_timer_restart.valid.eq(1)
             if rnr_code is not None:
                 m.d.comb += [rnr_code_write.en.eq(1), rnr_code_write.data.eq(rnr_code)]
 
@@ -427,6 +429,7 @@ class AckHandler(wiring.Component):
         m.d.comb += [
             self.o_busy.valid.eq(~engine.ongoing("IDLE")),
             self.o_busy.p.eq(qp),
+            self.o_timer_restart.p.eq(qp),
             retire_slot.eq(Mux(engine.ongoing("RETIRE"), entry.next, s_positions.first.slot)),
         ]
 

@@ -43,7 +43,7 @@ RETRIES = data.StructLayout({
 
 #: The 1-bit flags of every QP (in memories: :class:`~gateware.roce.qp_flags.QpFlags`),
 #: and a QP's flags as a read gives them.
-FLAGS = ("error", "resend", "rnr_wait", "retrying", "timer_started")
+FLAGS = ("error", "resend", "rnr_wait", "retrying")
 QP_FLAGS = data.StructLayout({name: 1 for name in FLAGS})
 
 

@@ -12,7 +12,7 @@ from .requests import QP_INDEX_BITS, check_qp_count
 __all__ = ["QpFlags", "ENGINE_FLAGS", "ENGINE_FLAG_WRITES", "due_for_resend"]
 
 #: The flags the ACK handler writes, all of one QP.
-ENGINE_FLAGS = ("error", "resend", "rnr_wait", "retrying", "timer_started")
+ENGINE_FLAGS = ("error", "resend", "rnr_wait", "retrying")
 
 #: What the ACK handler writes to the flags of its QP in a cycle: each flag with ``en``
 #: set takes ``value``.
@@ -35,15 +35,13 @@ class QpFlags(wiring.Component):
     ``error``: the QP is in ERROR. ``resend``: a go-back-N resend is due.
     ``rnr_wait``: the QP's timer is an RNR wait, not the ACK timeout. ``retrying``: a
     resend from the oldest unacknowledged packet started (after a NAK, an RNR NAK or a
-    timeout) and nothing was acknowledged since. ``timer_started``: the QP's timer
-    started (a packet sent when none was outstanding, or the handler) and the timer
-    sweep has not yet taken its start.
+    timeout) and nothing was acknowledged since. (Whether a QP's timer started is the
+    timer sweep's own flag.)
 
     Writers, each setting or clearing one QP's bit; of two in one cycle for one bit,
-    the later in this list wins: ``i_timer_taken`` clears ``timer_started`` (the sweep
-    took the start); ``i_timer_from_sent`` sets it; ``i_resend_taken`` clears
-    ``resend``; ``i_engine`` writes the flags of :data:`ENGINE_FLAGS` of its QP;
-    ``i_reset`` clears every flag of its QP.
+    the later in this list wins: ``i_resend_taken`` clears ``resend``; ``i_engine``
+    writes the flags of :data:`ENGINE_FLAGS` of its QP; ``i_reset`` clears every flag
+    of its QP.
 
     ``o_due`` names, a cycle after it, the QP of an engine write that leaves it due for
     a resend (:func:`due_for_resend`, all of the cycle's writes counted; a registered
@@ -56,8 +54,6 @@ class QpFlags(wiring.Component):
         super().__init__({
             "i_engine": In(ENGINE_FLAG_WRITES),
             "i_resend_taken": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
-            "i_timer_taken": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
-            "i_timer_from_sent": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "i_reset": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "r": In(lookup(QP_FLAGS, QP_INDEX_BITS)).array(len(self._reads)),
             "o_due": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
@@ -67,16 +63,11 @@ class QpFlags(wiring.Component):
         m = Module()
         m.submodules.memory = store = FlagMemory(
             flags=FLAGS, depth=1 << qp_bits_of(self._qps), addr_bits=QP_INDEX_BITS,
-            writers=(("timer_taken", ("timer_started",)),
-                     ("timer_from_sent", ("timer_started",)), ("resend_taken", ("resend",)),
-                     ("engine", ENGINE_FLAGS), ("reset", FLAGS)),
+            writers=(("resend_taken", ("resend",)), ("engine", ENGINE_FLAGS),
+                     ("reset", FLAGS)),
             reads=(*self._reads, "transparent"))
         engine, reset = self.i_engine, self.i_reset
         m.d.comb += [
-            *write_flags(store.w_timer_taken, self.i_timer_taken.p,
-                         self.i_timer_taken.valid, 0),
-            *write_flags(store.w_timer_from_sent, self.i_timer_from_sent.p,
-                         self.i_timer_from_sent.valid, 1),
             *write_flags(store.w_resend_taken, self.i_resend_taken.p,
                          self.i_resend_taken.valid, 0),
             *write_flags(store.w_reset, reset.p, reset.valid, 0),

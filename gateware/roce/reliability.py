@@ -237,7 +237,6 @@ class ReliabilityEngine(wiring.Component):
         connect(m, flipped(self.i_loaded), tracker.i_loaded)
         connect(m, flipped(self.i_message_end), tracker.i_message_end)
         connect(m, reset, tracker.i_reset)
-        connect(m, tracker.o_timer_from_sent, flags.i_timer_from_sent)
         m.d.comb += [pool.i_take.eq(tracker.o_take), tracker.i_spare.eq(pool.o_slot)]
         connect(m, handler.o_free, pool.i_free)
 
@@ -262,7 +261,7 @@ class ReliabilityEngine(wiring.Component):
         qp_event(sweep.i_sent, sent.valid, sent.p.qp)
         qp_event(sweep.i_timer_from_sent, tracker.o_timer_from_sent.valid,
                  tracker.o_timer_from_sent.p)
-        connect(m, sweep.o_timer_taken, flags.i_timer_taken)
+        connect(m, handler.o_timer_restart, sweep.i_timer_restart)
         connect(m, flipped(self.i_reset), handler.i_reset)
         connect(m, flipped(self.i_close), handler.i_close)
         m.d.comb += flags.i_engine.eq(handler.o_flags)

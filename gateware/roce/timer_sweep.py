@@ -6,6 +6,7 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
 from .deadline_scan import DeadlineScan, check_lanes, hint
+from .flag_memory import FlagMemory, write_flags
 from .qp_context import QP_FLAGS, QP_LAYOUTS, TIME_BITS, lookup, qp_bits_of
 from .requests import QP_INDEX_BITS, check_qp_count
 from .timers import rnr_delay_ticks
@@ -27,12 +28,15 @@ class TimerSweep(wiring.Component):
     are outstanding (``r_una`` ≠ ``r_nxt``) and the timeout is not 0; or, while
     ``rnr_wait``, the RNR NAK's wait (IBTA table 45, its code in ``r_rnr_code``). A QP
     in ERROR has no timer. A timer starts when a packet is sent while none was
-    outstanding, and again when the handler restarts it (progress, a retry, an RNR
-    wait, the wait's end); either sets the QP's ``timer_started`` flag. The sweep takes
-    the start at its next check of the QP: the timer runs from that check, so a timer
-    runs out no earlier than its time after the start, and up to the time the scan takes
-    to come to the QP (a pass, as below) later. So the QP's timer state is a flag and
-    its deadline, not a time stamp of every start.
+    outstanding (``i_timer_from_sent``), and again when the handler restarts it
+    (``i_timer_restart``: progress, a retry, an RNR wait, the wait's end); either sets
+    the QP's flag ``started``, which the sweep keeps (a :class:`FlagMemory` of its own,
+    read by the check alone). The sweep takes the start at its next check of the QP:
+    the timer runs from that check, so a timer runs out no earlier than its time after
+    the start, and up to the time the scan takes to come to the QP (a pass, as below)
+    later. So the QP's timer state is a flag and its deadline, not a time stamp of
+    every start. A reset leaves the flag: a QP with nothing outstanding has no timer,
+    so the check that takes a stale start arms nothing.
 
     The QPs to check come from a :class:`DeadlineScan` of ``lanes`` QPs a cycle: the
     QPs whose hint has run out (whether its timer runs and the tick it runs out at, as
@@ -43,13 +47,14 @@ class TimerSweep(wiring.Component):
     QP, when its hint runs out, finds. The hint is the timer's deadline: the sweep keeps
     a copy of the hints by QP (block RAM, written as the scan's), which the check reads.
 
-    The check, in two stages: a candidate's state, flags (of them ``error``,
-    ``rnr_wait``, ``timer_started``) and hint read (``r_*`` and the copy, registered and
+    The check, in two stages: a candidate's state, flags (of them ``error`` and
+    ``rnr_wait``; and ``started``) and hint read (``r_*`` and the copy, registered and
     addressed a cycle ahead: ``"transparent"`` ports of :class:`ContextMemory` and
     :class:`QpFlags`) and its time due worked out; then the verdict registered, and a
     cycle later the hint written. A timer started (or running with no hint that says
     so) runs from the check: the hint says it runs out the time due from now, and
-    ``o_timer_taken`` clears the flag as the hint is written. Else the timer runs out
+    ``o_timer_taken`` shows the flag cleared as the hint is written (a start written
+    in the same cycle wins). Else the timer runs out
     when its hint does, and a QP whose timer runs when its hint has run out has
     expired. The verdict and the hint are dropped when the QP's timer state is
     written in a cycle of either stage or while it waits: the handler working on the
@@ -78,6 +83,7 @@ class TimerSweep(wiring.Component):
             "i_reset": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "i_sent": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "i_timer_from_sent": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "i_timer_restart": In(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "o_expired": Out(stream.Signature(expired_timer(qps))),
             "o_timer_taken": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
         }
@@ -88,8 +94,8 @@ class TimerSweep(wiring.Component):
     @staticmethod
     def qp_state_bits():
         """Bits the sweep keeps per QP: its scan's (the copy of the hints by QP is not
-        counted again)."""
-        return DeadlineScan.qp_state_bits(TIME_BITS)
+        counted again), and the flag that a timer started."""
+        return {**DeadlineScan.qp_state_bits(TIME_BITS), "started": 1}
 
     def elaborate(self, platform):
         m = Module()
@@ -112,6 +118,20 @@ class TimerSweep(wiring.Component):
         hint_write = hints.write_port()
         hint_read = hints.read_port(transparent_for=(hint_write,))
         written_hint = scan.i_hint
+
+        # Whether each QP's timer started since the check that last took a start of it.
+        m.submodules.started = started = FlagMemory(
+            flags=("started",), depth=1 << qp_bits, addr_bits=QP_INDEX_BITS,
+            writers=(("taken", ("started",)), ("from_sent", ("started",)),
+                     ("restart", ("started",))),
+            reads=("transparent",))
+        m.d.comb += [
+            *write_flags(started.w_taken, self.o_timer_taken.p, self.o_timer_taken.valid, 0),
+            *write_flags(started.w_from_sent, self.i_timer_from_sent.p,
+                         self.i_timer_from_sent.valid, 1),
+            *write_flags(started.w_restart, self.i_timer_restart.p,
+                         self.i_timer_restart.valid, 1),
+        ]
         m.d.comb += [
             hint_write.addr.eq(written_hint.p.qp),
             hint_write.data.eq(written_hint.p.hint),
@@ -172,7 +192,8 @@ class TimerSweep(wiring.Component):
 
         for reader in (self.r_una, self.r_nxt, self.r_rnr_code, self.r_peer, self.r_flags):
             m.d.comb += reader.addr.eq(checking_next.qp)
-        m.d.comb += hint_read.addr.eq(checking_next.qp)
+        m.d.comb += [hint_read.addr.eq(checking_next.qp),
+                     started.r[0].addr.eq(checking_next.qp)]
         w_una, w_nxt = self.r_una.data, self.r_nxt.data
         w_rnr_code, w_peer, w_flags = self.r_rnr_code.data, self.r_peer.data, self.r_flags.data
         w_hint = hint_read.data
@@ -188,8 +209,8 @@ class TimerSweep(wiring.Component):
                     w_rnr_wait | ((w_una != w_nxt) & (w_peer.timeout != 0)))),
                 checked.rnr_wait.eq(w_rnr_wait),
                 checked.written.eq(written(checking.qp) | rewritten(checking.qp)),
-                checked.started.eq(w_flags.timer_started),
-                checked.start.eq(w_flags.timer_started | ~w_hint.armed),
+                checked.started.eq(started.r[0].data.started),
+                checked.start.eq(started.r[0].data.started | ~w_hint.armed),
                 checked.hint.eq(w_hint),
                 checked.due.eq(Mux(w_rnr_wait, rnr_delays[w_rnr_code],
                                    (C(1, TIME_BITS) << w_peer.timeout)[:TIME_BITS])),

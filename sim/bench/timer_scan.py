@@ -65,7 +65,6 @@ def measure(qps: int, seed: int = 1) -> dict:
             ctx.set(dut.r_una.data, qp["una"])
             ctx.set(dut.r_nxt.data, qp["nxt"])
             ctx.set(dut.r_peer.data, {"timeout": qp["timeout"]})
-            ctx.set(dut.r_flags.data, {"timer_started": qp["timer_started"]})
 
         async def cycle(busy=None, *, tick=True):
             """A cycle: the handler starts ``busy``'s timer (a mark), or takes the verdict
@@ -81,11 +80,15 @@ def measure(qps: int, seed: int = 1) -> dict:
             if busy is not None:
                 ctx.set(dut.i_busy.valid, 1)
                 ctx.set(dut.i_busy.p, busy[0])
+                if busy[1].get("timer_started"):
+                    ctx.set(dut.i_timer_restart.valid, 1)
+                    ctx.set(dut.i_timer_restart.p, busy[0])
             started = ctx.get(dut.o_timer_taken.p) if ctx.get(dut.o_timer_taken.valid) \
                 else None
             address = ctx.get(dut.r_una.addr)
             await ctx.tick()
             ctx.set(dut.i_busy.valid, 0)
+            ctx.set(dut.i_timer_restart.valid, 0)
             ctx.set(dut.o_expired.ready, 0)
             if started is not None:
                 state[started] = {**state[started], "timer_started": 0}

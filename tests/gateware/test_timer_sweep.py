@@ -41,8 +41,9 @@ class Harness:
     """Drives a TimerSweep from a model of every QP's state: the memories and flags read
     at the address the sweep gave a cycle before, and the writes of the engine's parts,
     each shown on the ports its writer drives and taking effect at the end of its cycle;
-    a write that starts a timer sets the QP's ``timer_started``, which the sweep's
-    ``o_timer_taken`` clears (a start in the same cycle wins). Counts the cycles the
+    a write that starts a timer (on ``i_timer_from_sent`` or ``i_timer_restart``) sets
+    the model's ``timer_started``, which the sweep's ``o_timer_taken`` clears (a start
+    in the same cycle wins); a reset leaves it, as the sweep does. Counts the cycles the
     sweep reads a QP that is not the one it read the cycle before (``reads``)."""
 
     def __init__(self, dut, qps):
@@ -57,8 +58,7 @@ class Harness:
         ctx.set(dut.r_nxt.data, qp["nxt"])
         ctx.set(dut.r_rnr_code.data, qp["rnr_code"])
         ctx.set(dut.r_peer.data, {"timeout": qp["timeout"]})
-        ctx.set(dut.r_flags.data, {name: qp[name]
-                                   for name in ("error", "rnr_wait", "timer_started")})
+        ctx.set(dut.r_flags.data, {name: qp[name] for name in ("error", "rnr_wait")})
 
     def write(self, ctx, qp, state, *ports):
         """A part writes ``state`` to a QP this cycle, shown on ``ports``."""
@@ -69,7 +69,8 @@ class Harness:
 
     def restart(self, ctx, qp, now, **state):
         """The handler starts the QP's timer again (with ``state``)."""
-        self.write(ctx, qp, {"start": now, "timer_started": 1, **state}, self.dut.i_busy)
+        self.write(ctx, qp, {"start": now, "timer_started": 1, **state}, self.dut.i_busy,
+                   self.dut.i_timer_restart)
 
     def send(self, ctx, qp, now):
         """A new packet of the QP sent: it starts the ACK timer if none was outstanding."""
@@ -91,7 +92,8 @@ class Harness:
 
     def after_tick(self, ctx):
         dut = self.dut
-        for port in (dut.i_busy, dut.i_reset, dut.i_sent, dut.i_timer_from_sent):
+        for port in (dut.i_busy, dut.i_reset, dut.i_sent, dut.i_timer_from_sent,
+                     dut.i_timer_restart):
             ctx.set(port.valid, 0)
         ctx.set(dut.o_expired.ready, 0)
         if self.taken is not None:
@@ -176,8 +178,9 @@ def test_every_verdict_agrees_with_the_model_and_every_expiry_is_found(qps, lane
                     else:
                         harness.restart(ctx, qp, now, **change)
                 else:
-                    harness.write(ctx, qp, idle_qp(timeout=rng.choice([0, 2, 3, 4]),
-                                                   una=5, nxt=5), dut.i_reset)
+                    reset = idle_qp(timeout=rng.choice([0, 2, 3, 4]), una=5, nxt=5)
+                    del reset["timer_started"]          # the sweep's own flag stays
+                    harness.write(ctx, qp, reset, dut.i_reset)
                 expired_since.pop(qp, None)
                 if harness.writes[qp].get("timer_started") or qp in pending:
                     pending[qp] = (cycle, waited)
