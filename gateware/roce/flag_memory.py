@@ -154,14 +154,17 @@ class FlagMemory(wiring.Component):
                     Mux(getattr(waiting, name).en, getattr(waiting, name).value ^ others,
                         own[name]))
 
-        def passed_on(name, value, addr, writes):
-            """A flag's ``value`` at ``addr`` with ``writes`` (ports or registered writes,
-            the later winning) to it passed on."""
-            for port, names in zip(writes, self._writers, strict=True):
+        def passed_on(name, value, hits, writes):
+            """A flag's ``value`` with ``writes`` (ports or registered writes, the later
+            winning) passed on where ``hits`` says each is to the entry read."""
+            for port, hit, names in zip(writes, hits, self._writers, strict=True):
                 if name in names:
-                    hit = port.addr[:used] == addr[:used]
                     value = Mux(getattr(port, name).en & hit, getattr(port, name).value, value)
             return value
+
+        def hits(writes, addr):
+            """Whether each of ``writes`` is to entry ``addr``."""
+            return [port.addr[:used] == addr[:used] for port in writes]
 
         for number, (kind, reader) in enumerate(zip(self._reads, self.r, strict=True)):
             if kind in ("comb", "written"):
@@ -169,20 +172,26 @@ class FlagMemory(wiring.Component):
                 # before (and, for a written read, this cycle's) passed on.
                 bits = reads_at("comb", reader.addr, self._flags)
                 for name in self._flags:
-                    value = passed_on(name, value_of(name, bits), reader.addr, pending)
+                    value = passed_on(name, value_of(name, bits), hits(pending, reader.addr),
+                                      pending)
                     if kind == "written":
-                        value = passed_on(name, value, reader.addr, writers)
+                        value = passed_on(name, value, hits(writers, reader.addr), writers)
                     m.d.comb += reader.data[name].eq(value)
             else:
                 # Registered: the memories with the writes of the cycle before the address's
                 # (the memories take them in the address's cycle); for a transparent read,
-                # the writes of the address's cycle passed on a cycle later.
+                # the writes of the address's cycle passed on a cycle later, the addresses
+                # compared in the address's cycle (so the read's data passes no comparison).
                 bits = reads_at("transparent", reader.addr, self._flags)
-                addr = Signal(used, name=f"read{number}_addr")
-                m.d.sync += addr.eq(reader.addr[:used])
+                hit_then = []
+                if kind == "transparent":
+                    for index, hit in enumerate(hits(writers, reader.addr)):
+                        registered = Signal(name=f"read{number}_hit{index}")
+                        m.d.sync += registered.eq(hit)
+                        hit_then.append(registered)
                 for name in self._flags:
                     value = value_of(name, bits)
                     if kind == "transparent":
-                        value = passed_on(name, value, addr, pending)
+                        value = passed_on(name, value, hit_then, pending)
                     m.d.comb += reader.data[name].eq(value)
         return m
