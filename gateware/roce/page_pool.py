@@ -102,9 +102,12 @@ class PagePool(wiring.Component):
     next free page (``o_available``: one is free); the planner takes a page for each
     packet that starts a page or crosses into one, so a QP holds the pages from its
     ``released`` one (``view_released`` of ``view_qp``, a cycle later: a registered read
-    that shows the writes of the cycle of ``view_qp``) up to the one its
-    next packet starts in. ``translate[n]`` reads a page table (registered, with an
-    enable: the buffer's read and write sides).
+    that shows the writes and the take of the cycle of ``view_qp``) up to the one its
+    next packet starts in. A take goes in a cycle after it, from a register: the page
+    tables have it for a read addressed two cycles after the take (the buffer's
+    writes of a packet come later still), and ``o_available`` counts the page it
+    gets. ``translate[n]`` reads a page table (registered, with an enable: the
+    buffer's read and write sides).
 
     The pool gives a QP's pages back behind the older of its two positions, read from
     the engine through ``state_qp`` → ``state`` (a cycle later): every page before the
@@ -178,14 +181,25 @@ class PagePool(wiring.Component):
         def table_address(qp, vpage):
             return Cat(vpage[:ring_page_bits], qp[:qp_bits])
 
+        # A take goes in a cycle after it, from a register (``take``), so that nothing
+        # the planner decides reaches the pool's memories and queue in the same cycle.
+        take = Signal(data.StructLayout({"valid": 1, "p": page_take(vpage_bits)}))
+        m.d.sync += [take.valid.eq(self.i_take.valid), take.p.eq(self.i_take.p)]
+
         # The free pages: those never taken yet (from ``fresh`` on), then those given back.
+        # One is available for a take when one is left besides the one the take waiting
+        # in the register gets: that one comes from the queue if it has one, else a fresh
+        # one.
         m.submodules.returned = returned = fifo.SyncFIFOBuffered(
             width=self.page_bits, depth=self._pages)
         fresh = Signal(range(self._pages + 1))
-        take = self.i_take
         page = Mux(returned.r_rdy, returned.r_data, fresh)
+        some_fresh = fresh != self._pages
+        one_left = returned.r_rdy | some_fresh
+        two_left = ((fresh < self._pages - 1) | (some_fresh & (returned.r_level != 0))
+                    | (returned.r_rdy & (returned.r_level >= 2)))
         m.d.comb += [
-            self.o_available.eq(returned.r_rdy | (fresh != self._pages)),
+            self.o_available.eq(Mux(take.valid, two_left, one_left)),
             returned.r_en.eq(take.valid),
         ]
         with m.If(take.valid & ~returned.r_rdy):
@@ -211,7 +225,13 @@ class PagePool(wiring.Component):
         released_write = released.write_port()
         view = released.read_port(transparent_for=(released_write,))
         own = released.read_port(transparent_for=(released_write,))
-        m.d.comb += [view.addr.eq(self.view_qp), self.view_released.eq(view.data)]
+        # The view shows a page taken again in the cycle of its address, which the
+        # memory takes a cycle later: compared then, passed on from registers.
+        view_again = Signal()
+        m.d.sync += view_again.eq(self.i_take.valid & self.i_take.p.again
+                                  & (self.i_take.p.qp[:qp_bits] == self.view_qp[:qp_bits]))
+        m.d.comb += [view.addr.eq(self.view_qp),
+                     self.view_released.eq(Mux(view_again, take.p.vpage, view.data))]
         rebase = self.i_rebase.valid & (self.i_rebase.p < self._qps)
         again = take.valid & take.p.again
         released_busy = rebase | again

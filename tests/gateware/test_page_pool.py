@@ -53,11 +53,13 @@ def test_pages_go_out_free_and_come_back_behind_the_older_position(seed, hint_sh
             head[qp] == tail[qp] and vpage == tail[qp] // PAGE)
 
     async def take(ctx, qp, vpage, again=False):
-        """Take a page; the page it got, read from the page table a cycle later."""
+        """Take a page; the page it got, read from the page table two cycles later (the
+        take goes in a cycle after it)."""
         ctx.set(dut.i_take.valid, 1)
         ctx.set(dut.i_take.p, {"qp": qp, "vpage": vpage, "again": again})
         await ctx.tick()
         ctx.set(dut.i_take.valid, 0)
+        await ctx.tick()
         ctx.set(dut.translate[0].addr, qp << 1 | vpage & 1)
         ctx.set(dut.translate[0].en, 1)
         await ctx.tick()
@@ -222,5 +224,52 @@ def test_a_qp_whose_positions_wrap_is_cleared_for_its_setting():
         ctx.set(dut.view_qp, 2)
         assert ctx.get(dut.view_released) == 0      # the page after the last: page 0
         assert ctx.get(dut.o_reset_clear)
+
+    run_testbenches(dut, driver, engine)
+
+
+@pytest.mark.parametrize("given_back", [0, 3, PAGES])
+def test_takes_a_cycle_apart_get_every_free_page_once(given_back):
+    """A take goes in a cycle after it, so ``o_available`` counts the page the take
+    waiting gets. QP 0 takes ``given_back`` pages, all of which the pool takes back
+    behind its acknowledgements; then QPs take a page every cycle while one is
+    available: each free page once (those given back from the queue, the rest never
+    taken), and no take without one."""
+    dut = PagePool(qps=QPS, pages=PAGES, ring_beats=PAGES * PAGE)
+    head, tail = [0] * QPS, [0] * QPS
+
+    async def engine(ctx):
+        async for _, _, qp in ctx.tick().sample(dut.state_qp):
+            ctx.set(dut.state, {"head": head[qp], "tail": tail[qp], "idle": False})
+
+    async def driver(ctx):
+        for vpage in range(given_back):
+            ctx.set(dut.i_take.valid, 1)
+            ctx.set(dut.i_take.p, {"qp": 0, "vpage": vpage})
+            await ctx.tick()
+        ctx.set(dut.i_take.valid, 0)
+        head[0] = tail[0] = given_back * PAGE           # all acknowledged: back they come
+        ctx.set(dut.view_qp, 0)
+        for _ in range(20 * QPS * PAGES):
+            await ctx.tick()
+        assert ctx.get(dut.view_released) == given_back
+        takes = []
+        while ctx.get(dut.o_available):
+            qp, vpage = 1 + len(takes) % 3, len(takes) // 3
+            takes.append((qp, vpage))
+            ctx.set(dut.i_take.valid, 1)
+            ctx.set(dut.i_take.p, {"qp": qp, "vpage": vpage})
+            await ctx.tick()
+            assert len(takes) <= PAGES, "a take without a free page"
+        ctx.set(dut.i_take.valid, 0)
+        assert len(takes) == PAGES
+        await ctx.tick()
+        pages = []
+        for qp, vpage in takes:
+            ctx.set(dut.translate[0].addr, qp << 3 | vpage)
+            ctx.set(dut.translate[0].en, 1)
+            await ctx.tick()
+            pages.append(ctx.get(dut.translate[0].data))
+        assert sorted(pages) == list(range(PAGES)), pages
 
     run_testbenches(dut, driver, engine)
