@@ -102,6 +102,20 @@ CONNECT_REQUEST = data.StructLayout({
     "path_mtu": PathMtu,
 })
 
+#: Bits of the pieces :func:`_equal_later` compares a cycle ahead: two LUT levels each.
+_PIECE_BITS = 9
+
+
+def _equal_later(m, a, b, name):
+    """Whether ``a`` equalled ``b`` in the cycle before: their pieces of
+    :data:`_PIECE_BITS` compared then, into a register, and the pieces' results joined
+    now (one LUT for the few pieces of an address)."""
+    pieces = Signal(-(-len(a) // _PIECE_BITS), name=f"{name}_pieces")
+    m.d.sync += pieces.eq(Cat(a[start:start + _PIECE_BITS] == b[start:start + _PIECE_BITS]
+                              for start in range(0, len(a), _PIECE_BITS)))
+    return pieces.all()
+
+
 class ConnectionManager(wiring.Component):
     """Serves CM datagrams: ``i`` takes the UDP payloads that arrive on port
     17185, ``o`` sends the replies.
@@ -298,8 +312,9 @@ class ConnectionManager(wiring.Component):
         m.submodules.entries = entries = memory.Memory(shape=CM_ENTRY, depth=qps, init=[])
         entry_write = entries.write_port()
         # The entry read, in a register (as a synchronous read port gives it), with the
-        # compares of it that the states decide on beside it, so that those do not chain
-        # with the decisions.
+        # compares of it that the states decide on begun beside it (:func:`_equal_later`),
+        # so that neither the whole compare chains with the read of a table of many QPs
+        # nor with the decisions.
         entry_read = entries.read_port(domain="comb")
         entry = Signal(CM_ENTRY)
         entry_requester = Signal()          # its host is the request's (address and QPN)
@@ -465,13 +480,16 @@ class ConnectionManager(wiring.Component):
             m.d.sync += freed_last.eq(index)
         first_beat = Signal(init=1)
         read = entry_read.data
-        m.d.sync += [
-            entry.eq(read),
-            entry_requester.eq((read.host_ip == request.loc.ip) & ~read.connect
-                               & (read.host_qpn == request.loc.qpn[:24])),
-            entry_connects.eq((read.host_ip == request.loc.ip) & read.connect
-                              & (read.rdma_port == request.length[:16])),
-            entry_source.eq(read.host_ip == source_ip),
+        m.d.sync += entry.eq(read)
+        requester_host = _equal_later(m, read.host_ip, request.loc.ip, "requester_host")
+        m.d.comb += [
+            entry_requester.eq(requester_host & ~entry.connect
+                               & _equal_later(m, read.host_qpn, request.loc.qpn[:24],
+                                              "requester_qpn")),
+            entry_connects.eq(requester_host & entry.connect
+                              & _equal_later(m, read.rdma_port, request.length[:16],
+                                             "connect_port")),
+            entry_source.eq(_equal_later(m, read.host_ip, source_ip, "source_host")),
         ]
         from_host = entry.open & (entry_source | ib)     # an IB close: the QP open
         refreshed = Signal(CM_ENTRY)        # the entry read, heard from its host now
