@@ -118,6 +118,11 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
         qps=16, width=WIDTH),
     "RequesterTransmitter (2 QPs)": lambda: _load("gateware.roce.tx.RequesterTransmitter")(
         qps=2, ring_beats=128, pages=4, messages=8, message_slots=16, width=WIDTH),
+    # The transmitter of a 1,024-QP core (planner, engine, page pool, QP table, buffer),
+    # where the paths between those blocks show without the hour the board top takes.
+    "RequesterTransmitter (1024 QPs)": lambda: _load("gateware.roce.tx.RequesterTransmitter")(
+        qps=1024, messages=1024, message_slots=_load("sim.build_options.message_slots_for")(1024),
+        width=WIDTH),
     "PayloadSegmenter": lambda: _load("gateware.roce.segmenter.PayloadSegmenter")(
         ring_beats=128, width=WIDTH),
     "ReliabilityEngine (16 QPs)": lambda: _load("gateware.roce.reliability.ReliabilityEngine")(
@@ -149,6 +154,8 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "Pacer (4096 QPs)": lambda: _load("gateware.roce.pacer.Pacer")(qps=4096),
     "ConnectionManager (16 QPs)": lambda: _load("gateware.cm.manager.ConnectionManager")(
         qps=16, width=WIDTH),
+    "ConnectionManager (1024 QPs)": lambda: _load("gateware.cm.manager.ConnectionManager")(
+        qps=1024, width=WIDTH),
     "IbCm (16 QPs)": lambda: _load("gateware.cm.ib_cm.IbCm")(qps=16),
     "VCU118Top": lambda: _load("boards.vcu118_top.VCU118Top")(),
     "VCU118Top (2 QPs)": lambda: _load("boards.vcu118_top.VCU118Top")(**SMALL_CORE),
