@@ -7,7 +7,11 @@ from amaranth.lib.wiring import In, Out
 
 from .qp_context import lookup
 
-__all__ = ["FlagMemory", "flag_writes", "write_flags"]
+__all__ = ["FlagMemory", "flag_writes", "write_flags", "BLOCK_DEPTH"]
+
+#: Entries from which a flag memory read only through registered ports is kept in block
+#: RAM (as Yosys keeps it at 4,096 QPs by itself; at 1,024 it chose distributed RAM).
+BLOCK_DEPTH = 512
 
 
 def flag_writes(names, addr_bits):
@@ -43,6 +47,9 @@ class FlagMemory(wiring.Component):
     (``r[n]``): ``"comb"``, ``"transparent"`` and ``"sync"`` as
     :class:`~gateware.roce.qp_context.ContextMemory`'s, and ``"written"``: the entry at
     ``addr`` combinationally, as this cycle's writes leave them.
+
+    A flag memory of :data:`BLOCK_DEPTH` entries or more whose reads are all registered
+    is kept in block RAM (``ram_style``).
 
     Each writer has a memory of its flags, and a flag's value is the XOR of its
     writers' bits (a live-value table by XOR: LaForest and Steffan, FPGA 2012). A writer
@@ -89,11 +96,16 @@ class FlagMemory(wiring.Component):
         m = Module()
         writers = [getattr(self, f"w_{name}") for name in self._names]
         used = max((self._depth - 1).bit_length(), 1)      # address bits the memories use
+        # Memories of many entries read only through registered ports go to block RAM: a
+        # read starts at its output register, not at a tree of distributed RAMs and
+        # multiplexers in front of the logic that decides on the flags.
+        registered = not {"comb", "written"} & set(self._reads)
+        attrs = {"ram_style": "block"} if registered and self._depth >= BLOCK_DEPTH else {}
         stores = []
         for index, names in enumerate(self._writers):
             m.submodules[f"writer{index}"] = store = memory.Memory(
                 shape=data.StructLayout({name: 1 for name in names}), depth=self._depth,
-                init=[])
+                init=[], attrs=attrs)
             stores.append(store)
         write_ports = [store.write_port() for store in stores]
 
