@@ -43,13 +43,13 @@ from sim.runner import BUILD
 #: anywhere can move a path by a level), as ``python -m sim.bench.resources "VCU118Top
 #: (2 QPs)"`` prints them, each domain mapped alone for delay; 0.23 is Debian bookworm's.
 #: Deepest: cmac, the store-and-forward buffer's level into the transmit FIFO's read
-#: pointer; sync (8, the core's whole budget), a write of the reliability engine's flags
-#: passed on to the planner's view of its QP, into the descriptor the planner writes (the
-#: views read the flags through registered ports, so that a large build keeps them in
-#: block RAM: with reads as the cycle's writes leave them, the reduced top had 7 levels
-#: but the engine of a 1,024-QP build alone 9), and paths of 7 (the connection manager's
-#: QP index into its entry's requester, the ARP cache's lookup into the direct path, the
-#: ACK receiver's outputs); init, the status UART's shift register (4) or, as logic
+#: pointer; sync (8, the core's whole budget), the engine's ring positions into the page
+#: pool's check of a QP's pages (its page-table read), and a write of the reliability
+#: engine's flags passed on to the planner's view of its QP, into the descriptor the
+#: planner writes (the views read the flags through registered ports, so that a large
+#: build keeps them in block RAM: with reads as the cycle's writes leave them, the reduced
+#: top had 7 levels but the engine of a 1,024-QP build alone 9), and paths of 7 (a page
+#: taken into the pool's queue, the generator's gate); init, the status UART's shift register (4) or, as logic
 #: elsewhere moves the mapping, the receive-reset watchdog's countdown in
 #: :class:`~boards.cmac_port.CmacPort` (5).
 MEASURED_LUT_LEVELS = {"0.23": {"cmac": 4, "sync": 8, "init": 5}}
