@@ -49,9 +49,9 @@ from sim.runner import BUILD
 #: planner writes (the views read the flags through registered ports, so that a large
 #: build keeps them in block RAM: with reads as the cycle's writes leave them, the reduced
 #: top had 7 levels but the engine of a 1,024-QP build alone 9), and paths of 7 (a page
-#: taken into the pool's queue, the generator's gate); init, the status UART's shift register (4) or, as logic
-#: elsewhere moves the mapping, the receive-reset watchdog's countdown in
-#: :class:`~boards.cmac_port.CmacPort` (5).
+#: taken into the pool's queue, the generator's gate); init, the status UART's shift
+#: register (4) or, as logic elsewhere moves the mapping, the receive-reset watchdog's
+#: countdown in :class:`~boards.cmac_port.CmacPort` (5).
 MEASURED_LUT_LEVELS = {"0.23": {"cmac": 4, "sync": 8, "init": 5}}
 
 
