@@ -302,7 +302,7 @@ HEADLINES = [
              {"qps": 4096},
              lambda row: f"{row['single_worst']} cycles late "
                          f"({row['single_worst_us']:.2f} µs)"),
-    Headline("A QP's transport state (engine and intake, but counters)", "qp_state",
+    Headline("A QP's transport state (engine, intake, timer start; no counters)", "qp_state",
              "transport", {},
              lambda row: f"{row['bits']} bits ({row['bytes']:.1f} bytes; goal "
                          f"{row['goal_bytes']})"),
