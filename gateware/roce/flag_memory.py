@@ -99,8 +99,9 @@ class FlagMemory(wiring.Component):
         # Memories of many entries read only through registered ports go to block RAM: a
         # read starts at its output register, not at a tree of distributed RAMs and
         # multiplexers in front of the logic that decides on the flags.
-        registered = not {"comb", "written"} & set(self._reads)
-        attrs = {"ram_style": "block"} if registered and self._depth >= BLOCK_DEPTH else {}
+        all_registered = not {"comb", "written"} & set(self._reads)
+        attrs = ({"ram_style": "block"} if all_registered and self._depth >= BLOCK_DEPTH
+                 else {})
         stores = []
         for index, names in enumerate(self._writers):
             m.submodules[f"writer{index}"] = store = memory.Memory(
