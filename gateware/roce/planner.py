@@ -54,29 +54,6 @@ PKEY_DEFAULT = 0xFFFF
 #: RoCEv2 source ports lie in 0xC000–0xFFFF (IBTA annex A17): these bits are always set.
 ROCEV2_SOURCE_PORTS = 0xC000
 
-#: Where the planner is in one message: the message, its QP's path, and the next packet.
-_CONTEXT = data.StructLayout({
-    "qp": QP_INDEX_BITS,
-    "slot": SLOT_BITS,
-    "message": MESSAGE,
-    "path": QP_PATH,
-    "remaining": 32,            # payload bytes from the next packet on
-    "psn": 24,                  # of the next packet
-    "index": 24,                # of the next packet in the message
-    "offset": POINTER_BITS,     # ring position of the next packet's payload
-})
-
-
-def _opcode(verb, first, last):
-    """The RC opcode of a packet: the verb's family, and where the packet sits."""
-    write = verb in (Verb.RDMA_WRITE, Verb.RDMA_WRITE_WITH_IMMEDIATE)
-    immediate = verb in (Verb.RDMA_WRITE_WITH_IMMEDIATE, Verb.SEND_WITH_IMMEDIATE)
-    family = "RDMA_WRITE" if write else "SEND"
-    position = {(1, 1): "ONLY", (1, 0): "FIRST", (0, 0): "MIDDLE", (0, 1): "LAST"}[first, last]
-    suffix = "_WITH_IMMEDIATE" if immediate and last else ""
-    return Opcode[f"{family}_{position}{suffix}"]
-
-
 #: A context's next packet, worked out ahead: whether it is the last of its message, its
 #: payload bytes, the beats they take, and what the segmenter needs of it (see
 #: ``PACKET_DESCRIPTOR``).
@@ -88,6 +65,31 @@ _NEXT_PACKET = data.StructLayout({
     "single_beat": 1,
     "first": 1,                 # the first packet of its message
 })
+
+
+#: Where the planner is in one message: the message, its QP's path, and the next packet.
+_CONTEXT = data.StructLayout({
+    "qp": QP_INDEX_BITS,
+    "slot": SLOT_BITS,
+    "message": MESSAGE,
+    "path": QP_PATH,
+    "psn": 24,                  # of the next packet
+    "index": 24,                # of the next packet in the message
+    "offset": POINTER_BITS,     # ring position of the next packet's payload
+    "after": 24,                # packets of the message after the next one
+    "following_last": 1,        # the packet after the next one is the message's last
+    "tail": _NEXT_PACKET,       # the message's last packet (when it is not its first)
+})
+
+
+def _opcode(verb, first, last):
+    """The RC opcode of a packet: the verb's family, and where the packet sits."""
+    write = verb in (Verb.RDMA_WRITE, Verb.RDMA_WRITE_WITH_IMMEDIATE)
+    immediate = verb in (Verb.RDMA_WRITE_WITH_IMMEDIATE, Verb.SEND_WITH_IMMEDIATE)
+    family = "RDMA_WRITE" if write else "SEND"
+    position = {(1, 1): "ONLY", (1, 0): "FIRST", (0, 0): "MIDDLE", (0, 1): "LAST"}[first, last]
+    suffix = "_WITH_IMMEDIATE" if immediate and last else ""
+    return Opcode[f"{family}_{position}{suffix}"]
 
 
 def _next_packet(m, remaining, mtu_bytes, width, name, first=0, last=None):
@@ -118,6 +120,40 @@ def _mtu_bytes(m, path_mtu):
             with m.Case(mtu):
                 m.d.comb += result.eq(mtu.bytes)
     return result
+
+
+def _full_packet(m, path_mtu, width, name):
+    """A packet of a path MTU's full payload that is neither first nor last of its message
+    (all zeros for a value that is none): constants by the path MTU."""
+    packet = Signal(_NEXT_PACKET, name=name)
+    with m.Switch(path_mtu):
+        for mtu in PathMtu:
+            length = mtu.bytes
+            frame_length = length + -length % 4 + ICRC_BYTES
+            single_beat = (length <= width - ICRC_BYTES if width % 4 == 0
+                           else frame_length <= width)
+            with m.Case(mtu):
+                m.d.comb += packet.eq(_NEXT_PACKET.const({
+                    "last": 0, "length": length, "beats": -(-length // width),
+                    "frame_length": frame_length, "single_beat": single_beat, "first": 0}))
+    return packet
+
+
+def _message_end(m, length, path_mtu, width, name):
+    """Of a message of ``length`` bytes at a path MTU: its last packet (as a packet that is
+    not the first), and how many packets come after its first (for 1 byte or more)."""
+    tail_bytes = Signal(range(MAX_PACKET_PAYLOAD + 1), name=f"{name}_bytes")
+    after = Signal(24, name=f"{name}_after")
+    with m.Switch(path_mtu):
+        for mtu in PathMtu:
+            bits = mtu.bytes.bit_length() - 1
+            with m.Case(mtu):
+                m.d.comb += [
+                    tail_bytes.eq(Mux((length[:bits] != 0) | (length[bits:] == 0),
+                                      length[:bits], mtu.bytes)),
+                    after.eq((length - 1)[bits:]),
+                ]
+    return _next_packet(m, tail_bytes, tail_bytes, width, name, last=1), after
 
 
 class PacketPlanner(wiring.Component):
@@ -160,7 +196,8 @@ class PacketPlanner(wiring.Component):
     without a valid path MTU yields one ``drop`` descriptor that completes it
     as BAD_REQUEST; one for a QP in ERROR completes as FLUSHED; a message whose
     QP fails while it is sent ends with a ``drop`` descriptor that drains the
-    rest of its payload. Two cycles per message load, then a packet per cycle.
+    rest of its payload. Two cycles per message load, then a packet per cycle; a packet
+    that enters a page of the ring takes a cycle more.
     ``holds`` tells whether a context is in the middle of a message of QP
     ``holds_qp`` (of the QP index bits the build uses: an index past the QPs is taken
     for the QP it names in those bits). While ``i_setting`` (a QP is being set) it
@@ -236,61 +273,101 @@ class PacketPlanner(wiring.Component):
         replay_has_packet = replay_more & ~replay_view.error & ~replay_view.rnr_wait
         replay_go = replaying & replay_has_packet
 
-        # Each context after its next packet.
+        # Each context after its next packet. Only a full packet (of the path MTU) has a
+        # following one: the message's last when one packet comes after the next, else
+        # another full one (both known since the message was loaded).
         def advance(context, packet, name):
             advanced = Signal(_CONTEXT, name=f"{name}_advanced")
             m.d.comb += [
                 advanced.eq(context),
-                advanced.remaining.eq(context.remaining - packet.length),
                 advanced.psn.eq(context.psn + 1),
                 advanced.index.eq(context.index + 1),
                 advanced.offset.eq(context.offset + packet.beats),
+                advanced.after.eq(context.after - 1),
+                advanced.following_last.eq(context.after == 2),
             ]
-            # Only a full packet (of the path MTU) has a following one: that one is the last
-            # when the context holds two packets at most, compared beside the subtraction.
-            mtu_bytes = _mtu_bytes(m, context.message.path_mtu)
-            following = _next_packet(m, advanced.remaining, mtu_bytes, width,
-                                     f"{name}_following",
-                                     last=context.remaining <= mtu_bytes * 2)
+            following = Signal(_NEXT_PACKET, name=f"{name}_following")
+            m.d.comb += following.eq(Mux(context.following_last, context.tail,
+                                         _full_packet(m, context.message.path_mtu, width,
+                                                      f"{name}_full")))
             return advanced, following
 
         new_advanced, new_following = advance(new, new_next, "new")
         replay_advanced, replay_following = advance(replay, replay_next, "replay")
 
-        # The packet of this cycle: the replay's, else the new message's.
-        context = Signal(_CONTEXT)
-        packet = Signal(_NEXT_PACKET)
-        m.d.comb += [
-            context.eq(Mux(replay_go, replay, new)),
-            packet.eq(Mux(replay_go, replay_next, new_next)),
-        ]
-        message = context.message
-        request = message.request
-        last = packet.last
-        payload_length = packet.length
-        beats = packet.beats
-        # Whether the packet's payload starts a page of the ring or crosses into one.
-        def enters_page(context, packet):
-            return ((packet.beats != 0)
-                    & ((context.offset[:offset_bits] == 0)
-                       | ((context.offset[:offset_bits] + packet.beats - 1) >> offset_bits != 0)))
-        enters = enters_page(context, packet)
+        # Whether a packet's payload starts a page of the ring or crosses into one (a
+        # register per context, set with its next packet).
+        def enters_page(offset, beats):
+            return ((beats != 0)
+                    & ((offset[:offset_bits] == 0)
+                       | ((offset[:offset_bits] + beats - 1) >> offset_bits != 0)))
+        new_enters = Signal()
+        replay_enters = Signal()
         resend_end = replay_go & (replay_psn_next == replay_view.next_psn)
-        first = packet.first
-        pad = (-payload_length)[:2]
-        verb = request.verb
-        write = (verb == Verb.RDMA_WRITE) | (verb == Verb.RDMA_WRITE_WITH_IMMEDIATE)
-        immediate = (verb == Verb.RDMA_WRITE_WITH_IMMEDIATE) | (verb == Verb.SEND_WITH_IMMEDIATE)
-        has_reth = write & first
-        has_immdt = immediate & last
 
-        opcode = Signal(Opcode)
-        with m.Switch(Cat(last, first, verb)):
-            for verb_value in Verb:
-                for first_value in (0, 1):
-                    for last_value in (0, 1):
-                        with m.Case(last_value | first_value << 1 | verb_value.value << 2):
-                            m.d.comb += opcode.eq(_opcode(verb_value, first_value, last_value))
+        # The packet of this cycle: the replay's, else the new message's. Each context's
+        # descriptor is worked out from its registers alone, and the choice comes last.
+        def describe(context, packet, enters, name):
+            described = Signal(PACKET_DESCRIPTOR, name=f"{name}_described")
+            message = context.message
+            request = message.request
+            last, first = packet.last, packet.first
+            verb = request.verb
+            write = (verb == Verb.RDMA_WRITE) | (verb == Verb.RDMA_WRITE_WITH_IMMEDIATE)
+            immediate = ((verb == Verb.RDMA_WRITE_WITH_IMMEDIATE)
+                         | (verb == Verb.SEND_WITH_IMMEDIATE))
+            has_reth = write & first
+            has_immdt = immediate & last
+            opcode = Signal(Opcode, name=f"{name}_opcode")
+            with m.Switch(Cat(last, first, verb)):
+                for verb_value in Verb:
+                    for first_value in (0, 1):
+                        for last_value in (0, 1):
+                            with m.Case(last_value | first_value << 1 | verb_value.value << 2):
+                                m.d.comb += opcode.eq(
+                                    _opcode(verb_value, first_value, last_value))
+            transport_length = Mux(has_reth, Mux(has_immdt, BTH.length + RETH.length
+                                                 + IMMDT.length, BTH.length + RETH.length),
+                                   Mux(has_immdt, BTH.length + IMMDT.length, BTH.length))
+            transport = described.meta.transport
+            bth = Signal(BTH, name=f"{name}_bth")
+            reth = Signal(RETH, name=f"{name}_reth")
+            immdt = Signal(IMMDT, name=f"{name}_immdt")
+            path = context.path
+            m.d.comb += [
+                bth.opcode.eq(opcode),
+                bth.pad_count.eq((-packet.length)[:2]),
+                bth.pkey.eq(PKEY_DEFAULT),
+                bth.dest_qp.eq(path.remote_qpn),
+                bth.ack_request.eq(last | enters),
+                bth.psn.eq(context.psn),
+                reth.virtual_address.eq(request.remote_address),
+                reth.rkey.eq(path.rkey),
+                reth.dma_length.eq(request.length),
+                immdt.immediate.eq(request.immediate),
+                transport.bth.eq(bth),
+                # Extensions packed right behind the BTH (the wire's first byte is the MSB).
+                transport.extensions.eq(Mux(has_reth, Cat(immdt, reth),
+                                            Cat(C(0, RETH.size), immdt))),
+                described.meta.transport_length.eq(transport_length),
+                described.meta.dst_ip.eq(path.remote_ip),
+                described.meta.src_port.eq(path.src_port | ROCEV2_SOURCE_PORTS),
+                described.meta.dst_port.eq(UDP_PORT_ROCEV2),
+                described.meta.length.eq(transport_length + packet.frame_length),
+                described.meta.tos.eq(self.i_config.tos),
+                described.payload_length.eq(packet.length),
+                described.frame_length.eq(packet.frame_length),
+                described.single_beat.eq(packet.single_beat),
+                described.has_payload.eq(packet.length != 0),
+                described.message_end.eq(last),
+                described.address.eq(Cat(context.offset[:ring_bits], context.qp)),
+                described.slot.eq(context.slot),
+                described.completion.qp.eq(context.qp),
+                described.completion.tag.eq(request.tag),
+                described.completion.first_psn.eq(message.first_psn),
+                described.completion.packets.eq(message.packets),
+            ]
+            return described
 
         # A new packet that enters a page takes one from the pool for the ring's page of
         # its last beat: when the pool has one and the QP holds fewer than it may. (The
@@ -300,15 +377,27 @@ class PacketPlanner(wiring.Component):
                                     | (self.i_config.qp_pages > ring_pages), ring_pages,
                                     Mux(self.i_config.qp_pages < MIN_QP_PAGES, MIN_QP_PAGES,
                                         self.i_config.qp_pages)))
-        new_enters = enters_page(new, new_next)
-        new_vpage = Signal(vpage_bits)
-        held = Signal(vpage_bits)               # the pages the QP holds with this one
-        new_again = Signal()                    # the page the message starts in, again first
-        m.d.comb += [
-            new_vpage.eq((new.offset + new_next.beats - 1)[offset_bits:]),
-            held.eq(new_vpage - self.pages_released + 1),
+        # Whether the new context's next packet enters a page, and the page after the one it
+        # enters, are registers set with the packet (``page_ahead``); whether the QP may hold
+        # that page too (``held_ok``) is worked out from them a cycle ahead, with
+        # ``pages_released`` of that cycle (which only grows while the QP sends a message).
+        # In the packet's first cycle that is not known yet (``held_unknown``): a packet
+        # that enters a page goes a cycle after the one before it at the soonest.
+        new_page_after = Signal(vpage_bits)
+        held_ok = Signal()
+        held_unknown = Signal()
+        m.d.sync += [
+            held_ok.eq((new_page_after - self.pages_released)[:vpage_bits] <= qp_pages),
+            held_unknown.eq(0),
         ]
-        page_room = self.pages_available & (held <= qp_pages)
+        def page_ahead(offset, enters):
+            return [
+                new_enters.eq(enters),
+                new_page_after.eq(offset[offset_bits:] + Mux(offset[:offset_bits] != 0, 2, 1)),
+                held_unknown.eq(1),
+            ]
+        new_again = Signal()                    # the page the message starts in, again first
+        page_room = self.pages_available & held_ok & ~held_unknown
         room = Signal()
         # The page taken again goes with a packet that stays in it (not while a QP is set:
         # its setting writes what a page taken again writes), alone before one that does
@@ -316,58 +405,27 @@ class PacketPlanner(wiring.Component):
         m.d.comb += room.eq(Mux(new_again, ~new_enters & self.pages_available & ~self.i_setting,
                                 ~new_enters | page_room))
         new_turn = ~replay_go & new_sending
-        replay_same_qp = replaying & (replay.qp == new.qp)
-        new_may = new_turn & ~new_view.error & ~new_view.blocked & ~replay_same_qp
+        same_qp = Signal()                      # the contexts' QPs are the same (set with them)
+        new_may = new_turn & ~new_view.error & ~new_view.blocked & ~(replaying & same_qp)
         new_go = new_may & room
         new_abort = new_turn & new_view.error
         take_again = new_may & new_again & new_enters & self.pages_available & ~self.i_setting
-        m.d.comb += self.o_page_wait.eq(new_may & Mux(new_again, ~self.pages_available,
-                                                      new_enters & ~page_room))
+        m.d.comb += self.o_page_wait.eq(
+            new_may & Mux(new_again, ~self.pages_available,
+                          new_enters & (~self.pages_available | (~held_unknown & ~held_ok))))
         refuse = ~replay_go & new_refusing
 
         descriptor = self.o_packet.p
-        transport = descriptor.meta.transport
-        bth = Signal(BTH)
-        reth = Signal(RETH)
-        immdt = Signal(IMMDT)
-        path = context.path
         m.d.comb += [
-            bth.opcode.eq(opcode),
-            bth.pad_count.eq(pad),
-            bth.pkey.eq(PKEY_DEFAULT),
-            bth.dest_qp.eq(path.remote_qpn),
-            bth.ack_request.eq(last | enters | resend_end),
-            bth.psn.eq(context.psn),
-            reth.virtual_address.eq(request.remote_address),
-            reth.rkey.eq(path.rkey),
-            reth.dma_length.eq(request.length),
-            immdt.immediate.eq(request.immediate),
-            transport.bth.eq(bth),
-            # Extensions packed right behind the BTH (the wire's first byte is the MSB).
-            transport.extensions.eq(Mux(has_reth, Cat(immdt, reth),
-                                        Cat(C(0, RETH.size), immdt))),
-            descriptor.meta.transport_length.eq(
-                BTH.length + Mux(has_reth, RETH.length, 0) + Mux(has_immdt, IMMDT.length, 0)),
-            descriptor.meta.dst_ip.eq(path.remote_ip),
-            descriptor.meta.src_port.eq(path.src_port | ROCEV2_SOURCE_PORTS),
-            descriptor.meta.dst_port.eq(UDP_PORT_ROCEV2),
-            descriptor.meta.length.eq(descriptor.meta.transport_length + packet.frame_length),
-            descriptor.meta.tos.eq(self.i_config.tos),
-            descriptor.payload_length.eq(payload_length),
-            descriptor.frame_length.eq(packet.frame_length),
-            descriptor.single_beat.eq(packet.single_beat),
-            descriptor.has_payload.eq(payload_length != 0),
-            descriptor.message_end.eq(~replay_go & last),
+            descriptor.eq(Mux(replay_go, describe(replay, replay_next, replay_enters, "replay"),
+                              describe(new, new_next, new_enters, "new"))),
+            descriptor.message_end.eq(~replay_go & new_next.last),
             descriptor.replay.eq(replay_go),
-            descriptor.address.eq(Cat(context.offset[:ring_bits], context.qp)),
             descriptor.tracked.eq(~refuse),
-            descriptor.slot.eq(context.slot),
-            descriptor.completion.qp.eq(context.qp),
-            descriptor.completion.tag.eq(request.tag),
             descriptor.completion.status.eq(refusal),
-            descriptor.completion.first_psn.eq(message.first_psn),
-            descriptor.completion.packets.eq(message.packets),
         ]
+        with m.If(resend_end):
+            m.d.comb += descriptor.meta.transport.bth.ack_request.eq(1)
         with m.If(new_abort | refuse):
             m.d.comb += [
                 descriptor.drop.eq(1),
@@ -375,20 +433,20 @@ class PacketPlanner(wiring.Component):
             ]
 
         # Hand over the descriptor (and, for a resend with payload, the buffer read).
-        needs_read = replay_go & (payload_length != 0)
+        needs_read = replay_go & (replay_next.length != 0)
         offered = replay_go | new_go | new_abort | refuse
         m.d.comb += [
             self.o_packet.valid.eq(offered & (self.o_read.ready | ~needs_read)),
             self.o_read.valid.eq(needs_read & self.o_packet.ready),
             self.o_read.p.address.eq(descriptor.address),
-            self.o_read.p.beats.eq(beats),
+            self.o_read.p.beats.eq(replay_next.beats),
         ]
         taken = self.o_packet.valid & self.o_packet.ready
         m.d.comb += [
             self.o_sent.valid.eq(taken & (replay_go | new_go)),
-            self.o_sent.p.qp.eq(context.qp),
+            self.o_sent.p.qp.eq(Mux(replay_go, replay.qp, new.qp)),
             self.o_sent.p.replay.eq(replay_go),
-            self.o_sent.p.bytes.eq(payload_length),
+            self.o_sent.p.bytes.eq(Mux(replay_go, replay_next.length, new_next.length)),
             self.o_sent.p.datagram.eq(descriptor.meta.length),
             self.o_sent.p.next_psn.eq(Mux(replay_go, replay_advanced.psn, new_advanced.psn)),
             self.o_sent.p.next_tail.eq(Mux(replay_go, replay_advanced.offset,
@@ -402,6 +460,7 @@ class PacketPlanner(wiring.Component):
             m.d.sync += [
                 replay.eq(replay_advanced),
                 replay_next.eq(replay_following),
+                replay_enters.eq(enters_page(replay_advanced.offset, replay_following.beats)),
                 replay_more.eq((replay_psn_next != replay_view.next_psn)
                                & (replay_index_next < replay.message.packets)),
                 replay_psn_next.eq(replay_psn_next + 1),
@@ -410,15 +469,17 @@ class PacketPlanner(wiring.Component):
         m.d.comb += [
             self.o_take.valid.eq((new_taken & new_go & (new_enters | new_again)) | take_again),
             self.o_take.p.qp.eq(new.qp),
-            self.o_take.p.vpage.eq(Mux(new_again, new.offset[offset_bits:], new_vpage)),
+            self.o_take.p.vpage.eq(Mux(new_again, new.offset[offset_bits:], new_page_after - 1)),
             self.o_take.p.again.eq(new_again),
         ]
         with m.If(take_again | (new_taken & new_go)):
             m.d.sync += new_again.eq(0)
         with m.If(new_taken):
             with m.If(new_go):
-                m.d.sync += [new.eq(new_advanced), new_next.eq(new_following)]
-                with m.If(last):
+                m.d.sync += [new.eq(new_advanced), new_next.eq(new_following),
+                             *page_ahead(new_advanced.offset,
+                                         enters_page(new_advanced.offset, new_following.beats))]
+                with m.If(new_next.last):
                     m.d.sync += new_sending.eq(0)
             with m.If(new_abort):
                 m.d.sync += new_sending.eq(0)
@@ -445,12 +506,45 @@ class PacketPlanner(wiring.Component):
         ]
         path_mtu_bytes = _mtu_bytes(m, self.read_path.path_mtu)
         # The first packet of a context as it is loaded (of a refused request: no payload).
-        replay_first = _next_packet(m, replay.remaining,
-                                    _mtu_bytes(m, replay.message.path_mtu), width,
-                                    "replay_first", first=replay.index == 0)
-        new_first = _next_packet(m, self.i_request.p.length, path_mtu_bytes, width, "new_first",
-                                 first=1)
-        refused = _next_packet(m, new.remaining, 0, width, "refused", first=new.index == 0)
+        replay_first = Signal(_NEXT_PACKET)
+        replay_first_last = Signal()            # the first packet resent is the last
+        m.d.comb += [
+            replay_first.eq(Mux(replay_first_last, replay.tail,
+                                _full_packet(m, replay.message.path_mtu, width, "replay_full"))),
+            replay_first.first.eq(replay.index == 0),
+        ]
+        # What loading a new message needs of its request alone is worked out in the cycle
+        # before, into registers (the request waits on its stream, unchanged, from IDLE to
+        # LOAD_NEW): the message as one packet, whether it fits one packet of each path
+        # MTU (or two), and whether it is out of range.
+        request_short = Signal(_NEXT_PACKET)
+        request_fits = Signal(len(PathMtu))
+        request_two = Signal(len(PathMtu))      # ... or two
+        request_bad = Signal()
+        length_bits = MAX_PACKET_PAYLOAD.bit_length()
+        m.d.sync += [
+            request_short.eq(_next_packet(m, self.i_request.p.length[:length_bits],
+                                          self.i_request.p.length[:length_bits], width,
+                                          "request_short", first=1, last=1)),
+            request_fits.eq(Cat(self.i_request.p.length <= mtu.bytes for mtu in PathMtu)),
+            request_two.eq(Cat((self.i_request.p.length > mtu.bytes)
+                               & (self.i_request.p.length <= 2 * mtu.bytes) for mtu in PathMtu)),
+            request_bad.eq((self.i_request.p.qp >= self._qps)
+                           | (self.i_request.p.length > MAX_MESSAGE_BYTES)),
+        ]
+        fits = Signal()                         # the new message fits one packet
+        two = Signal()                          # it takes two
+        full_first = Signal(_NEXT_PACKET)
+        with m.Switch(self.read_path.path_mtu):
+            for index, mtu in enumerate(PathMtu):
+                with m.Case(mtu):
+                    m.d.comb += [fits.eq(request_fits[index]), two.eq(request_two[index])]
+        m.d.comb += [
+            full_first.eq(_full_packet(m, self.read_path.path_mtu, width, "full_first")),
+            full_first.first.eq(1),
+        ]
+        new_first = Mux(fits, request_short, full_first)
+        refused = _next_packet(m, 0, 0, width, "refused", first=new.index == 0)
         with m.FSM() as fsm:
             with m.State("IDLE"):
                 with m.If(self.i_replay.valid & ~replaying):
@@ -465,11 +559,18 @@ class PacketPlanner(wiring.Component):
                         for mtu in PathMtu:
                             with m.Case(mtu):
                                 m.d.comb += packet_offset.eq(command.packet * mtu.bytes)
+                    replay_tail, _ = _message_end(m, command.message.request.length,
+                                                  command.message.path_mtu, width, "replay_tail")
                     m.d.sync += [
                         replay.qp.eq(command.qp),
+                        same_qp.eq(command.qp == new.qp),
+                        replay.after.eq(command.message.packets - command.packet - 1),
+                        replay.following_last.eq(
+                            command.message.packets - command.packet == 2),
+                        replay_first_last.eq(command.message.packets - command.packet == 1),
+                        replay.tail.eq(replay_tail),
                         replay.slot.eq(command.slot),
                         replay.message.eq(command.message),
-                        replay.remaining.eq(command.message.request.length - packet_offset),
                         replay.psn.eq(command.message.first_psn + command.packet),
                         replay.index.eq(command.packet),
                         replay_psn_next.eq(command.message.first_psn + command.packet + 1),
@@ -488,6 +589,7 @@ class PacketPlanner(wiring.Component):
                     replaying.eq(1),
                     replay_holds.eq(replay.qp[:qp_bits]),
                     replay_next.eq(replay_first),
+                    replay_enters.eq(enters_page(replay.offset, replay_first.beats)),
                     replay_more.eq((replay.psn != replay_view.next_psn)
                                    & (replay.index < replay.message.packets)),
                 ]
@@ -496,7 +598,7 @@ class PacketPlanner(wiring.Component):
             with m.State("LOAD_NEW"):
                 request = self.i_request.p
                 valid_mtu = path_mtu_bytes != 0
-                bad = (request.qp >= self._qps) | (request.length > MAX_MESSAGE_BYTES) | ~valid_mtu
+                bad = request_bad | ~valid_mtu
                 packets = Signal(24)
                 with m.Switch(self.read_path.path_mtu):
                     for mtu in PathMtu:
@@ -511,6 +613,25 @@ class PacketPlanner(wiring.Component):
                     loaded.start.eq(new_view.tail),
                     loaded.path_mtu.eq(self.read_path.path_mtu),
                 ]
+                # Whether the first packet enters a page: one of the whole message by a
+                # sum of its beats and offset, a full one (of the path MTU) by its offset.
+                tail_low = new_view.tail[:offset_bits]
+                first_enters = Signal()
+                with m.Switch(self.read_path.path_mtu):
+                    for mtu in PathMtu:
+                        full_beats = -(-mtu.bytes // width)
+                        with m.Case(mtu):
+                            m.d.comb += first_enters.eq(Mux(
+                                fits,
+                                (request_short.beats != 0)
+                                & ((tail_low == 0)
+                                   | (tail_low + request_short.beats > 1 << offset_bits)),
+                                (tail_low == 0) | (tail_low > (1 << offset_bits) - full_beats)))
+                message_tail, message_after = _message_end(
+                    m, request.length, self.read_path.path_mtu, width, "message_tail")
+                # (Set whether the request is loaded or not: they matter only once it is.)
+                m.d.sync += [same_qp.eq(request.qp == replay.qp),
+                             *page_ahead(new_view.tail, first_enters)]
                 with m.If(bad | new_view.error):
                     m.d.comb += self.i_request.ready.eq(1)
                     m.d.sync += [
@@ -536,10 +657,12 @@ class PacketPlanner(wiring.Component):
                         new.slot.eq(new_view.slot),
                         new.message.eq(loaded),
                         new.path.eq(self.read_path),
-                        new.remaining.eq(request.length),
                         new.psn.eq(new_view.next_psn),
                         new.index.eq(0),
                         new.offset.eq(new_view.tail),
+                        new.after.eq(Mux(request.length == 0, 0, message_after)),
+                        new.following_last.eq(two),
+                        new.tail.eq(message_tail),
                         new_again.eq((new_view.tail[:offset_bits] != 0)
                                      & (self.pages_released
                                         == (new_view.tail[offset_bits:] + 1)[:vpage_bits])),
