@@ -105,11 +105,10 @@ class AckHandler(wiring.Component):
     Latency, from IDLE back to IDLE: an acknowledgement 4 cycles (IDLE, ACK,
     ACK_APPLY, RETIRE; 3 when it says nothing new by then) and 1 more per message
     it completes; an expired timer 2 (IDLE, EXPIRE), 4 when it fails the QP (then
-    RETIRE_READ, RETIRE); a close 4 (IDLE, CLOSE, RETIRE_READ, RETIRE); a reset 2
-    (IDLE, RESET), or 3 when the FSM's QP was another (its list is read first).
-    A failed QP takes 1 cycle more per message it flushes. The reads of ``r_*``
-    come a cycle after their address, so each state acts on the QP it was entered
-    with.
+    RETIRE_CHECK, RETIRE); a close 4 (IDLE, CLOSE, RETIRE_CHECK, RETIRE); a reset 2
+    (IDLE, RESET), or 3 when the FSM's QP was another (its list is read first). A
+    failed QP takes 1 cycle more per message it flushes. The reads of ``r_*`` come a
+    cycle after their address, so each state acts on the QP it was entered with.
     """
 
     def __init__(self, *, qps, slots, count_bits, width=BEAT_BYTES):
@@ -187,10 +186,33 @@ class AckHandler(wiring.Component):
         # only compares it with ``una``.
         una_after = Signal(24)
         entry = self.r_ring.data
-        record = entry.message
-        # The oldest message's slot is read a cycle ahead; while the FSM retires messages,
-        # the one after it (so that it retires one a cycle; it reads again after a stall).
+        # The oldest message's slot is read a cycle ahead and checked (ACK_APPLY,
+        # RETIRE_CHECK), into registers that RETIRE acts on; each slot after it is read as
+        # the one before is checked, and checked as that one completes, so that the FSM
+        # retires a message a cycle (it holds the next slot's read while a completion
+        # waits).
         retire_slot = Signal.like(self.r_ring.addr)
+        retiring = Signal()                 # a message completes
+        # The message checked, for RETIRE: its slot's entry and status, whether it is past
+        # the end of the list, whether ``una`` reached it (see ``_MAX_OUTSTANDING``: a
+        # message of 2^23 packets completes too) and how far.
+        held = Signal.like(entry)
+        held_status = Signal.like(self.r_status.data)
+        held_empty = Signal()
+        held_done = Signal()
+        held_covered = Signal(24)
+
+        def check(slot, una):
+            """Checks the message in ``slot`` (read in the cycle before) against ``una``."""
+            covered = (una - entry.message.first_psn)[:24]
+            reached = ~(covered[22] & covered[23])
+            m.d.sync += [
+                held.eq(entry),
+                held_status.eq(self.r_status.data),
+                held_empty.eq(slot == s_end.slot),
+                held_done.eq(reached & (covered >= entry.message.packets)),
+                held_covered.eq(Mux(reached, covered, 0)),
+            ]
         m.d.comb += [
             self.r_ring.addr.eq(retire_slot),
             self.r_status.addr.eq(retire_slot),
@@ -221,13 +243,14 @@ class AckHandler(wiring.Component):
                 m.d.comb += [rnr_code_write.en.eq(1), rnr_code_write.data.eq(rnr_code)]
 
         def ring_room_after(covered):
-            """The ring position after the first ``covered`` packets of ``record``."""
+            """The ring position after the first ``covered`` packets of ``held``."""
             position = Signal(POINTER_BITS)
-            with m.Switch(record.path_mtu):
+            with m.Switch(held.message.path_mtu):
                 for mtu in PathMtu:
                     with m.Case(mtu):
                         m.d.comb += position.eq(
-                            record.start + (covered << ((mtu.bytes >> beat_bits).bit_length() - 1)))
+                            held.message.start
+                            + (covered << ((mtu.bytes >> beat_bits).bit_length() - 1)))
             return position
 
         with m.FSM() as engine:
@@ -305,8 +328,9 @@ class AckHandler(wiring.Component):
                 m.next = "ACK_APPLY"
 
             with m.State("ACK_APPLY"):
-                # The ring slot to retire is read here already (its address does not
-                # change in this state), and the writes of this state show from the next.
+                # The oldest slot was read in ACK and is checked here (against the
+                # acknowledgement's ``una``: the writes of this state show from the next).
+                check(s_positions.first.slot, new_una)
                 m.next = "RETIRE"
                 with m.If(~taken):
                     m.next = "IDLE"
@@ -363,7 +387,7 @@ class AckHandler(wiring.Component):
                     m.d.comb += counts["timeouts"].eq(1)
                     with m.If(s_retry.retries == 0):
                         fail(CompletionStatus.RETRY_EXCEEDED)
-                        m.next = "RETIRE_READ"
+                        m.next = "RETIRE_CHECK"
                     with m.Else():
                         m.d.comb += [
                             retry_write.en.eq(1),
@@ -378,51 +402,49 @@ class AckHandler(wiring.Component):
             with m.State("CLOSE"):
                 with m.If(~s_error):
                     fail(CompletionStatus.FLUSHED)
-                m.next = "RETIRE_READ"
+                m.next = "RETIRE_CHECK"
 
-            with m.State("RETIRE_READ"):
+            with m.State("RETIRE_CHECK"):
+                check(s_positions.first.slot, s_una)
                 m.next = "RETIRE"
 
             with m.State("RETIRE"):
-                # Whether ``una`` reached the oldest message, and how far (see
-                # ``_MAX_OUTSTANDING``): a message of 2^23 packets completes too.
-                covered = (s_una - record.first_psn)[:24]
-                reached = ~(covered[22] & covered[23])
-                done = reached & (covered >= record.packets)
+                # The message checked in the cycle before (``held``), while the next one's
+                # slot is read: as this one completes, that one is checked.
+                done = held_done
+                message = held.message
                 completion = self.o_completion.p
                 m.d.comb += [
                     completion.qp.eq(qp),
-                    completion.tag.eq(record.request.tag),
-                    completion.first_psn.eq(record.first_psn),
-                    completion.packets.eq(record.packets),
-                    completion.status.eq(Mux(done, self.r_status.data,
+                    completion.tag.eq(message.request.tag),
+                    completion.first_psn.eq(message.first_psn),
+                    completion.packets.eq(message.packets),
+                    completion.status.eq(Mux(done, held_status,
                                              Mux(s_retry.error_reported, CompletionStatus.FLUSHED,
                                                  s_retry.error_status))),
                 ]
-                beats = (record.request.length + self._width - 1) >> beat_bits
-                with m.If(s_positions.first.slot == s_end.slot):
+                beats = (message.request.length + self._width - 1) >> beat_bits
+                with m.If(held_empty):
                     m.next = "IDLE"
                 with m.Elif(done | s_error):
                     m.d.comb += self.o_completion.valid.eq(1)
                     with m.If(self.o_completion.ready):
                         m.d.comb += [
+                            retiring.eq(1),
                             self.o_free.valid.eq(1),
                             self.o_free.p.eq(s_positions.first.slot),
                             positions_write.en.eq(1),
-                            positions_write.data.first.slot.eq(entry.next),
+                            positions_write.data.first.slot.eq(held.next),
                             positions_write.data.first.count.eq(s_positions.first.count + 1),
-                            positions_write.data.head.eq(record.start + beats),
+                            positions_write.data.head.eq(message.start + beats),
                             retry_write.en.eq(1),
                             retry_write.data.error_reported.eq(s_error),
                         ]
-                        m.next = "RETIRE"
-                    with m.Else():
-                        m.next = "RETIRE_READ"      # read the slot again
+                        check(held.next, s_una)
                 with m.Else():
                     m.d.comb += [
                         positions_write.en.eq(1),
-                        positions_write.data.head.eq(
-                            ring_room_after(Mux(reached, covered, 0))),
+                        positions_write.data.head.eq(ring_room_after(held_covered)),
                     ]
                     m.next = "IDLE"
 
@@ -430,7 +452,11 @@ class AckHandler(wiring.Component):
             self.o_busy.valid.eq(~engine.ongoing("IDLE")),
             self.o_busy.p.eq(qp),
             self.o_timer_restart.p.eq(qp),
-            retire_slot.eq(Mux(engine.ongoing("RETIRE"), entry.next, s_positions.first.slot)),
+            retire_slot.eq(Mux(engine.ongoing("ACK_APPLY") | engine.ongoing("RETIRE_CHECK")
+                               | retiring,
+                               entry.next,
+                               Mux(engine.ongoing("RETIRE"), held.next,
+                                   s_positions.first.slot))),
         ]
 
         # The FSM's counts, and a reset of what it owns.
