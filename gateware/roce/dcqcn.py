@@ -253,18 +253,30 @@ class DcqcnReactionPoint(wiring.Component):
                     value = Mux(written.en, written.value, value)
             sent_flags[name] = value
         qp_limited, clear = sent_flags["limited"], sent_flags["bytes_clear"]
+        # The count with the packet's bytes, and that less ``rpg_byte_reset`` (the packet's
+        # bytes less it are registered with the packet), from two adders side by side: the
+        # sign of the second tells whether the count reached the reset.
+        reset_bytes = Signal.like(config.rpg_byte_reset)
+        sent_over = Signal(signed(_BYTE_COUNT_BITS + 2))
+        m.d.sync += [
+            reset_bytes.eq(config.rpg_byte_reset),
+            sent_over.eq(self.i_bytes.p.bytes - config.rpg_byte_reset),
+        ]
+        base = Mux(clear, 0, count_read.data)
         counted = Signal(_BYTE_COUNT_BITS + 1)
-        reset_bytes = config.rpg_byte_reset
+        over = Signal(signed(_BYTE_COUNT_BITS + 3))
+        reached = Signal()
         m.d.comb += [
             count_read.addr.eq(self.i_bytes.p.qp),
-            counted.eq(Mux(clear, 0, count_read.data) + sent.p.bytes),
+            counted.eq(base + sent.p.bytes),
+            over.eq(base + sent_over),
+            reached.eq(over >= 0),
             count_write.addr.eq(sent.p.qp),
             count_write.en.eq(sent.valid & qp_limited & (reset_bytes != 0)),
-            count_write.data.eq(Mux(counted >= reset_bytes, counted - reset_bytes, counted)),
+            count_write.data.eq(Mux(reached, over, counted)),
         ]
         byte_event = Signal()
-        m.d.comb += byte_event.eq(sent.valid & qp_limited & (reset_bytes != 0)
-                                  & (counted >= reset_bytes))
+        m.d.comb += byte_event.eq(sent.valid & qp_limited & (reset_bytes != 0) & reached)
         m.d.sync += [byte_mark.valid.eq(byte_event), byte_mark.p.eq(sent.p.qp)]
 
         # The visits' per-QP state.
