@@ -282,15 +282,17 @@ class PagePool(wiring.Component):
         picked = Signal(qp_bits)
         table_read = table.read_port()
         state = self.state
-        older = Mux((state.head - state.tail)[-1], state.head, state.tail)
-        behind = Signal(vpage_bits)             # pages behind the older position not given back
+        # Pages behind the older of the two positions not given back: the difference from
+        # each, beside the comparison of the two.
+        behind = Signal(vpage_bits)
         tail_page = state.tail[offset_bits:]
         mid_page = state.tail[:offset_bits] != 0
         tail_only = Signal()                    # the QP holds only the page it sends into
         holds_none = Signal()
         idle_release = Signal()                 # that page comes back
         m.d.comb += [
-            behind.eq(older[offset_bits:] - own.data),
+            behind.eq(Mux((state.head - state.tail)[-1], state.head[offset_bits:] - own.data,
+                          state.tail[offset_bits:] - own.data)),
             tail_only.eq(mid_page & (own.data == tail_page)),
             holds_none.eq(own.data == (tail_page + mid_page)[:vpage_bits]),
             idle_release.eq(state.idle & tail_only & ~active(qp)),
