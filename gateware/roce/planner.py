@@ -54,9 +54,12 @@ PKEY_DEFAULT = 0xFFFF
 #: RoCEv2 source ports lie in 0xC000–0xFFFF (IBTA annex A17): these bits are always set.
 ROCEV2_SOURCE_PORTS = 0xC000
 
+#: Bytes of the BTH with every extension (RETH and ImmDt) a packet may carry.
+_MAX_TRANSPORT = BTH.length + RETH.length + IMMDT.length
+
 #: A context's next packet, worked out ahead: whether it is the last of its message, its
-#: payload bytes, the beats they take, and what the segmenter needs of it (see
-#: ``PACKET_DESCRIPTOR``).
+#: payload bytes, the beats they take, what the segmenter needs of it (see
+#: ``PACKET_DESCRIPTOR``), and the UDP payload bytes it makes (BTH to ICRC).
 _NEXT_PACKET = data.StructLayout({
     "last": 1,
     "length": range(MAX_PACKET_PAYLOAD + 1),
@@ -64,6 +67,7 @@ _NEXT_PACKET = data.StructLayout({
     "frame_length": range(MAX_PACKET_PAYLOAD + 8),
     "single_beat": 1,
     "first": 1,                 # the first packet of its message
+    "datagram": range(_MAX_TRANSPORT + MAX_PACKET_PAYLOAD + 8),
 })
 
 
@@ -92,9 +96,28 @@ def _opcode(verb, first, last):
     return Opcode[f"{family}_{position}{suffix}"]
 
 
-def _next_packet(m, remaining, mtu_bytes, width, name, first=0, last=None):
-    """The next packet of a context with ``remaining`` payload bytes, cut at ``mtu_bytes``
-    (``last``: whether ``remaining <= mtu_bytes``, if worked out otherwise)."""
+def _extensions(verb):
+    """Whether a packet of ``verb`` carries a RETH as its message's first, and an ImmDt
+    as its last."""
+    write = (verb == Verb.RDMA_WRITE) | (verb == Verb.RDMA_WRITE_WITH_IMMEDIATE)
+    immediate = (verb == Verb.RDMA_WRITE_WITH_IMMEDIATE) | (verb == Verb.SEND_WITH_IMMEDIATE)
+    return write, immediate
+
+
+def _transport_length(verb, first, last, plus=0):
+    """Bytes of a packet's BTH and extensions (and ``plus``, an int): constants chosen by
+    the verb and the packet's place in its message."""
+    write, immediate = _extensions(verb)
+    has_reth, has_immdt = write & first, immediate & last
+    bth = BTH.length + plus
+    return Mux(has_reth, Mux(has_immdt, bth + RETH.length + IMMDT.length, bth + RETH.length),
+               Mux(has_immdt, bth + IMMDT.length, bth))
+
+
+def _next_packet(m, remaining, mtu_bytes, width, name, verb, first=0, last=None):
+    """The next packet of a context of ``verb`` with ``remaining`` payload bytes, cut at
+    ``mtu_bytes`` (``last``: whether ``remaining <= mtu_bytes``, if worked out
+    otherwise)."""
     packet = Signal(_NEXT_PACKET, name=name)
     if last is None:
         last = remaining <= mtu_bytes
@@ -104,6 +127,7 @@ def _next_packet(m, remaining, mtu_bytes, width, name, first=0, last=None):
         packet.length.eq(Mux(last, remaining, mtu_bytes)),
         packet.beats.eq((packet.length + width - 1) >> (width - 1).bit_length()),
         packet.frame_length.eq(packet.length + (-packet.length)[:2] + ICRC_BYTES),
+        packet.datagram.eq(_transport_length(verb, first, last) + packet.frame_length),
     ]
     if width % 4 == 0:      # padded to a multiple of 4 bytes: compare the payload alone
         m.d.comb += packet.single_beat.eq(packet.length <= width - ICRC_BYTES)
@@ -122,9 +146,10 @@ def _mtu_bytes(m, path_mtu):
     return result
 
 
-def _full_packet(m, path_mtu, width, name):
-    """A packet of a path MTU's full payload that is neither first nor last of its message
-    (all zeros for a value that is none): constants by the path MTU."""
+def _full_packet(m, path_mtu, width, name, verb=None, first=0):
+    """A packet of a path MTU's full payload that is not the last of its message (nor the
+    first, or the first of a message of ``verb``; all zeros for a value that is none):
+    constants chosen by the path MTU (and the verb)."""
     packet = Signal(_NEXT_PACKET, name=name)
     with m.Switch(path_mtu):
         for mtu in PathMtu:
@@ -133,15 +158,24 @@ def _full_packet(m, path_mtu, width, name):
             single_beat = (length <= width - ICRC_BYTES if width % 4 == 0
                            else frame_length <= width)
             with m.Case(mtu):
-                m.d.comb += packet.eq(_NEXT_PACKET.const({
-                    "last": 0, "length": length, "beats": -(-length // width),
-                    "frame_length": frame_length, "single_beat": single_beat, "first": 0}))
+                m.d.comb += [
+                    packet.eq(_NEXT_PACKET.const({
+                        "last": 0, "length": length, "beats": -(-length // width),
+                        "frame_length": frame_length, "single_beat": single_beat,
+                        "first": 0, "datagram": BTH.length + frame_length})),
+                ]
+                if verb is not None:
+                    m.d.comb += [
+                        packet.first.eq(first),
+                        packet.datagram.eq(_transport_length(verb, first, 0, frame_length)),
+                    ]
     return packet
 
 
-def _message_end(m, length, path_mtu, width, name):
-    """Of a message of ``length`` bytes at a path MTU: its last packet (as a packet that is
-    not the first), and how many packets come after its first (for 1 byte or more)."""
+def _message_end(m, length, path_mtu, verb, width, name):
+    """Of a message of ``verb`` and ``length`` bytes at a path MTU: its last packet (as a
+    packet that is not the first), and how many packets come after its first (for 1 byte
+    or more)."""
     tail_bytes = Signal(range(MAX_PACKET_PAYLOAD + 1), name=f"{name}_bytes")
     after = Signal(24, name=f"{name}_after")
     with m.Switch(path_mtu):
@@ -153,7 +187,7 @@ def _message_end(m, length, path_mtu, width, name):
                                       length[:bits], mtu.bytes)),
                     after.eq((length - 1)[bits:]),
                 ]
-    return _next_packet(m, tail_bytes, tail_bytes, width, name, last=1), after
+    return _next_packet(m, tail_bytes, tail_bytes, width, name, verb, last=1), after
 
 
 class PacketPlanner(wiring.Component):
@@ -313,11 +347,7 @@ class PacketPlanner(wiring.Component):
             request = message.request
             last, first = packet.last, packet.first
             verb = request.verb
-            write = (verb == Verb.RDMA_WRITE) | (verb == Verb.RDMA_WRITE_WITH_IMMEDIATE)
-            immediate = ((verb == Verb.RDMA_WRITE_WITH_IMMEDIATE)
-                         | (verb == Verb.SEND_WITH_IMMEDIATE))
-            has_reth = write & first
-            has_immdt = immediate & last
+            has_reth = _extensions(verb)[0] & first
             opcode = Signal(Opcode, name=f"{name}_opcode")
             with m.Switch(Cat(last, first, verb)):
                 for verb_value in Verb:
@@ -326,9 +356,7 @@ class PacketPlanner(wiring.Component):
                             with m.Case(last_value | first_value << 1 | verb_value.value << 2):
                                 m.d.comb += opcode.eq(
                                     _opcode(verb_value, first_value, last_value))
-            transport_length = Mux(has_reth, Mux(has_immdt, BTH.length + RETH.length
-                                                 + IMMDT.length, BTH.length + RETH.length),
-                                   Mux(has_immdt, BTH.length + IMMDT.length, BTH.length))
+            transport_length = _transport_length(verb, first, last)
             transport = described.meta.transport
             bth = Signal(BTH, name=f"{name}_bth")
             reth = Signal(RETH, name=f"{name}_reth")
@@ -353,7 +381,7 @@ class PacketPlanner(wiring.Component):
                 described.meta.dst_ip.eq(path.remote_ip),
                 described.meta.src_port.eq(path.src_port | ROCEV2_SOURCE_PORTS),
                 described.meta.dst_port.eq(UDP_PORT_ROCEV2),
-                described.meta.length.eq(transport_length + packet.frame_length),
+                described.meta.length.eq(packet.datagram),
                 described.meta.tos.eq(self.i_config.tos),
                 described.payload_length.eq(packet.length),
                 described.frame_length.eq(packet.frame_length),
@@ -447,7 +475,8 @@ class PacketPlanner(wiring.Component):
             self.o_sent.p.qp.eq(Mux(replay_go, replay.qp, new.qp)),
             self.o_sent.p.replay.eq(replay_go),
             self.o_sent.p.bytes.eq(Mux(replay_go, replay_next.length, new_next.length)),
-            self.o_sent.p.datagram.eq(descriptor.meta.length),
+            self.o_sent.p.datagram.eq(Mux(replay_go, replay_next.datagram,
+                                          new_next.datagram)),
             self.o_sent.p.next_psn.eq(Mux(replay_go, replay_advanced.psn, new_advanced.psn)),
             self.o_sent.p.next_tail.eq(Mux(replay_go, replay_advanced.offset,
                                            new_advanced.offset)),
@@ -508,10 +537,17 @@ class PacketPlanner(wiring.Component):
         # The first packet of a context as it is loaded (of a refused request: no payload).
         replay_first = Signal(_NEXT_PACKET)
         replay_first_last = Signal()            # the first packet resent is the last
+        replay_base = Signal(_NEXT_PACKET)      # as a packet that is not the message's first
         m.d.comb += [
-            replay_first.eq(Mux(replay_first_last, replay.tail,
-                                _full_packet(m, replay.message.path_mtu, width, "replay_full"))),
+            replay_base.eq(Mux(replay_first_last, replay.tail,
+                               _full_packet(m, replay.message.path_mtu, width, "replay_full"))),
+            replay_first.eq(replay_base),
             replay_first.first.eq(replay.index == 0),
+            replay_first.datagram.eq(Mux(
+                replay.index == 0,
+                _transport_length(replay.message.request.verb, 1, replay_first_last)
+                + replay_base.frame_length,
+                replay_base.datagram)),
         ]
         # What loading a new message needs of its request alone is worked out in the cycle
         # before, into registers (the request waits on its stream, unchanged, from IDLE to
@@ -525,7 +561,8 @@ class PacketPlanner(wiring.Component):
         m.d.sync += [
             request_short.eq(_next_packet(m, self.i_request.p.length[:length_bits],
                                           self.i_request.p.length[:length_bits], width,
-                                          "request_short", first=1, last=1)),
+                                          "request_short", self.i_request.p.verb,
+                                          first=1, last=1)),
             request_fits.eq(Cat(self.i_request.p.length <= mtu.bytes for mtu in PathMtu)),
             request_two.eq(Cat((self.i_request.p.length > mtu.bytes)
                                & (self.i_request.p.length <= 2 * mtu.bytes) for mtu in PathMtu)),
@@ -540,11 +577,12 @@ class PacketPlanner(wiring.Component):
                 with m.Case(mtu):
                     m.d.comb += [fits.eq(request_fits[index]), two.eq(request_two[index])]
         m.d.comb += [
-            full_first.eq(_full_packet(m, self.read_path.path_mtu, width, "full_first")),
-            full_first.first.eq(1),
+            full_first.eq(_full_packet(m, self.read_path.path_mtu, width, "full_first",
+                                       self.i_request.p.verb, first=1)),
         ]
         new_first = Mux(fits, request_short, full_first)
-        refused = _next_packet(m, 0, 0, width, "refused", first=new.index == 0)
+        refused = _next_packet(m, 0, 0, width, "refused", new.message.request.verb,
+                               first=new.index == 0)
         with m.FSM() as fsm:
             with m.State("IDLE"):
                 with m.If(self.i_replay.valid & ~replaying):
@@ -560,7 +598,9 @@ class PacketPlanner(wiring.Component):
                             with m.Case(mtu):
                                 m.d.comb += packet_offset.eq(command.packet * mtu.bytes)
                     replay_tail, _ = _message_end(m, command.message.request.length,
-                                                  command.message.path_mtu, width, "replay_tail")
+                                                  command.message.path_mtu,
+                                                  command.message.request.verb, width,
+                                                  "replay_tail")
                     m.d.sync += [
                         replay.qp.eq(command.qp),
                         same_qp.eq(command.qp == new.qp),
@@ -628,7 +668,8 @@ class PacketPlanner(wiring.Component):
                                    | (tail_low + request_short.beats > 1 << offset_bits)),
                                 (tail_low == 0) | (tail_low > (1 << offset_bits) - full_beats)))
                 message_tail, message_after = _message_end(
-                    m, request.length, self.read_path.path_mtu, width, "message_tail")
+                    m, request.length, self.read_path.path_mtu, request.verb, width,
+                    "message_tail")
                 # (Set whether the request is loaded or not: they matter only once it is.)
                 m.d.sync += [same_qp.eq(request.qp == replay.qp),
                              *page_ahead(new_view.tail, first_enters)]
