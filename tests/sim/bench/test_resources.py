@@ -4,7 +4,8 @@ clock domain.
 The budget: the VCU118 top with the reduced core (``VCU118Top (2 QPs)``: every block of
 the core, 2 QPs, small buffers) synthesized by Yosys as ``make resources`` does; no clock
 domain may have a path with more LUT levels than :data:`MEASURED_LUT_LEVELS`, so a change
-that deepens a path fails. Each domain is mapped to LUTs alone and for delay (as Vivado
+that deepens a path fails, nor a slower path in Yosys's delay model than
+:data:`MEASURED_DELAY_NS`. Each domain is mapped to LUTs alone and for delay (as Vivado
 times each clock against its own period), so neither a change in one clock's logic nor
 the slowest adder of a domain can move the depth of another path.
 Synthesis takes about 8 CPU-minutes with a native Yosys (Debian's 0.23, which ``make
@@ -42,17 +43,20 @@ from sim.runner import BUILD
 #: per Yosys version (versions map the same design a level or so apart, and a change
 #: anywhere can move a path by a level), as ``python -m sim.bench.resources "VCU118Top
 #: (2 QPs)"`` prints them, each domain mapped alone for delay; 0.23 is Debian bookworm's.
-#: Deepest: cmac, the store-and-forward buffer's level into the transmit FIFO's read
-#: pointer; sync (8, the core's whole budget), the engine's ring positions into the page
-#: pool's check of a QP's pages (its page-table read), and a write of the reliability
-#: engine's flags passed on to the planner's view of its QP, into the descriptor the
-#: planner writes (the views read the flags through registered ports, so that a large
-#: build keeps them in block RAM: with reads as the cycle's writes leave them, the reduced
-#: top had 7 levels but the engine of a 1,024-QP build alone 9), and paths of 7 (a page
-#: taken into the pool's queue, the generator's gate); init, the status UART's shift
-#: register (4) or, as logic elsewhere moves the mapping, the receive-reset watchdog's
-#: countdown in :class:`~boards.cmac_port.CmacPort` (5).
+#: Deepest (at 3459dfd): cmac, the transmit FIFO's read pointer (4); sync, the generator's
+#: gate into its ``blocked`` flag (7; held at 8, the core's whole budget, as a change
+#: anywhere can move a path by a level); init, the status UART's shift register (4) or,
+#: as logic elsewhere moves the mapping, the receive-reset watchdog's countdown in
+#: :class:`~boards.cmac_port.CmacPort` (5).
 MEASURED_LUT_LEVELS = {"0.23": {"cmac": 4, "sync": 8, "init": 5}}
+
+#: The delay of the slowest path into each domain of the reduced board top in Yosys's
+#: timing model (ns), as the same run gives it, per Yosys version, so that a change that
+#: makes a domain slower in the model fails (as one that deepens it does). The core's
+#: domain is over its 4.0 ns: the IPv4 header checksum's adds in a row (5.15), the
+#: pacer's 64-bit turn (4.90), the reaction point's rate update into its FSM (4.87);
+#: the CMAC's, the receive FIFO's Gray-code pointer (3.35 against 3.10).
+MEASURED_DELAY_NS = {"0.23": {"cmac": 3.353, "sync": 5.148, "init": 2.871}}
 
 
 def board_synthesis(test):
@@ -92,6 +96,15 @@ def test_no_clock_domain_of_the_board_top_gets_deeper(reduced_board_top):
     assert not over, f"paths deeper than the budget {measured}: {over}"
     line = worst_path_line(worst_domain(result.domains))
     assert re.fullmatch(r"worst path: \d+ LUT levels at [\d.]+ MHz \(\w+, .+ → .+\)", line)
+
+
+@board_synthesis
+def test_no_clock_domain_of_the_board_top_gets_slower(reduced_board_top):
+    measured = MEASURED_DELAY_NS[yosys_version()]
+    slower = {domain.name: (domain.delay_ns, f"{domain.slow_start} → {domain.slow_end}")
+              for domain in reduced_board_top.domains
+              if domain.delay_ns > measured[domain.name] + 0.0005}
+    assert not slower, f"slower in the delay model than measured {measured}: {slower}"
 
 
 @board_synthesis
