@@ -503,8 +503,11 @@ def run_yosys(yosys: list[str], commands: list[str], workdir: Path, timeout: flo
                              + f"; see {workdir / log}")
 
 
-#: A memory's declaration and an ``initial`` block that sets each of its words to zero.
-ZERO_MEMORY_INIT = re.compile(r"^(  reg \[\d+:0\] (\S+) \[\d+:0\];\n)  initial begin\n"
+#: A memory's declaration and an ``initial`` block that sets each of its words to zero. Its
+#: name is a plain identifier (``storage``) or an escaped one, which a space ends
+#: (``\table `` for a keyword, ``\state$93 `` for a name with a ``$``).
+ZERO_MEMORY_INIT = re.compile(r"^(  reg \[\d+:0\] (\\\S+ |[^\s\\]\S*) ?\[\d+:0\];\n)"
+                              r"  initial begin\n"
                               r"(?:    \2\[\d+\] = \d+'[hd]0+;\n)+  end\n", re.MULTILINE)
 
 
