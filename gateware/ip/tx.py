@@ -26,12 +26,13 @@ class IPv4Transmitter(wiring.Component):
     our address as source, an identification that counts packets, and the
     header checksum. One beat per cycle.
 
-    Latency 1 cycle: the packets pass a register slice first, with the sum of
-    the header's words that come from their meta, so that neither the
-    multiplexer in front of this block nor the block after it chains with the
-    checksum. The header's other fields (``i_config.ip`` among them) and the
-    sum of their words are kept in registers for the next packet, so a new
-    address is used from the second cycle after it is set.
+    Latency 1 cycle: the packets pass a register slice first, with their whole header and
+    the plain sum of its words, so that neither the multiplexer in front of this block nor
+    the block after it chains with the checksum; as a packet leaves, the sum is folded into
+    the checksum by one adder and a choice (:func:`.checksum.ones_complement_add`). A
+    packet takes its identification as it enters. The fields that stay from packet to
+    packet (``i_config.ip`` among them) and the sum of their words are kept in registers,
+    so a new address is used from the packet that enters the cycle after it is set.
     """
 
     def __init__(self, *, width=BEAT_BYTES):
@@ -47,8 +48,9 @@ class IPv4Transmitter(wiring.Component):
         width = self._width
 
         # The header checksum (RFC 791) is the one's-complement sum of the header's 16-bit
-        # words; its fields lie in disjoint bits, so that is the sum of the words of two
-        # halves: the fields from the meta, and the others.
+        # words; its fields lie in disjoint bits, so the plain sum of the words is that of
+        # the words of the fields from the meta and the identification, plus that of the
+        # fields that stay.
         words = IPV4.length // 2
         sum_shape = range(words * 0xFFFF + 1)
 
@@ -58,43 +60,49 @@ class IPv4Transmitter(wiring.Component):
             "ip", IPV4, meta_with(NEXT_HOP_META, ip=IPV4), width=width)
         connect(m, inserter.o, flipped(self.o))
 
-        meta = self.i.p.meta
-        from_meta = Signal(IPV4)
+        # The fields that stay, and the sum of their words (the constant ones from reset
+        # on) with the header's own length, the part of the total length not in the meta.
+        constant = IPV4.const({"version": 4, "ihl": IPV4.length // 4, "df": 1, "ttl": TTL})
+        stay = Signal(IPV4, init=constant)
+        stay_sum = Signal(sum_shape, init=IPV4.length + sum(
+            (constant.as_bits() >> 16 * index) & 0xFFFF for index in range(words)))
+        stay_next = Signal(IPV4)
         m.d.comb += [
-            from_meta.dscp.eq(meta.tos[2:]),
-            from_meta.ecn.eq(meta.tos[:2]),
-            from_meta.total_length.eq(meta.length + IPV4.length),
-            from_meta.protocol.eq(meta.protocol),
-            from_meta.dst.eq(meta.dst_ip),
+            stay_next.eq(constant),
+            stay_next.src.eq(self.i_config.ip),
+        ]
+        m.d.sync += [stay.eq(stay_next), stay_sum.eq(word_sum(stay_next) + IPV4.length)]
+
+        # A packet's own fields, its identification taken as its first beat enters.
+        first = Signal(init=1)
+        identification = Signal(16)
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += first.eq(self.i.p.last)
+            with m.If(first):
+                m.d.sync += identification.eq(identification + 1)
+        meta = self.i.p.meta
+        own = Signal(IPV4)
+        counted = Signal(IPV4)                  # as summed: the payload's length, not the total
+        m.d.comb += [
+            own.dscp.eq(meta.tos[2:]),
+            own.ecn.eq(meta.tos[:2]),
+            own.total_length.eq(meta.length + IPV4.length),
+            own.identification.eq(identification),
+            own.protocol.eq(meta.protocol),
+            own.dst.eq(meta.dst_ip),
+            counted.eq(own),
+            counted.total_length.eq(meta.length),
             forward(self.i, summed.i),
             summed.i.p.meta.dst_ip.eq(meta.dst_ip),
-            summed.i.p.meta.ip.eq(from_meta),
-            summed.i.p.meta.ip_sum.eq(word_sum(from_meta)),
+            summed.i.p.meta.ip.eq(Value.cast(own) | Value.cast(stay)),
+            summed.i.p.meta.ip_sum.eq(word_sum(counted, stay_sum)),
         ]
 
-        # The other fields, for the next packet to start.
-        first = Signal(init=1)
-        start = summed.o.valid & summed.o.ready & first
-        with m.If(summed.o.valid & summed.o.ready):
-            m.d.sync += first.eq(summed.o.p.last)
-        own = Signal(IPV4)
-        own_next = Signal(IPV4)
-        own_sum = Signal(sum_shape)
-        m.d.comb += [
-            own_next.version.eq(4),
-            own_next.ihl.eq(IPV4.length // 4),
-            own_next.identification.eq(own.identification + start),
-            own_next.df.eq(1),
-            own_next.ttl.eq(TTL),
-            own_next.src.eq(self.i_config.ip),
-        ]
-        m.d.sync += [own.eq(own_next), own_sum.eq(word_sum(own_next))]
-
+        header = summed.o.p.meta
         m.d.comb += [
             forward(summed.o, inserter.i),
-            inserter.i.p.meta.dst_ip.eq(summed.o.p.meta.dst_ip),
-            inserter.i.p.meta.ip.eq(Value.cast(own) | Value.cast(summed.o.p.meta.ip)),
-            inserter.i.p.meta.ip.checksum.eq(
-                ~ones_complement_fold(own_sum + summed.o.p.meta.ip_sum)),
+            inserter.i.p.meta.dst_ip.eq(header.dst_ip),
+            inserter.i.p.meta.ip.eq(header.ip),
+            inserter.i.p.meta.ip.checksum.eq(~ones_complement_fold(header.ip_sum)),
         ]
         return m

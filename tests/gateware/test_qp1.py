@@ -233,6 +233,7 @@ def test_transmitter_frames_with_icrc(gaps):
     async def source(ctx):
         ctx.set(dut.i_config, config_value(mac="02:00:00:00:00:02", ip=ENDPOINT))
         ctx.set(dut.i_tos, 0x6A)
+        await ctx.tick()                # the address holds for packets from the next cycle
         source_gaps = random.Random(1) if gaps else None
         for record in records:
             await put_item(ctx, dut.i, {
