@@ -155,7 +155,7 @@ from ..headers import (
     CmAttribute,
     NetworkLayout,
 )
-from ..roce.flag_memory import FlagMemory, write_flags
+from ..roce.flag_memory import BLOCK_DEPTH, FlagMemory, write_flags
 from ..roce.requests import (
     FIRST_QPN,
     QP_INDEX_BITS,
@@ -419,7 +419,11 @@ class IbCm(wiring.Component):
         config = self.i_config
         last_qp = self._qps - 1
 
-        m.submodules.table = table = memory.Memory(shape=_ENTRY, depth=self._qps, init=[])
+        # The table in block RAM from BLOCK_DEPTH entries on (its one read port is
+        # registered): Yosys would take distributed RAM, some 20,000 LUTs at 4,096 QPs.
+        m.submodules.table = table = memory.Memory(
+            shape=_ENTRY, depth=self._qps, init=[],
+            attrs={"ram_style": "block"} if self._qps >= BLOCK_DEPTH else {})
         read = table.read_port()
         write = table.write_port()
         # Connections to open: at most one per QP, so the queue never refuses one.

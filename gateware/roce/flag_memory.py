@@ -9,8 +9,9 @@ from .qp_context import lookup
 
 __all__ = ["FlagMemory", "flag_writes", "write_flags", "BLOCK_DEPTH"]
 
-#: Entries from which a flag memory read only through registered ports is kept in block
-#: RAM (as Yosys keeps it at 4,096 QPs by itself; at 1,024 it chose distributed RAM).
+#: Entries from which a memory read only through registered ports is kept in block RAM
+#: (a flag memory, as Yosys keeps it at 4,096 QPs by itself where at 1,024 it chose
+#: distributed RAM; the IB CM's connection table).
 BLOCK_DEPTH = 512
 
 
