@@ -54,10 +54,18 @@ MEASURED_LUT_LEVELS = {"0.23": {"cmac": 4, "sync": 8, "init": 5}}
 #: The delay of the slowest path into each domain of the reduced board top in Yosys's
 #: timing model (ns), as the same run gives it, per Yosys version, so that a change that
 #: makes a domain slower in the model fails (as one that deepens it does). The core's
-#: domain is over its 4.0 ns: the IPv4 header checksum's adds in a row (5.15), the
-#: pacer's 64-bit turn (4.90), the reaction point's rate update into its FSM (4.87);
-#: the CMAC's, the receive FIFO's Gray-code pointer (3.35 against 3.10).
-MEASURED_DELAY_NS = {"0.23": {"cmac": 3.353, "sync": 5.148, "init": 2.871}}
+#: domain is over its 4.0 ns (at c7d5294): the pacer's 64-bit turn (4.90), the
+#: reaction point's rate update into its FSM (4.87), the IPv4 transmitter's sum of a
+#: header's words behind the arbiter in front of it (4.80); the CMAC's, the receive FIFO's
+#: Gray-code pointer (3.49 against 3.10).
+MEASURED_DELAY_NS = {"0.23": {"cmac": 3.487, "sync": 4.896, "init": 2.871}}
+
+#: How far a domain's figure may move when only other logic changed: abc9 maps a domain
+#: alone, but from a netlist the whole design's coarse passes numbered and ordered, so its
+#: choices move with them. The CMAC domain, whose logic did not change, went from 3.353 to
+#: 3.487 ns between 3459dfd and c7d5294, which changed only the core's. Less than a LUT
+#: and its wire (0.43 ns at the least), so a path a LUT longer still fails.
+DELAY_JITTER_NS = 0.2
 
 
 def board_synthesis(test):
@@ -104,8 +112,9 @@ def test_no_clock_domain_of_the_board_top_gets_slower(reduced_board_top):
     measured = MEASURED_DELAY_NS[yosys_version()]
     slower = {domain.name: (domain.delay_ns, f"{domain.slow_start} → {domain.slow_end}")
               for domain in reduced_board_top.domains
-              if domain.delay_ns > measured[domain.name] + 0.0005}
-    assert not slower, f"slower in the delay model than measured {measured}: {slower}"
+              if domain.delay_ns > measured[domain.name] + DELAY_JITTER_NS}
+    assert not slower, (f"slower in the delay model than measured {measured} "
+                        f"(+{DELAY_JITTER_NS} ns): {slower}")
 
 
 @board_synthesis
