@@ -28,7 +28,8 @@ GENERATED = {
         "many_qps", "timer_scan", "qp_state")),
     "generated/resources/resources.md", "generated/resources/resources_dual.md",
     "generated/resources/scans.md", "generated/resources/engine.md",
-    "generated/resources/top_1024.md", "generated/resources/blocks_1024.md",
+    "generated/resources/top_1024.md", "generated/resources/top_4096.md",
+    "generated/resources/blocks_1024.md",
     *(f"generated/waves/{port}.json" for port in (
         "work_request", "payload", "completion", "qp_write", "qp_status", "connection")),
 }

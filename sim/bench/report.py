@@ -321,6 +321,14 @@ HEADLINES = [
              {"target": "VCU118Top (1024 QPs)"},
              lambda row: f"{row['lut_levels']} LUT levels at {row['mhz']:g} MHz "
                          f"({row['domain']}; budget {row['budget']})", group="resources"),
+    Headline("VCU118Top (4,096 QPs), Yosys synth_xilinx", "top_4096", "resources",
+             {"target": "VCU118Top (4096 QPs)"},
+             lambda row: f"{row['lut']:,} LUT, {row['ff']:,} FF, {row['bram36']:g} BRAM36, "
+                         f"{row['uram']} URAM", group="resources"),
+    Headline("VCU118Top (4,096 QPs), deepest path", "top_4096", "worst_paths",
+             {"target": "VCU118Top (4096 QPs)"},
+             lambda row: f"{row['lut_levels']} LUT levels at {row['mhz']:g} MHz "
+                         f"({row['domain']}; budget {row['budget']})", group="resources"),
     Headline("VCU118Top (16 QPs), deepest path", "resources", "worst_paths",
              {"target": "VCU118Top"},
              lambda row: f"{row['lut_levels']} LUT levels at {row['mhz']:g} MHz "
