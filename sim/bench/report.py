@@ -261,6 +261,21 @@ def _rate(row: dict) -> str:
 
 
 #: The README's headline figures: where each comes from in docs/generated.
+def _board_top(qps: int, name: str, target: str) -> list[Headline]:
+    """A board top's two headlines, from the table ``name`` writes: its resources and its
+    deepest path."""
+    return [
+        Headline(f"VCU118Top ({qps:,} QPs), Yosys synth_xilinx", name, "resources",
+                 {"target": target},
+                 lambda row: f"{row['lut']:,} LUT, {row['ff']:,} FF, {row['bram36']:g} "
+                             f"BRAM36, {row['uram']} URAM", group="resources"),
+        Headline(f"VCU118Top ({qps:,} QPs), deepest path", name, "worst_paths",
+                 {"target": target},
+                 lambda row: f"{row['lut_levels']} LUT levels at {row['mhz']:g} MHz "
+                             f"({row['domain']}; budget {row['budget']})", group="resources"),
+    ]
+
+
 HEADLINES = [
     Headline("RDMA WRITE goodput, 4 KiB messages, one QP, 100GbE line", "roce_goodput",
              "one_qp", {"mtu": 4096, "size": 4096},
@@ -309,30 +324,11 @@ HEADLINES = [
     Headline("Elaborating the 4,096-QP core (to RTLIL)", "elaboration", "elaboration",
              {"qps": 4096},
              lambda row: f"{row['seconds']:.0f} s, {row['peak_gb']:.1f} GB"),
-    Headline("VCU118Top (16 QPs), Yosys synth_xilinx", "resources", "resources",
-             {"target": "VCU118Top"},
-             lambda row: f"{row['lut']:,} LUT, {row['ff']:,} FF, {row['bram36']:g} BRAM36, "
-                         f"{row['uram']} URAM", group="resources"),
-    Headline("VCU118Top (1,024 QPs), Yosys synth_xilinx", "top_1024", "resources",
-             {"target": "VCU118Top (1024 QPs)"},
-             lambda row: f"{row['lut']:,} LUT, {row['ff']:,} FF, {row['bram36']:g} BRAM36, "
-                         f"{row['uram']} URAM", group="resources"),
-    Headline("VCU118Top (1,024 QPs), deepest path", "top_1024", "worst_paths",
-             {"target": "VCU118Top (1024 QPs)"},
-             lambda row: f"{row['lut_levels']} LUT levels at {row['mhz']:g} MHz "
-                         f"({row['domain']}; budget {row['budget']})", group="resources"),
-    Headline("VCU118Top (4,096 QPs), Yosys synth_xilinx", "top_4096", "resources",
-             {"target": "VCU118Top (4096 QPs)"},
-             lambda row: f"{row['lut']:,} LUT, {row['ff']:,} FF, {row['bram36']:g} BRAM36, "
-                         f"{row['uram']} URAM", group="resources"),
-    Headline("VCU118Top (4,096 QPs), deepest path", "top_4096", "worst_paths",
-             {"target": "VCU118Top (4096 QPs)"},
-             lambda row: f"{row['lut_levels']} LUT levels at {row['mhz']:g} MHz "
-                         f"({row['domain']}; budget {row['budget']})", group="resources"),
-    Headline("VCU118Top (16 QPs), deepest path", "resources", "worst_paths",
-             {"target": "VCU118Top"},
-             lambda row: f"{row['lut_levels']} LUT levels at {row['mhz']:g} MHz "
-                         f"({row['domain']}; budget {row['budget']})", group="resources"),
+    *(headline
+      for qps, name, target in ((16, "resources", "VCU118Top"),
+                                (1024, "top_1024", "VCU118Top (1024 QPs)"),
+                                (4096, "top_4096", "VCU118Top (4096 QPs)"))
+      for headline in _board_top(qps, name, target)),
 ]
 
 
