@@ -434,7 +434,7 @@ def test_a_path_is_as_deep_beside_a_slower_one_as_alone(tmp_path):
 
 
 def test_zero_init_of_large_memories_goes_and_nothing_else(monkeypatch):
-    # Amaranth's own Verilog: ``table`` is a keyword, so its name is escaped (``\\table ``).
+    # Amaranth's own Verilog: ``table`` is a keyword, so its name is escaped (``\table ``).
     monkeypatch.setattr(resources, "LARGE_MEMORY_WORDS", 4)
     m = Module()
     address = Signal(4)
