@@ -12,6 +12,7 @@ from ..headers import UDP
 from ..packet.extract import HeaderExtractor
 from ..packet.fifo import PacketFIFO
 from ..packet.insert import HeaderInserter
+from ..roce.flag_memory import BLOCK_DEPTH
 from ..roce.generator import GENERATOR_RUN
 from ..roce.generator_pool import RUN_CREDIT, RUN_STATUS
 from ..roce.requests import (
@@ -140,7 +141,7 @@ class ConnectionManager(wiring.Component):
       (``o_stop``, the cycle after the QP's entry is checked: the stop comes
       from the FSM's state alone) and then the QP flushed (``o_qp_close``). A QP that is not open:
       NO_QP. rem_qpn 0xFFFFFF (extension): every QP of the source is closed so,
-      one QP every three cycles, and the ACK's count says how many.
+      one QP every four cycles, and the ACK's count says how many.
     - STATUS, from any source: the QP's flags, generator run (``run_qp`` →
       ``run``) and reliability counters (``status_qp`` → ``status``, one
       cycle); NO_QP for a QPN out of range.
@@ -155,7 +156,7 @@ class ConnectionManager(wiring.Component):
       reply (counted ``credits``).
 
     Lease (extension): every ``i_config.lease_tick`` cycles the CM sweeps its
-    QPs (three cycles each, between datagrams). A QP's age counts the sweeps
+    QPs (four cycles each, between datagrams). A QP's age counts the sweeps
     since its host's last OPEN_QP, legacy step, STATUS, start or CREDIT of it; a QP
     whose age reached ``LEASE_SWEEPS`` and that is in ERROR, or has no packet
     outstanding and no run in progress, is freed as a close frees it
@@ -309,13 +310,16 @@ class ConnectionManager(wiring.Component):
         connect(m, emit.o, flipped(self.o))
 
         # What the CM knows of each QP.
-        m.submodules.entries = entries = memory.Memory(shape=CM_ENTRY, depth=qps, init=[])
+        # In block RAM from BLOCK_DEPTH QPs on: its read is registered (a synchronous port),
+        # and ``entry`` is that read in a register a cycle later, with the compares of it
+        # that the states decide on begun beside it (:func:`_equal_later`), so that neither
+        # the whole compare chains with the read nor with the decisions. A state sees the
+        # entry of ``index`` (or ``scan``) two cycles after it is set.
+        m.submodules.entries = entries = memory.Memory(
+            shape=CM_ENTRY, depth=qps, init=[],
+            attrs={"ram_style": "block"} if qps >= BLOCK_DEPTH else {})
         entry_write = entries.write_port()
-        # The entry read, in a register (as a synchronous read port gives it), with the
-        # compares of it that the states decide on begun beside it (:func:`_equal_later`),
-        # so that neither the whole compare chains with the read of a table of many QPs
-        # nor with the decisions.
-        entry_read = entries.read_port(domain="comb")
+        entry_read = entries.read_port()
         entry = Signal(CM_ENTRY)
         entry_requester = Signal()          # its host is the request's (address and QPN)
         entry_connects = Signal()           # it is CONNECT's to the request's host and port
@@ -371,7 +375,7 @@ class ConnectionManager(wiring.Component):
         status_reply = data.View(CM_STATUS_DATAGRAM, reply.as_value())
         run = Signal(GENERATOR_RUN)
         write = Signal(QP_WRITE)
-        scan = Signal(range(qps + 1))       # the QP read this cycle (in SCAN)
+        scan = Signal(range(qps + 2))       # the QP read this cycle (in SCAN)
         scanning = Signal()                 # the FSM is in SCAN
 
         # Connection events out, through a queue that drops (and counts) when full.
@@ -393,6 +397,7 @@ class ConnectionManager(wiring.Component):
             # (``scanning``: in SCAN, a register beside the FSM's state, so that the address
             # does not wait on the state's decode before the read and the compares)
             entry_read.addr.eq(Mux(scanning, scan, index)),
+            replies_read.addr.eq(index),
             emit.i.p.meta.cm.eq(reply),
             emit.i.p.meta.dst_ip.eq(source_ip),
             emit.i.p.meta.src_port.eq(CM_PORT),
@@ -461,6 +466,7 @@ class ConnectionManager(wiring.Component):
             with m.If(ib):
                 ib_reply(refusal=refusal)
 
+        fetched = Signal(range(qps + 1))    # the QP whose entry is on ``read``
         probe = Signal(range(qps + 1))      # the QP whose entry is on ``entry``
         matched = Signal()
         free = Signal()                     # a free QP was seen; ``free_index`` is the lowest
@@ -470,6 +476,7 @@ class ConnectionManager(wiring.Component):
         # ``probe``'s rank among those, registered beside it; the best one seen so far.
         rover = Signal(range(qps + 1))
         freed_last = Signal(range(qps + 1), init=qps)
+        fetched_rank = Signal(2)
         probe_rank = Signal(2)
         best_rank = Signal(2)
         best_index = Signal(QP_INDEX_BITS)
@@ -616,8 +623,8 @@ class ConnectionManager(wiring.Component):
 
             with m.State("DECODE"):
                 kind = request.flags.request
-                m.d.sync += [index.eq(named), scan.eq(0), probe.eq(qps), matched.eq(0),
-                             free.eq(0), best_rank.eq(0)]
+                m.d.sync += [index.eq(named), scan.eq(0), fetched.eq(qps), probe.eq(qps),
+                             matched.eq(0), free.eq(0), best_rank.eq(0)]
                 m.next = "IDLE"
                 with m.If(~allowed):
                     m.d.comb += counts["access"].eq(1)
@@ -668,10 +675,11 @@ class ConnectionManager(wiring.Component):
                     m.d.comb += counts["request"].eq(1)
 
             with m.State("SCAN"):
-                # One QP per cycle: read ``scan``, check ``probe`` (read the cycle before).
-                m.d.sync += [scan.eq(scan + 1), probe.eq(scan),
-                             probe_rank.eq(Mux(scan == freed_last, 1,
-                                               Mux(scan >= rover, 3, 2)))]
+                # One QP per cycle: read ``scan``, check ``probe`` (read two cycles before).
+                m.d.sync += [scan.eq(scan + 1), fetched.eq(scan), probe.eq(fetched),
+                             fetched_rank.eq(Mux(scan == freed_last, 1,
+                                                 Mux(scan >= rover, 3, 2))),
+                             probe_rank.eq(fetched_rank)]
                 with m.If(probe != qps):
                     with m.If(entry.open & Mux(is_connect, entry_connects, entry_requester)
                               & ~ib):
@@ -781,7 +789,8 @@ class ConnectionManager(wiring.Component):
             # then the connection's QP set and CONNECT/ACK, or the QP freed and
             # CONNECT/NAK (the REJ reason in ``count``). A QP freed meanwhile: nothing.
             with m.State("CONCLUDE_READ"):
-                m.d.comb += replies_read.addr.eq(index)
+                m.next = "CONCLUDE_FETCH"
+            with m.State("CONCLUDE_FETCH"):
                 m.next = "CONCLUDE_LOAD"
             with m.State("CONCLUDE_LOAD"):
                 echo = replies_read.data
@@ -846,6 +855,9 @@ class ConnectionManager(wiring.Component):
                         ib_reply(qp=index)
 
             with m.State("READ"):
+                m.next = "FETCH"
+
+            with m.State("FETCH"):
                 m.next = "CHECK"
 
             with m.State("CHECK"):
@@ -936,9 +948,10 @@ class ConnectionManager(wiring.Component):
                     with m.If(ib):
                         m.next = "IDLE"
 
-            # The sweep: one QP every three cycles (``index`` → entry, status and run →
-            # the verdict, a register: the engine's status and the pool's run do not chain
-            # with the stop of the pool's generator → the entry written, the QP stopped).
+            # The sweep: one QP every four cycles (``index`` → its entry read → entry,
+            # status and run → the verdict, a register: the engine's status and the pool's
+            # run do not chain with the stop of the pool's generator → the entry written,
+            # the QP stopped).
             def next_qp():
                 m.d.sync += index.eq(index + 1)
                 m.next = "SWEEP_READ"
@@ -950,6 +963,9 @@ class ConnectionManager(wiring.Component):
 
             sweep_close = Signal()              # the QP read is to be freed
             with m.State("SWEEP_READ"):
+                m.next = "SWEEP_FETCH"
+
+            with m.State("SWEEP_FETCH"):
                 m.next = "SWEEP_CHECK"
 
             with m.State("SWEEP_CHECK"):
@@ -1022,6 +1038,11 @@ class ConnectionManager(wiring.Component):
         for name, strobe in counts.items():
             if name != "length":
                 m.d.comb += self.o_counters[name].eq(event_counter(m, strobe, name))
-        m.d.sync += self.o_counters.length.eq(self.o_counters.length + parse.o_truncated
-                                              + length_bad)
+        # (the two length drops of a cycle in a register first: the parser's ``o_truncated``
+        # comes from its compare of the datagram's length, which must not chain with the add)
+        length_drops = Signal(2)
+        m.d.sync += [
+            length_drops.eq(parse.o_truncated + length_bad),
+            self.o_counters.length.eq(self.o_counters.length + length_drops),
+        ]
         return m

@@ -1147,8 +1147,11 @@ def test_connect_holds_a_qp_until_the_ib_cm_answers():
         await bench.exchange(ctx, Connect(connect_request(b, 1)), b, reply=False)
         await bench.exchange(ctx, Connect(connect_request(b, 2)), b, reply=False)
         full = connect_request(b, 3)
+        events = len(bench.events)
         assert (await bench.exchange(ctx, Connect(full), b))[0] == \
             connect_reply(full, Ack.NAK, count=3)
+        # (the event sink takes events at random cycles: the FAILED event may come later)
+        await wait_for(ctx, lambda: len(bench.events) > events, 200)
         assert bench.event_details[-1] == (0, 3, 3)
 
     bench.run(steps)
