@@ -258,17 +258,23 @@ class TrafficGenerator(wiring.Component):
             run.count.eq(count_next),
             gap.eq(gap_next),
             sent.eq(sent_next),
-            issued_plus_one.eq(issued_next + 1),
-            sent_plus_one.eq(sent_next + 1),
         ]
+        # (``issued + 1`` and ``sent + 1`` count on their own, not from the next counts:
+        # the handshakes that pick those do not feed a carry chain)
         with m.If(self.i_start.valid & self.i_start.ready):
             m.d.sync += [
                 more.eq(self.i_start.p.count != 0),
                 gap_zero.eq(1),
                 behind.eq(0),
                 level.eq(1),
+                issued_plus_one.eq(1),
+                sent_plus_one.eq(1),
             ]
         with m.Else():
+            with m.If(taken):
+                m.d.sync += issued_plus_one.eq(issued_plus_one + 1)
+            with m.If(done):
+                m.d.sync += sent_plus_one.eq(sent_plus_one + 1)
             with m.If(self.i_stop & running & more):
                 m.d.sync += more.eq(request.valid & ~request.ready)
             with m.Elif(taken):
