@@ -5,6 +5,7 @@ from amaranth import *
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..arith import sum_above
 from ..stream import registered
 from .dcqcn import INTERVAL_BITS, INTERVAL_FRACTION_BITS, RATE_UPDATE
 from .deadline_scan import DeadlineScan
@@ -140,8 +141,8 @@ class Pacer(wiring.Component):
         previous_turn = Signal(_TIME)
         previous_time = Signal(14 + INTERVAL_BITS)        # its bytes × the interval
         turn = Signal(_TIME)
-        due = previous_turn + previous_time
-        m.d.comb += turn.eq(Mux(due > earliest, due, earliest))
+        m.d.comb += turn.eq(Mux(sum_above(previous_turn, previous_time, earliest),
+                                previous_turn + previous_time, earliest))
         chained = charging & (charged_qp == sent.qp)
         # (The packet's QP's interval and last turn read as it comes in: registered
         # reads that show the writes of that cycle.)

@@ -1,0 +1,49 @@
+"""The carry-chain helpers of gateware.arith against their definitions, every case at
+small widths."""
+
+import itertools
+
+import pytest
+from amaranth import Module, Signal
+from amaranth.sim import Simulator
+
+from gateware.arith import period_over, sum_above
+
+
+def _evaluate(function, widths):
+    """``function`` of signals of ``widths``, simulated for every value of each: the
+    cases and the results."""
+    m = Module()
+    inputs = [Signal(width) for width in widths]
+    result = Signal()
+    m.d.comb += result.eq(function(*inputs))
+    cases = list(itertools.product(*(range(1 << width) for width in widths)))
+    results = []
+
+    async def testbench(ctx):
+        for case in cases:
+            for signal, value in zip(inputs, case, strict=True):
+                ctx.set(signal, value)
+            results.append(ctx.get(result))
+
+    sim = Simulator(m)
+    sim.add_testbench(testbench)
+    sim.run()
+    return cases, results
+
+
+@pytest.mark.parametrize("widths", [(6, 4, 6), (5, 5, 3), (3, 5, 7)])
+def test_sum_above_is_a_plus_b_above_c(widths):
+    """``sum_above``: the sum carries past the widest term; c above it or below."""
+    cases, results = _evaluate(sum_above, widths)
+    assert results == [int(a + b > c) for a, b, c in cases]
+
+
+@pytest.mark.parametrize("widths", [(6, 6, 6), (6, 6, 4), (5, 5, 1)])
+def test_period_over_is_the_wrapped_difference_at_least_the_period(widths):
+    """``period_over``: now before and after since (wrapped), a period of every width up
+    to now's."""
+    cases, results = _evaluate(period_over, widths)
+    modulus = 1 << widths[0]
+    assert results == [int((now - since) % modulus >= period)
+                       for now, since, period in cases]
