@@ -6,6 +6,7 @@ from amaranth import *
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..arith import period_over, sum_above
 from ..stream import registered
 from .deadline_scan import DeadlineScan
 from .flag_memory import FlagMemory, write_flags
@@ -196,7 +197,7 @@ class DcqcnReactionPoint(wiring.Component):
             m.d.sync += cycle.eq(cycle + 1)
 
         def elapsed(since, period):
-            return (now - since)[:_TIME_BITS] >= period
+            return period_over(now, since, period)
 
         # The QPs to visit: marked by their events, or their hint has come.
         m.submodules.scan = scan = DeadlineScan(qps=qps, time_bits=_TIME_BITS, marks=3)
@@ -255,21 +256,22 @@ class DcqcnReactionPoint(wiring.Component):
         qp_limited, clear = sent_flags["limited"], sent_flags["bytes_clear"]
         # The count with the packet's bytes, and that less ``rpg_byte_reset`` (the packet's
         # bytes less it are registered with the packet), from two adders side by side: the
-        # sign of the second tells whether the count reached the reset.
+        # sign of the second tells whether the count reached the reset. A count cleared
+        # since counts from 0: that choice is made after the adds, so that the flags'
+        # lookup does not chain with them.
         reset_bytes = Signal.like(config.rpg_byte_reset)
         sent_over = Signal(signed(_BYTE_COUNT_BITS + 2))
         m.d.sync += [
             reset_bytes.eq(config.rpg_byte_reset),
             sent_over.eq(self.i_bytes.p.bytes - config.rpg_byte_reset),
         ]
-        base = Mux(clear, 0, count_read.data)
         counted = Signal(_BYTE_COUNT_BITS + 1)
         over = Signal(signed(_BYTE_COUNT_BITS + 3))
         reached = Signal()
         m.d.comb += [
             count_read.addr.eq(self.i_bytes.p.qp),
-            counted.eq(base + sent.p.bytes),
-            over.eq(base + sent_over),
+            counted.eq(Mux(clear, sent.p.bytes, count_read.data + sent.p.bytes)),
+            over.eq(Mux(clear, sent_over, count_read.data + sent_over)),
             reached.eq(over >= 0),
             count_write.addr.eq(sent.p.qp),
             count_write.en.eq(sent.valid & qp_limited & (reset_bytes != 0)),
@@ -305,6 +307,11 @@ class DcqcnReactionPoint(wiring.Component):
         first_rate = Signal(_RATE)              # the first cut's rate, at most max_rate
         m.d.sync += max_rate.eq(Mux(config.rpg_max_rate != 0, config.rpg_max_rate,
                                     config.line_rate) << RATE_FRACTION_BITS)
+        # The average's compare with the maximum, beside the average's add: (r + t) >> 1
+        # + 1 ≥ max ⟺ r + t > 2·max − 3 (always, for a max below 2).
+        max_twice_less = Signal(_RATE + 1)
+        max_below_two = Signal()
+        m.d.sync += [max_twice_less.eq((max_rate << 1) - 3), max_below_two.eq(max_rate < 2)]
         first = config.rate_to_set_on_first_cnp << RATE_FRACTION_BITS
         m.d.sync += first_rate.eq(Mux(first < max_rate, first, max_rate))
         min_rate = config.rpg_min_rate << RATE_FRACTION_BITS
@@ -327,7 +334,7 @@ class DcqcnReactionPoint(wiring.Component):
         fresh = Signal(data.StructLayout({"cnp": 1, "reset": 1, "byte": 1}))
         for event, qp, valid in ((fresh.cnp, self.i_cnp.p, self.i_cnp.valid & config.enable),
                                  (fresh.reset, self.i_reset.p, self.i_reset.valid),
-                                 (fresh.byte, sent.p.qp, byte_event)):
+                                 (fresh.byte, byte_mark.p, byte_mark.valid)):
             m.d.sync += event.eq(valid & (qp[:len(index)] == state_read.addr))
 
         def set_bit(name, value=1):
@@ -520,7 +527,7 @@ class DcqcnReactionPoint(wiring.Component):
                 average = (state.rate + state.target) >> 1
                 m.d.sync += state.rate.eq(average)
                 # Back at the line rate (to the last fraction bit): no longer limited.
-                with m.If(average + 1 >= max_rate):
+                with m.If(max_below_two | sum_above(state.rate, state.target, max_twice_less)):
                     m.d.sync += [state.limited.eq(0), state.rate.eq(max_rate),
                                  state.target.eq(max_rate), quotient.eq(0)]
                     m.next = "WRITE"
@@ -531,11 +538,14 @@ class DcqcnReactionPoint(wiring.Component):
             with m.State("DIVIDE_START"):
                 start_division()
             with m.State("DIVIDE"):
-                shifted = Cat(dividend.bit_select(step, 1), remainder)
+                # (the dividend's bits from its top one on, shifted out of a register, not
+                # picked by ``step``)
+                shifted = Cat(dividend[-1], remainder)
                 fits = shifted >= state.rate
                 m.d.sync += [
                     remainder.eq(Mux(fits, shifted - state.rate, shifted)),
                     quotient.eq(Cat(fits, quotient)),
+                    dividend.eq(dividend << 1),
                     step.eq(step - 1),
                 ]
                 with m.If(step == 0):
@@ -601,10 +611,12 @@ class DcqcnReactionPoint(wiring.Component):
             scan.i_hint.p.hint.at.eq(soonest.visit.now + soonest.left),
         ]
 
-        # Events (later writers than the visit: a new event for the QP it visits wins).
+        # Events (later writers than the visit: a new event for the QP it visits wins). A
+        # byte event a cycle after the count that makes it, as the scan's mark has it, so
+        # that the count's add does not chain with the flags.
         for writer, qp, valid in (
                 (flags.w_cnp, self.i_cnp.p, self.i_cnp.valid & config.enable),
                 (flags.w_reset, self.i_reset.p, self.i_reset.valid),
-                (flags.w_bytes, sent.p.qp, byte_event)):
+                (flags.w_bytes, byte_mark.p, byte_mark.valid)):
             m.d.comb += write_flags(writer, qp, valid, 1)
         return m
