@@ -2,7 +2,7 @@
 
 from amaranth import *
 
-__all__ = ["period_over", "sum_above"]
+__all__ = ["difference_at_least", "sum_above"]
 
 
 def _three_term_sum(x, y, z):
@@ -20,13 +20,12 @@ def sum_above(a, b, c):
     return ~total[width - 1]
 
 
-def period_over(now, since, period):
-    """Whether ``(now − since) mod 2^len(now)`` is at least ``period`` (a time that
-    wraps, and a period of at most as many bits), from one carry chain and a compare
-    beside it, not a subtraction and then a compare: ``period > now − since`` is the
-    sign of ``period + since + ~now`` (= period − (now − since) − 1); when ``now`` has
-    wrapped past ``since`` the difference is 2^len(now) more, which moves the test one
-    bit down."""
-    bits = len(now)
-    total = _three_term_sum(period.as_unsigned(), since.as_unsigned(), ~Cat(now, C(0, 2)))
-    return Mux(now < since, ~total[bits], total[bits + 1])
+def difference_at_least(a, b, c):
+    """Whether ``(a − b) mod 2^len(a)`` is at least ``c`` (a count that wraps, as a time
+    or a PSN, and a least difference of at most as many bits), from one carry chain and
+    a compare beside it, not a subtraction and then a compare: ``c > a − b`` is the sign
+    of ``c + b + ~a`` (= c − (a − b) − 1); when ``a`` has wrapped past ``b`` the
+    difference is 2^len(a) more, which moves the test one bit down."""
+    bits = len(a)
+    total = _three_term_sum(c.as_unsigned(), b.as_unsigned(), ~Cat(a, C(0, 2)))
+    return Mux(a < b, ~total[bits], total[bits + 1])

@@ -6,6 +6,7 @@ from amaranth import *
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..arith import difference_at_least
 from ..stream import BEAT_BYTES
 from .ack import AETH_ACK, AETH_NAK, AETH_RNR_NAK, NAK_SEQUENCE
 from .ack_intake import ACK_TAKEN
@@ -210,7 +211,9 @@ class AckHandler(wiring.Component):
                 held.eq(entry),
                 held_status.eq(self.r_status.data),
                 held_empty.eq(slot == s_end.slot),
-                held_done.eq(reached & (covered >= entry.message.packets)),
+                # (covered ≥ packets, from a carry chain beside the subtraction's)
+                held_done.eq(reached & difference_at_least(
+                    una, entry.message.first_psn, entry.message.packets)),
                 held_covered.eq(Mux(reached, covered, 0)),
             ]
         m.d.comb += [

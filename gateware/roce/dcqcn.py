@@ -6,7 +6,7 @@ from amaranth import *
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..arith import period_over, sum_above
+from ..arith import difference_at_least, sum_above
 from ..stream import registered
 from .deadline_scan import DeadlineScan
 from .flag_memory import FlagMemory, write_flags
@@ -197,7 +197,7 @@ class DcqcnReactionPoint(wiring.Component):
             m.d.sync += cycle.eq(cycle + 1)
 
         def elapsed(since, period):
-            return period_over(now, since, period)
+            return difference_at_least(now, since, period)
 
         # The QPs to visit: marked by their events, or their hint has come.
         m.submodules.scan = scan = DeadlineScan(qps=qps, time_bits=_TIME_BITS, marks=3)

@@ -5,6 +5,7 @@ from amaranth import *
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..arith import difference_at_least
 from ..stream import registered
 from .descriptor import REPLAY
 from .flag_memory import FlagMemory, write_flags
@@ -152,7 +153,9 @@ class ResendWalker(wiring.Component):
                         walk_count.eq(k_positions.first.count),
                     ]
                     m.next = "READ"
-                with m.Elif(before | (into < walk_record.packets)):
+                # (into < packets: from a carry chain beside the subtraction's)
+                with m.Elif(before | ~difference_at_least(
+                        walk_psn, walk_record.first_psn, walk_record.packets)):
                     m.d.sync += [
                         walk.qp.eq(walk_qp),
                         walk.slot.eq(walk_slot),

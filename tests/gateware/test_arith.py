@@ -7,7 +7,7 @@ import pytest
 from amaranth import Module, Signal
 from amaranth.sim import Simulator
 
-from gateware.arith import period_over, sum_above
+from gateware.arith import difference_at_least, sum_above
 
 
 def _evaluate(function, widths):
@@ -40,10 +40,9 @@ def test_sum_above_is_a_plus_b_above_c(widths):
 
 
 @pytest.mark.parametrize("widths", [(6, 6, 6), (6, 6, 4), (5, 5, 1)])
-def test_period_over_is_the_wrapped_difference_at_least_the_period(widths):
-    """``period_over``: now before and after since (wrapped), a period of every width up
-    to now's."""
-    cases, results = _evaluate(period_over, widths)
+def test_difference_at_least_is_the_wrapped_difference_against_c(widths):
+    """``difference_at_least``: a before and after b (wrapped), a c of every width up to
+    a's."""
+    cases, results = _evaluate(difference_at_least, widths)
     modulus = 1 << widths[0]
-    assert results == [int((now - since) % modulus >= period)
-                       for now, since, period in cases]
+    assert results == [int((a - b) % modulus >= c) for a, b, c in cases]
