@@ -212,18 +212,17 @@ class TrafficGenerator(wiring.Component):
             spent.eq(free + Mux(credited, advance_less, C(-1, 32))),
         ]
         taken_now = request.valid & request.ready
-        none_left = Signal()
-        with m.If(taken_now & first_wrap):
-            # consumed + slots − issued, with issued = slots after this request
-            m.d.comb += [free_next.eq(consumed), none_left.eq(consumed == 0)]
-        with m.Elif(taken_now):
-            m.d.comb += [free_next.eq(spent), none_left.eq(spent == 0)]
-        with m.Else():
-            m.d.comb += [free_next.eq(kept), none_left.eq(kept == 0)]
+        # (with a request taken at the end of the first pass: consumed + slots − issued,
+        # with issued = slots after this request)
+        free_taken = Mux(first_wrap, consumed, spent)
+        blocked_taken = (run.credited & (wrapped | past_end)
+                         & Mux(first_wrap, consumed == 0, spent == 0))
+        blocked_kept = run.credited & wrapped & (kept == 0)
+        m.d.comb += free_next.eq(Mux(taken_now, free_taken, kept))
         m.d.sync += [
             free.eq(free_next),
             wrapped.eq(wrapped | (taken_now & past_end)),
-            blocked.eq(run.credited & (wrapped | (taken_now & past_end)) & none_left),
+            blocked.eq(Mux(taken_now, blocked_taken, blocked_kept)),
         ]
 
         # Run control.
