@@ -155,7 +155,7 @@ from ..headers import (
     CmAttribute,
     NetworkLayout,
 )
-from ..roce.flag_memory import BLOCK_DEPTH, FlagMemory, write_flags
+from ..roce.flag_memory import FlagMemory, block_ram_attrs, write_flags
 from ..roce.requests import (
     FIRST_QPN,
     QP_INDEX_BITS,
@@ -422,8 +422,7 @@ class IbCm(wiring.Component):
         # The table in block RAM from BLOCK_DEPTH entries on (its one read port is
         # registered): Yosys would take distributed RAM, some 20,000 LUTs at 4,096 QPs.
         m.submodules.table = table = memory.Memory(
-            shape=_ENTRY, depth=self._qps, init=[],
-            attrs={"ram_style": "block"} if self._qps >= BLOCK_DEPTH else {})
+            shape=_ENTRY, depth=self._qps, init=[], attrs=block_ram_attrs(self._qps))
         read = table.read_port()
         write = table.write_port()
         # Connections to open: at most one per QP, so the queue never refuses one.

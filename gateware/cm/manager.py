@@ -12,7 +12,7 @@ from ..headers import UDP
 from ..packet.extract import HeaderExtractor
 from ..packet.fifo import PacketFIFO
 from ..packet.insert import HeaderInserter
-from ..roce.flag_memory import BLOCK_DEPTH
+from ..roce.flag_memory import block_ram_attrs
 from ..roce.generator import GENERATOR_RUN
 from ..roce.generator_pool import RUN_CREDIT, RUN_STATUS
 from ..roce.requests import (
@@ -309,15 +309,14 @@ class ConnectionManager(wiring.Component):
         m.submodules.emit = emit = HeaderInserter("cm", CM_DATAGRAM, reply_meta, width=width)
         connect(m, emit.o, flipped(self.o))
 
-        # What the CM knows of each QP.
-        # In block RAM from BLOCK_DEPTH QPs on: its read is registered (a synchronous port),
-        # and ``entry`` is that read in a register a cycle later, with the compares of it
-        # that the states decide on begun beside it (:func:`_equal_later`), so that neither
-        # the whole compare chains with the read nor with the decisions. A state sees the
-        # entry of ``index`` (or ``scan``) two cycles after it is set.
+        # What the CM knows of each QP, in block RAM from BLOCK_DEPTH QPs on: its read is
+        # registered (a synchronous port), and ``entry`` is that read in a register a cycle
+        # later, with the compares of it that the states decide on begun beside it
+        # (:func:`_equal_later`), so that neither the whole compare chains with the read
+        # nor with the decisions. A state sees the entry of ``index`` (or ``scan``) two
+        # cycles after it is set.
         m.submodules.entries = entries = memory.Memory(
-            shape=CM_ENTRY, depth=qps, init=[],
-            attrs={"ram_style": "block"} if qps >= BLOCK_DEPTH else {})
+            shape=CM_ENTRY, depth=qps, init=[], attrs=block_ram_attrs(qps))
         entry_write = entries.write_port()
         entry_read = entries.read_port()
         entry = Signal(CM_ENTRY)

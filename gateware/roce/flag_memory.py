@@ -7,12 +7,18 @@ from amaranth.lib.wiring import In, Out
 
 from .qp_context import lookup
 
-__all__ = ["FlagMemory", "flag_writes", "write_flags", "BLOCK_DEPTH"]
+__all__ = ["FlagMemory", "flag_writes", "write_flags", "BLOCK_DEPTH", "block_ram_attrs"]
 
 #: Entries from which a memory read only through registered ports is kept in block RAM
 #: (a flag memory, as Yosys keeps it at 4,096 QPs by itself where at 1,024 it chose
-#: distributed RAM; the IB CM's connection table).
+#: distributed RAM; the connection managers' tables).
 BLOCK_DEPTH = 512
+
+
+def block_ram_attrs(depth):
+    """The ``attrs`` of a memory of ``depth`` entries read only through registered
+    ports: block RAM from :data:`BLOCK_DEPTH` entries on, else Yosys's own choice."""
+    return {"ram_style": "block"} if depth >= BLOCK_DEPTH else {}
 
 
 def flag_writes(names, addr_bits):
@@ -101,8 +107,7 @@ class FlagMemory(wiring.Component):
         # read starts at its output register, not at a tree of distributed RAMs and
         # multiplexers in front of the logic that decides on the flags.
         all_registered = not {"comb", "written"} & set(self._reads)
-        attrs = ({"ram_style": "block"} if all_registered and self._depth >= BLOCK_DEPTH
-                 else {})
+        attrs = block_ram_attrs(self._depth) if all_registered else {}
         stores = []
         for index, names in enumerate(self._writers):
             m.submodules[f"writer{index}"] = store = memory.Memory(
