@@ -128,6 +128,7 @@ class TrafficGenerator(wiring.Component):
             request.p.length.eq(run.length),
             request.p.immediate.eq(issued),
         ]
+        taken = request.valid & request.ready
         m.d.sync += offered.eq(request.valid & ~request.ready)
         with m.If(request.valid & ~offered):
             m.d.comb += gap_next.eq(Mux(run.divider == 0, 0, run.divider - 1))
@@ -136,7 +137,7 @@ class TrafficGenerator(wiring.Component):
 
         past_end = Signal()                 # the next slot would cross the ring's end
         m.d.comb += past_end.eq((run.ring != 0) & (limit > run.ring))
-        with m.If(request.valid & request.ready):
+        with m.If(taken):
             m.d.comb += issued_next.eq(issued + 1)
             with m.If(~past_end):
                 m.d.sync += [
@@ -211,18 +212,17 @@ class TrafficGenerator(wiring.Component):
             kept.eq(free + Mux(credited, advance, 0)),
             spent.eq(free + Mux(credited, advance_less, C(-1, 32))),
         ]
-        taken_now = request.valid & request.ready
         # (with a request taken at the end of the first pass: consumed + slots − issued,
         # with issued = slots after this request)
         free_taken = Mux(first_wrap, consumed, spent)
         blocked_taken = (run.credited & (wrapped | past_end)
                          & Mux(first_wrap, consumed == 0, spent == 0))
         blocked_kept = run.credited & wrapped & (kept == 0)
-        m.d.comb += free_next.eq(Mux(taken_now, free_taken, kept))
+        m.d.comb += free_next.eq(Mux(taken, free_taken, kept))
         m.d.sync += [
             free.eq(free_next),
-            wrapped.eq(wrapped | (taken_now & past_end)),
-            blocked.eq(Mux(taken_now, blocked_taken, blocked_kept)),
+            wrapped.eq(wrapped | (taken & past_end)),
+            blocked.eq(Mux(taken, blocked_taken, blocked_kept)),
         ]
 
         # Run control.
@@ -250,7 +250,6 @@ class TrafficGenerator(wiring.Component):
             m.d.sync += running.eq(0)
         issued_plus_one = Signal(32, init=1)
         sent_plus_one = Signal(32, init=1)
-        taken = request.valid & request.ready
         done = payload.valid & payload.ready & last
         m.d.sync += [
             issued.eq(issued_next),
