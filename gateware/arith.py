@@ -2,12 +2,14 @@
 
 from amaranth import *
 
-__all__ = ["difference_at_least", "sum_above"]
+__all__ = ["difference_at_least", "sum_above", "sum_of_three"]
 
 
-def _three_term_sum(x, y, z):
-    """``x + y + z`` from one carry chain: the terms added bit by bit first into a sum
-    word and a carry word (carry-save), then those two."""
+def sum_of_three(x, y, z):
+    """``x + y + z`` (unsigned) from one carry chain: the terms added bit by bit first into
+    a sum word and a carry word (carry-save, in the LUTs before the chain), then those
+    two."""
+    x, y, z = (Value.cast(term).as_unsigned() for term in (x, y, z))
     return (x ^ y ^ z) + Cat(C(0, 1), (x & y) | (x & z) | (y & z))
 
 
@@ -16,7 +18,7 @@ def sum_above(a, b, c):
     of ``a + b``, not after it: the sign of ``a + b + ~c`` (= a + b − c − 1) in two bits
     more than the widest."""
     width = max(len(a), len(b), len(c)) + 2
-    total = _three_term_sum(a.as_unsigned(), b.as_unsigned(), ~Cat(c, C(0, width - len(c))))
+    total = sum_of_three(a.as_unsigned(), b.as_unsigned(), ~Cat(c, C(0, width - len(c))))
     return ~total[width - 1]
 
 
@@ -27,5 +29,5 @@ def difference_at_least(a, b, c):
     of ``c + b + ~a`` (= c − (a − b) − 1); when ``a`` has wrapped past ``b`` the
     difference is 2^len(a) more, which moves the test one bit down."""
     bits = len(a)
-    total = _three_term_sum(c.as_unsigned(), b.as_unsigned(), ~Cat(a, C(0, 2)))
+    total = sum_of_three(c.as_unsigned(), b.as_unsigned(), ~Cat(a, C(0, 2)))
     return Mux(a < b, ~total[bits], total[bits + 1])

@@ -2,7 +2,9 @@
 
 from amaranth import *
 
-__all__ = ["ones_complement_add", "ones_complement_fold", "word_sum"]
+from ..arith import sum_of_three
+
+__all__ = ["header_words", "ones_complement_add", "ones_complement_fold", "word_sum"]
 
 
 def ones_complement_add(a, b):
@@ -23,9 +25,10 @@ def ones_complement_add(a, b):
 
 def word_sum(value, *terms):
     """The plain (wide) sum of the 16-bit words of ``value`` (a header) and of ``terms``
-    (16-bit words, or sums of them), as a balanced tree of adders: carry chains only, no
-    end-around carry; :func:`ones_complement_fold` turns it into their one's-complement
-    sum."""
+    (16-bit words, or sums of them), as a tree of three-term adders (:func:`.sum_of_three`,
+    one carry chain each): carry chains only, no end-around carry, one chain per three
+    times as many words; :func:`ones_complement_fold` turns it into their
+    one's-complement sum."""
     value = Value.cast(value)
     if len(value) % 16:
         raise ValueError(f"{len(value)} bits are not a whole number of 16-bit words")
@@ -34,9 +37,21 @@ def word_sum(value, *terms):
     if not words:
         raise ValueError("No words to sum")
     while len(words) > 1:
-        words = [words[index] + words[index + 1] if index + 1 < len(words)
-                 else words[index] for index in range(0, len(words), 2)]
+        groups = [words[index:index + 3] for index in range(0, len(words), 3)]
+        words = [sum_of_three(*group) if len(group) == 3 else
+                 group[0] + group[1] if len(group) == 2 else group[0] for group in groups]
     return words[0]
+
+
+def header_words(header, *names):
+    """The 16-bit words of the header view ``header`` (as :func:`word_sum` counts them)
+    that its fields ``names`` lie in, in order, as one value: the part of the header's
+    sum that those fields give when its other fields in them are zero."""
+    layout = header.shape()
+    indices = sorted({bit // 16 for name in names
+                      for bit in range(layout[name].offset,
+                                       layout[name].offset + layout[name].width)})
+    return Cat(Value.cast(header).word_select(index, 16) for index in indices)
 
 
 def ones_complement_fold(total):

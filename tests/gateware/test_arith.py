@@ -7,15 +7,15 @@ import pytest
 from amaranth import Module, Signal
 from amaranth.sim import Simulator
 
-from gateware.arith import difference_at_least, sum_above
+from gateware.arith import difference_at_least, sum_above, sum_of_three
 
 
-def _evaluate(function, widths):
+def _evaluate(function, widths, result_width=1):
     """``function`` of signals of ``widths``, simulated for every value of each: the
-    cases and the results."""
+    cases and the results (of ``result_width`` bits)."""
     m = Module()
     inputs = [Signal(width) for width in widths]
-    result = Signal()
+    result = Signal(result_width)
     m.d.comb += result.eq(function(*inputs))
     cases = list(itertools.product(*(range(1 << width) for width in widths)))
     results = []
@@ -30,6 +30,13 @@ def _evaluate(function, widths):
     sim.add_testbench(testbench)
     sim.run()
     return cases, results
+
+
+@pytest.mark.parametrize("widths", [(5, 5, 5), (6, 3, 1), (1, 4, 6)])
+def test_sum_of_three_is_the_sum(widths):
+    """``sum_of_three``: every carry out of the widest term kept, terms of any widths."""
+    cases, results = _evaluate(sum_of_three, widths, result_width=max(widths) + 2)
+    assert results == [a + b + c for a, b, c in cases]
 
 
 @pytest.mark.parametrize("widths", [(6, 4, 6), (5, 5, 3), (3, 5, 7)])

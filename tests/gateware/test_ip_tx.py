@@ -13,7 +13,7 @@ from amaranth.sim import Simulator
 from scapy.layers.inet import IP
 
 from gateware.config import config_value
-from gateware.ip.checksum import ones_complement_add, ones_complement_fold
+from gateware.ip.checksum import ones_complement_add, ones_complement_fold, word_sum
 from gateware.ip.tx import IPv4Transmitter
 
 from .streams import get_packet, held_while_stalled, put_packet, run_testbenches, wait_for
@@ -106,6 +106,32 @@ def reference_fold(value):
     while value >> 16:
         value = (value & 0xFFFF) + (value >> 16)
     return value
+
+
+@pytest.mark.parametrize("words", [1, 2, 3, 4, 7, 10])
+def test_word_sum_is_the_plain_sum_of_the_words(words):
+    """``word_sum`` of a header of ``words`` words and of a wider term: groups of three,
+    two and one at each level of its tree."""
+    rng = random.Random(words)
+    value, term = Signal(16 * words), Signal(20)
+    total = Signal(24)
+    m = Module()
+    m.d.comb += total.eq(word_sum(value, term))
+    cases = [(0, 0), ((1 << 16 * words) - 1, (1 << 20) - 1)]
+    cases += [(rng.getrandbits(16 * words), rng.getrandbits(20)) for _ in range(100)]
+    results = []
+
+    async def testbench(ctx):
+        for header, extra in cases:
+            ctx.set(value, header)
+            ctx.set(term, extra)
+            results.append(ctx.get(total))
+
+    sim = Simulator(m)
+    sim.add_testbench(testbench)
+    sim.run()
+    assert results == [sum((header >> 16 * index) & 0xFFFF for index in range(words)) + extra
+                       for header, extra in cases]
 
 
 @pytest.mark.parametrize("widths", [(16, 16), (16, 4)])
