@@ -67,8 +67,9 @@ class AckIntake(wiring.Component):
     of a QP; an acknowledgement is offered from 6 cycles after ``i`` on. The QPs
     wait their turn in two queues (block RAM): those whose slot filled, in that
     order, and those taken with a slot still filled (the ACK behind a NAK taken,
-    or one that came as it was taken), the two queues in turn. A QP is in a
-    queue once at most, so neither overflows; no choice is made among all QPs.
+    or one that came as it was taken: it goes back a cycle after it left), the
+    two queues in turn. A QP is in a queue once at most, so neither overflows;
+    no choice is made among all QPs.
     The QP offered is a register, loaded from a queue the cycle after the one
     before it left (an offer every second cycle at most). Taking an offer
     (``o.ready``) empties the slot, unless a newer acknowledgement fills it in
@@ -255,9 +256,16 @@ class AckIntake(wiring.Component):
         # Still a slot filled after this cycle: the ACK behind a NAK taken, or one kept now.
         again = ((take & head_nak & head_flags.has_ack)
                  | ((sets_ack | sets_nak) & (kept.qp[:qp_bits] == head)))
+        # A QP that leaves with a slot still filled goes back into ``returned`` a cycle
+        # later, from a register, so that the handler's ``ready`` and the compares of a
+        # kept acknowledgement do not reach the queue's count in the same cycle; it stays
+        # ``queued`` meanwhile.
+        returning = Signal()
+        returning_qp = Signal(qp_bits)
+        m.d.sync += [returning.eq(leaves & again), returning_qp.eq(head)]
         m.d.comb += [
-            returned.w_data.eq(head),
-            returned.w_en.eq(leaves & again),
+            returned.w_data.eq(returning_qp),
+            returned.w_en.eq(returning),
             flags.w_take.addr.eq(head),
             flags.w_take.has_ack.en.eq(take & ~head_nak),
             flags.w_take.has_ack.value.eq(0),
