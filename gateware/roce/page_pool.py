@@ -299,7 +299,6 @@ class PagePool(wiring.Component):
             own.addr.eq(qp),
             self.state_qp.eq(qp),
             table_read.addr.eq(table_address(qp, own.data)),
-            returned.w_data.eq(table_read.data),
             table_read.en.eq(0),
         ]
         with m.If(rebase):
@@ -313,6 +312,7 @@ class PagePool(wiring.Component):
             m.d.comb += [released_write.addr.eq(qp), released_write.data.eq(own.data + 1)]
 
         idle_kind = Signal()                    # the page to give back is the one sent into
+        giving = Signal()                       # a page is given back
         with m.FSM():
             with m.State("PICK"):
                 use_reset = reset.valid & (reset.p < self._qps) & ~self.o_reset_clear
@@ -347,6 +347,13 @@ class PagePool(wiring.Component):
                 with m.If(rebase | (idle_kind & active(qp))):
                     m.next = "PICK"
                 with m.Elif(~released_busy):
-                    m.d.comb += [returned.w_en.eq(1), released_write.en.eq(1)]
+                    m.d.comb += [giving.eq(1), released_write.en.eq(1)]
                     m.next = "CHECK"
+        # A page given back goes into ``returned`` a cycle later, from a register, so that
+        # the planner's contexts (``active``) do not reach the queue's count in the same
+        # cycle.
+        given = Signal()
+        given_page = Signal(self.page_bits)
+        m.d.sync += [given.eq(giving), given_page.eq(table_read.data)]
+        m.d.comb += [returned.w_en.eq(given), returned.w_data.eq(given_page)]
         return m
