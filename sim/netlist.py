@@ -71,11 +71,13 @@ def _yosys_cells() -> Path:
 
 
 def synthesized_netlist(make_component: Callable[[], wiring.Component], key: str, *,
-                        timeout: float = 1800) -> str:
+                        timeout: float = 3600) -> str:
     """The Verilog netlist of ``make_component()`` after ``synth_xilinx`` (top module
     ``top``, the component's ports), synthesized once for each state of the gateware
     sources, ``key`` (the component's parameters) and the Yosys version (the RTLIL of one
-    design is not the same text from one Python process to the next)."""
+    design is not the same text from one Python process to the next). The reduced core
+    takes Yosys 15–24 minutes on a CPU of its own here, and more than 30 (the limit
+    before) beside the board top's synthesis on two CPUs."""
     yosys = yosys_command()
     key = f"{_gateware_digest()}\0{key}\0{yosys_version()}\0{NETLIST_SCRIPT}"
     workdir = BUILD / "netlist" / hashlib.sha256(key.encode()).hexdigest()[:24]
