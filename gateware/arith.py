@@ -18,7 +18,7 @@ def sum_above(a, b, c):
     of ``a + b``, not after it: the sign of ``a + b + ~c`` (= a + b − c − 1) in two bits
     more than the widest."""
     width = max(len(a), len(b), len(c)) + 2
-    total = sum_of_three(a.as_unsigned(), b.as_unsigned(), ~Cat(c, C(0, width - len(c))))
+    total = sum_of_three(a, b, ~Cat(c, C(0, width - len(c))))
     return ~total[width - 1]
 
 
@@ -29,5 +29,5 @@ def difference_at_least(a, b, c):
     of ``c + b + ~a`` (= c − (a − b) − 1); when ``a`` has wrapped past ``b`` the
     difference is 2^len(a) more, which moves the test one bit down."""
     bits = len(a)
-    total = sum_of_three(c.as_unsigned(), b.as_unsigned(), ~Cat(a, C(0, 2)))
+    total = sum_of_three(c, b, ~Cat(a, C(0, 2)))
     return Mux(a < b, ~total[bits], total[bits + 1])

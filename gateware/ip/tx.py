@@ -7,7 +7,7 @@ from ..config import NetworkConfig
 from ..headers import IPV4
 from ..packet.insert import HeaderInserter
 from ..packet.register import PacketRegister
-from ..stream import BEAT_BYTES, forward, meta_project, meta_with, packet_signature
+from ..stream import BEAT_BYTES, forward, meta_with, packet_signature
 from .checksum import header_words, ones_complement_fold, word_sum
 
 __all__ = ["IPv4Transmitter", "IP_TX_META", "NEXT_HOP_META"]
@@ -28,15 +28,15 @@ class IPv4Transmitter(wiring.Component):
     header checksum. One beat per cycle.
 
     Latency 2 cycles. The packets pass two register slices. The first takes them as they
-    are offered, with their identification, the fields that stay and the sum of the
-    words that are not the packet's own, so that the multiplexer in front of this block
-    does not chain with the sum. The second takes the whole header and the plain sum of
-    its words, so that the block after it does not chain with the sum either; as a
+    are offered, with their header (the payload's length as its total length, the
+    identification taken then, the fields that stay) and the plain sum of its words in
+    three parts, so that the multiplexer in front of this block does not chain with a
+    sum of many words. The second takes the header with its total length and the sum of
+    the three parts, so that the block after it does not chain with a sum either; as a
     packet leaves, the sum is folded into the checksum by one adder and a choice
-    (:func:`.checksum.ones_complement_add`). A packet takes its identification as it
-    enters. The fields that stay from packet to packet (``i_config.ip`` among them) and
-    the sum of their words are kept in registers, so a new address is used from the
-    packet that enters the cycle after it is set.
+    (:func:`.checksum.ones_complement_add`). The fields that stay from packet to packet
+    (``i_config.ip`` among them) and the sum of their words are kept in registers, so a
+    new address is used from the packet that enters the cycle after it is set.
     """
 
     def __init__(self, *, width=BEAT_BYTES):
@@ -60,7 +60,8 @@ class IPv4Transmitter(wiring.Component):
         words = IPV4.length // 2
         sum_shape = range(words * 0xFFFF + 1)
         m.submodules.entered = entered = PacketRegister(
-            meta_with(IP_TX_META, stay=IPV4, parts=data.ArrayLayout(sum_shape, 3)), width=width)
+            data.StructLayout({"ip": IPV4, "parts": data.ArrayLayout(sum_shape, 3)}),
+            width=width)
         m.submodules.summed = summed = PacketRegister(
             meta_with(NEXT_HOP_META, ip=IPV4, ip_sum=sum_shape), width=width)
         m.submodules.header = inserter = HeaderInserter(
@@ -80,8 +81,8 @@ class IPv4Transmitter(wiring.Component):
         ]
         m.d.sync += [stay.eq(stay_next), stay_sum.eq(word_sum(stay_next) + IPV4.length)]
 
-        # A packet's own fields, its identification taken as its first beat enters; their
-        # words are summed as it enters, and the fields that stay are taken with them.
+        # A packet's own fields, its identification taken as its first beat enters, with
+        # the fields that stay; the sum of their words in three parts.
         first = Signal(init=1)
         identification = Signal(16)
         with m.If(self.i.valid & self.i.ready):
@@ -89,36 +90,29 @@ class IPv4Transmitter(wiring.Component):
             with m.If(first):
                 m.d.sync += identification.eq(identification + 1)
         meta = self.i.p.meta
-        counted = Signal(IPV4)                  # the payload's length, not the total
+        own = Signal(IPV4)                      # the payload's length as the total length
         m.d.comb += [
-            counted.dscp.eq(meta.tos[2:]),
-            counted.ecn.eq(meta.tos[:2]),
-            counted.total_length.eq(meta.length),
-            counted.identification.eq(identification),
-            counted.protocol.eq(meta.protocol),
-            counted.dst.eq(meta.dst_ip),
+            own.dscp.eq(meta.tos[2:]),
+            own.ecn.eq(meta.tos[:2]),
+            own.total_length.eq(meta.length),
+            own.identification.eq(identification),
+            own.protocol.eq(meta.protocol),
+            own.dst.eq(meta.dst_ip),
             forward(self.i, entered.i),
-            meta_project(entered.i.p.meta, IP_TX_META).eq(meta),
-            entered.i.p.meta.stay.eq(stay),
-            entered.i.p.meta.stay.identification.eq(identification),
-            entered.i.p.meta.parts[0].eq(word_sum(header_words(counted, "dst", "protocol"))),
+            entered.i.p.meta.ip.eq(Value.cast(own) | Value.cast(stay)),
+            entered.i.p.meta.parts[0].eq(word_sum(header_words(own, "dst", "protocol"))),
             entered.i.p.meta.parts[1].eq(word_sum(header_words(
-                counted, "dscp", "ecn", "total_length", "identification"))),
+                own, "dscp", "ecn", "total_length", "identification"))),
             entered.i.p.meta.parts[2].eq(stay_sum),
         ]
 
-        # The whole header, and the sum of the parts.
+        # The header with its total length, and the sum of the parts.
         entering = entered.o.p.meta
-        own = Signal(IPV4)
         m.d.comb += [
-            own.dscp.eq(entering.tos[2:]),
-            own.ecn.eq(entering.tos[:2]),
-            own.total_length.eq(entering.length + IPV4.length),
-            own.protocol.eq(entering.protocol),
-            own.dst.eq(entering.dst_ip),
             forward(entered.o, summed.i),
-            summed.i.p.meta.dst_ip.eq(entering.dst_ip),
-            summed.i.p.meta.ip.eq(Value.cast(own) | Value.cast(entering.stay)),
+            summed.i.p.meta.dst_ip.eq(entering.ip.dst),
+            summed.i.p.meta.ip.eq(entering.ip),
+            summed.i.p.meta.ip.total_length.eq(entering.ip.total_length + IPV4.length),
             summed.i.p.meta.ip_sum.eq(sum_of_three(*entering.parts)),
         ]
 
