@@ -47,8 +47,9 @@ NETLIST_SYNTH = f"{SYNTH} -nobram -nodsp"
 #:
 #: Private names: Amaranth names every signal, and Yosys keeps every named wire through
 #: every pass, so each of synthesis's 88 ``opt_clean`` runs walked some 1.5 million wire
-#: bits of the reduced core; the netlist test needs its ports only. Its synthesis's
-#: first passes run 2–3 times faster so.
+#: bits of the reduced core; the netlist test needs its ports only. Flattened first, as
+#: ``rename -hide`` leaves every module's ports named, the submodules' too. Its
+#: synthesis's first passes run 2–3 times faster so.
 #:
 #: Single bits: Icarus wakes every part-select of a vector when one of its bits changes,
 #: so a netlist whose cells drive bits of wide vectors simulates several times slower: the
