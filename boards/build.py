@@ -32,7 +32,7 @@ from .vcu118 import VCU118Platform
 from .vcu118_port import SOURCES
 from .vcu118_top import CORE_CLOCK_HZ, PORT2_ADDRESS, VCU118DualTop, VCU118Top
 
-__all__ = ["write_tree", "main"]
+__all__ = ["write_tree", "run_vivado", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Per board: its platform, and its top for one cage and for both.
@@ -145,6 +145,13 @@ def _bitstream(args) -> int:
     print(f"writing the Vivado build tree to {build_dir} …", file=sys.stderr, flush=True)
     script = write_tree(build_dir, board=args.board, qsfp=args.qsfp, rsfec=args.rsfec,
                         hw_server=args.hw_server, port2=port2 or None, **core)
+    return run_vivado(script)
+
+
+def run_vivado(script: Path) -> int:
+    """Runs a written tree's ``script`` (from :func:`write_tree`) with Vivado; returns its
+    exit code, and on a failure prints one ``error:`` line that says what to do."""
+    build_dir = script.parent
     if not shutil.which("vivado"):
         print(f"error: Vivado is not on PATH; the complete build is written to {build_dir}: "
               f"on a machine with Vivado, source its settings64.sh and run "

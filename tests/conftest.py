@@ -27,14 +27,13 @@ LONGEST_FIRST = (
     "tests/sim/test_core.py::test_core[switch_bench-",
     "tests/sim/test_core.py::test_core[dcqcn_bench-",
     "tests/sim/test_core.py::test_core[fuzz_bench-",
-    "tests/gateware/test_cm.py::test_256_qps_all_open_then_no_qp",
 )
 
 
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "synthesis: synthesizes the design with Yosys (tens of CPU-minutes; "
-                   "make test leaves these out, make test SYNTHESIS=1 and CI run them)")
+                   "make test and CI leave these out, make test SYNTHESIS=1 runs them)")
 
 
 def _unit(item) -> str:

@@ -63,22 +63,37 @@ TREE_CMACS = {"1": {1: ("cmac_usplus_0", 0)}, "2": {2: ("cmac_usplus_0", 0)},
               "both": {1: ("cmac_usplus_0", 0), 2: ("cmac_usplus_1", 1)}}
 
 
+@pytest.fixture(scope="module")
+def small_tree(tmp_path_factory):
+    """The tree for QSFP2 with a small core, written by :func:`boards.build.write_tree`."""
+    build_dir = tmp_path_factory.mktemp("vcu118-qsfp2")
+    return build.write_tree(build_dir, qsfp=2, **SMALL_CORE)
+
+
+@pytest.fixture(scope="module")
+def both_tree(tmp_path_factory):
+    """The tree for both cages with small cores, written by ``make bitstream QSFP=both``'s
+    command without Vivado on PATH: ``(tree, the command's stderr)``."""
+    build_dir = tmp_path_factory.mktemp("vcu118-qsfpboth")
+    run = run_build("bitstream", "--qsfp", "both", "--build-dir", str(build_dir),
+                    *SMALL_ARGS, path=path_without_vivado())
+    assert run.returncode == 1, run.stderr
+    return build_dir, run.stderr
+
+
 @pytest.fixture(scope="module", params=["1", "2", "both"],
                 ids=["qsfp1-default-core", "qsfp2-small-core", "qsfpboth-small-core"])
 def tree(request, tmp_path_factory):
     """The tree ``make bitstream`` writes: for QSFP1 with the default core (what users
     build; about a minute to convert), for QSFP2 with a small one, for both cages with
     small ones (through the command line without Vivado, as ``make bitstream QSFP=both``)."""
-    build_dir = tmp_path_factory.mktemp(f"vcu118-qsfp{request.param}")
     if request.param == "both":
-        run = run_build("bitstream", "--qsfp", "both", "--build-dir", str(build_dir),
-                        *SMALL_ARGS, path=path_without_vivado())
-        errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
-        assert run.returncode == 1 and len(errors) == 1, run.stderr
-        assert "Vivado is not on PATH" in errors[0] and str(build_dir) in errors[0]
+        build_dir, _ = request.getfixturevalue("both_tree")
+    elif request.param == "2":
+        build_dir = request.getfixturevalue("small_tree").parent
     else:
-        build.write_tree(build_dir, qsfp=int(request.param),
-                         **({} if request.param == "1" else SMALL_CORE))
+        build_dir = tmp_path_factory.mktemp("vcu118-qsfp1")
+        build.write_tree(build_dir, qsfp=1)
     return request.param, build_dir
 
 
@@ -365,17 +380,15 @@ def path_without_vivado():
                            if not (Path(p) / "vivado").exists())
 
 
-def test_bitstream_without_vivado(tmp_path):
+def test_bitstream_without_vivado(both_tree):
     """Non-zero, the tree written, and one error line that says how to finish."""
-    run = run_build("bitstream", "--build-dir", str(tmp_path), *SMALL_ARGS,
-                    path=path_without_vivado())
-    assert run.returncode == 1
-    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, run.stderr
-    assert "Vivado is not on PATH" in errors[0] and str(tmp_path) in errors[0]
+    build_dir, stderr = both_tree
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, stderr
+    assert "Vivado is not on PATH" in errors[0] and str(build_dir) in errors[0]
     assert "sh build_top.sh" in errors[0]
     for name in ("build_top.sh", "top.tcl", "top.xdc", "top.v", "program.tcl"):
-        assert (tmp_path / name).exists(), name
+        assert (build_dir / name).exists(), name
 
 
 def test_both_cages_build_directory_and_options():
@@ -387,17 +400,24 @@ def test_both_cages_build_directory_and_options():
     assert run.returncode == 2 and "--qsfp both" in run.stderr
 
 
-def test_bitstream_and_program_with_vivado(tmp_path):
+def copy_of(script, tmp_path):
+    """A copy of the tree of ``script`` in ``tmp_path``, and its script there."""
+    shutil.copytree(script.parent, tmp_path / "tree")
+    return tmp_path / "tree" / script.name
+
+
+def test_bitstream_and_program_with_vivado(small_tree, tmp_path, monkeypatch, capsys):
     """With ``vivado`` on PATH the written script runs it on top.tcl; ``program`` and
     ``flash`` run it on program.tcl and flash.tcl, for the JTAG target asked for;
     ``program`` without a bitstream names the fix."""
     tools = fake_vivado(tmp_path / "bin")
     path = f"{tools}{os.pathsep}{os.environ['PATH']}"
-    tree = tmp_path / "tree"
+    script = copy_of(small_tree, tmp_path)
+    tree = script.parent
     run = run_build("program", "--build-dir", str(tree), path=path)
     assert run.returncode == 1 and "run `make bitstream` first" in run.stderr
-    run = run_build("bitstream", "--build-dir", str(tree), *SMALL_ARGS, path=path)
-    assert run.returncode == 0, run.stderr
+    monkeypatch.setenv("PATH", path)
+    assert build.run_vivado(script) == 0, capsys.readouterr().err
     assert (tree / "top.bit").exists()
     assert "-mode batch -log top.log -source top.tcl" in (tree / "vivado.args").read_text()
     run = run_build("program", "--build-dir", str(tree), path=path)
@@ -410,18 +430,18 @@ def test_bitstream_and_program_with_vivado(tmp_path):
     assert "open_board_device xcvu9p {210308A5A8DB}" in (tree / "flash.tcl").read_text()
 
 
-def test_bitstream_that_fails_timing(tmp_path):
+def test_bitstream_that_fails_timing(small_tree, tmp_path, monkeypatch, capsys):
     """The gate stops Vivado: `make bitstream` fails with one line naming the failed check
     and the reports, and leaves no top.bit (not even one of an earlier run)."""
     tools = fake_vivado(tmp_path / "bin", timing_failed=True)
-    tree = tmp_path / "tree"
-    tree.mkdir()
+    script = copy_of(small_tree, tmp_path)
+    tree = script.parent
     (tree / "top.bit").write_text("an earlier bitstream")
-    run = run_build("bitstream", "--build-dir", str(tree), *SMALL_ARGS,
-                    path=f"{tools}{os.pathsep}{os.environ['PATH']}")
-    assert run.returncode != 0
-    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, run.stderr
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    assert build.run_vivado(script) != 0
+    stderr = capsys.readouterr().err
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, stderr
     assert "timing failed" in errors[0] and "setup (WNS): -0.081 ns FAIL" in errors[0]
     assert str(tree / "top_timing_gate.rpt") in errors[0]
     assert str(tree / "top_timing.rpt") in errors[0]
