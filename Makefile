@@ -30,7 +30,8 @@ sim-scapy: $(STAMP)
 
 # Every test but the two that synthesize the design with Yosys (the reduced core's netlist
 # simulated against its RTL, the reduced board top's logic depth: some 70 CPU-minutes of Yosys,
-# pytest's "synthesis" mark); SYNTHESIS=1 runs them too, as CI does (.ci/run).
+# pytest's "synthesis" mark); SYNTHESIS=1 runs them too (before landing a change to the
+# gateware's logic; CI runs make test alone, .ci/run).
 # One pytest worker per CPU (JOBS=N for N, JOBS=0 for none); the tests of a module that share an
 # expensive fixture (a QEMU guest, a board tree) stay on one worker (xdist_group); the workers
 # take the tests in the order tests/conftest.py collects them, the longest first

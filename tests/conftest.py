@@ -17,12 +17,13 @@ import pytest
 #: The tests that take minutes: xdist groups, or the start of node IDs; longest first, as
 #: ``make test`` on a clean clone timed them. The Soft-RoCE group builds the guest image and
 #: then the core's Verilator model (netdev), which every cocotb test waits for: it starts
-#: first with the netlist test, and the board top's synthesis follows it.
+#: first (with ``SYNTHESIS=1`` beside the netlist test, and the board top's synthesis
+#: follows it).
 LONGEST_FIRST = (
-    "tests/sim/test_netlist.py",    # the reduced core through Yosys and Icarus: 25 CPU-minutes
+    "tests/sim/test_netlist.py",    # the reduced core through Yosys and Icarus: an hour
     "softroce",                     # the image, the core's model, a boot, two demo runs
-    "board-synthesis",              # VCU118Top (2 QPs) through Yosys: 8 minutes
-    "vcu118-tree",                  # the board's build trees: about 3 CPU-minutes
+    "board-synthesis",              # VCU118Top (2 QPs) through Yosys: 45-55 minutes
+    "vcu118-tree",                  # the board's build trees: four tops converted
     "tests/sim/test_event_source.py",   # the example's core compiled by Verilator
     "tests/sim/test_core.py::test_core[switch_bench-",
     "tests/sim/test_core.py::test_core[dcqcn_bench-",
