@@ -320,7 +320,8 @@ class Qp1Receiver(wiring.Component):
         ]
 
         # The verdict: deliver, or drop and count.
-        icrc_wrong = ICRC.finalize_value(unpadded) != verdict_4.icrc
+        icrc_wrong = Signal()
+        m.d.comb += icrc_wrong.eq(ICRC.finalize_value(unpadded) != verdict_4.icrc)
         failed = {reason: (icrc_wrong if reason == "icrc" else verdict_4[reason])
                   for reason in _DROP_REASONS if reason != "busy"}
         strobes = {}

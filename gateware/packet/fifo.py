@@ -140,7 +140,8 @@ class PacketFIFO(wiring.Component):
         # Output: the read port always fetches the beat to show next cycle.
         sent = Signal(self._length_bits)
         head = data.View(descriptor, descriptors.r_data)
-        remaining = head.length - sent
+        remaining = Signal.like(head.length)
+        m.d.comb += remaining.eq(head.length - sent)
         # Whether the beat on the output is its packet's last (``remaining <= width``): on
         # a first beat a compare of the head's length with a constant; after it, a register
         # set from the count's next value (same cycles), so the subtraction does not chain

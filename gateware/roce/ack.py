@@ -154,8 +154,10 @@ class AckReceiver(wiring.Component):
         # Stage 3: the rest of the ICRC, and the verdict.
         right = {}
         for kind in ("ack", "cnp"):
-            final = tails[kind][0].apply(register) ^ tail_share[kind]
-            right[kind] = ICRC.finalize_value(final) == received[kind]
+            final = Signal(ICRC.width, name=f"{kind}_register")
+            right[kind] = Signal(name=f"{kind}_right")
+            m.d.comb += [final.eq(tails[kind][0].apply(register) ^ tail_share[kind]),
+                         right[kind].eq(ICRC.finalize_value(final) == received[kind])]
         accepted = wanted["ack"] & right["ack"]
         cnp = wanted["cnp"] & right["cnp"]
         icrc_error = (wanted["ack"] & ~right["ack"]) | (wanted["cnp"] & ~right["cnp"])

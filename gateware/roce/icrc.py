@@ -219,7 +219,8 @@ class IcrcInserter(wiring.Component):
             line.append(delay(line[-1], f"stage_{len(line) + 1}"))
 
         # Output stage: the ICRC over the placeholder of a RoCEv2 packet's last beat.
-        icrc = ICRC.finalize_value(register)
+        icrc = Signal(ICRC.width)
+        m.d.comb += icrc.eq(ICRC.finalize_value(register))
         last = line[-1]
         beat = last.beat
         insert = last.rocev2 & beat.last

@@ -2,7 +2,11 @@
 Linux Soft-RoCE, and every kind of datagram it must drop."""
 
 import random
+import re
+from collections import Counter
 
+from amaranth import Signal
+from amaranth.back import rtlil
 from scapy.contrib.roce import AETH, BTH, CNP_OPCODE, CNPPadding
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
@@ -144,3 +148,19 @@ def test_cnps_are_told_apart_from_acknowledgements():
         assert events == [event(FIRST_QPN + 1, 7)]
         assert cnps == [9, 0, QPS - 1]
         assert counters == {"acks": 1, "icrc_errors": 1, "unsupported": 1, "unknown_qp": 1}
+
+
+def test_the_icrc_check_is_in_the_rtlil_once():
+    """Amaranth emits an expression again at each use, and again for each bit sliced out
+    of it: the ICRC check's matrix products, reversed and compared, once made 14,800 cells
+    (7,200 of them copies of the same 32-bit AND) out of some 400. No two cells of the
+    receiver may compute the same thing from the same inputs but a few 1-bit ones."""
+    receiver = AckReceiver(qps=QPS)
+    ports = [port for _, _, port in receiver.signature.flatten(receiver)
+             if isinstance(port, Signal)]            # not the always-ready streams' ready
+    text = rtlil.convert(receiver, ports=ports)
+    cells = Counter(re.sub(r"\n    connect \\Y .*", "", cell)
+                    for cell in re.findall(r"^  cell \$\w+ \S+\n(?:    .*\n)*", text, re.M))
+    copies = sum(count - 1 for count in cells.values())
+    assert sum(cells.values()) < 1000
+    assert copies <= 0.05 * sum(cells.values()), cells.most_common(3)
