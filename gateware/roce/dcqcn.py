@@ -300,8 +300,12 @@ class DcqcnReactionPoint(wiring.Component):
         remainder = Signal(_RATE + 1)
         step = Signal(range(64))
         step_rate = Signal(_MBPS)               # the increase of Rt of this event
-        dividend_bits = 10 + 3 + INTERVAL_FRACTION_BITS + RATE_FRACTION_BITS
-        dividend = Signal(dividend_bits)
+        # The dividend, 8·cycles_per_us in fixed point, is shifted out from its top bit; all
+        # its bits below the time base's are zeros, so the register holds the time base
+        # alone and shifts zeros in behind it. (Held whole, its 27 zeros cost Yosys 27
+        # rounds of its optimizer over the whole core, one bit proved constant each.)
+        dividend_bits = len(config.cycles_per_us) + 3 + INTERVAL_FRACTION_BITS + RATE_FRACTION_BITS
+        dividend = Signal(len(config.cycles_per_us))
 
         max_rate = Signal(_RATE)                # (registers: settings change seldom)
         first_rate = Signal(_RATE)              # the first cut's rate, at most max_rate
@@ -357,8 +361,7 @@ class DcqcnReactionPoint(wiring.Component):
             """The divider's start: the steps that follow divide by ``state.rate`` as
             this cycle leaves it."""
             m.d.sync += [
-                dividend.eq(config.cycles_per_us
-                            << 3 + INTERVAL_FRACTION_BITS + RATE_FRACTION_BITS),
+                dividend.eq(config.cycles_per_us),
                 remainder.eq(0),
                 quotient.eq(0),
                 step.eq(dividend_bits - 1),
