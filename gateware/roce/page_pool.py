@@ -282,17 +282,23 @@ class PagePool(wiring.Component):
         picked = Signal(qp_bits)
         table_read = table.read_port()
         state = self.state
-        # Pages behind the older of the two positions not given back: the difference from
-        # each, beside the comparison of the two.
-        behind = Signal(vpage_bits)
+        # Whether a page lies behind the older of the two positions, not given back: the
+        # difference from each and the comparison of the two side by side, so that no
+        # subtraction waits for another.
+        behind_head = Signal(vpage_bits)
+        behind_tail = Signal(vpage_bits)
+        held_behind = Signal()
         tail_page = state.tail[offset_bits:]
         mid_page = state.tail[:offset_bits] != 0
         tail_only = Signal()                    # the QP holds only the page it sends into
         holds_none = Signal()
         idle_release = Signal()                 # that page comes back
         m.d.comb += [
-            behind.eq(Mux((state.head - state.tail)[-1], state.head[offset_bits:] - own.data,
-                          state.tail[offset_bits:] - own.data)),
+            behind_head.eq(state.head[offset_bits:] - own.data),
+            behind_tail.eq(state.tail[offset_bits:] - own.data),
+            held_behind.eq(Mux((state.head - state.tail)[-1],
+                               (behind_head != 0) & ~behind_head[-1],
+                               (behind_tail != 0) & ~behind_tail[-1])),
             tail_only.eq(mid_page & (own.data == tail_page)),
             holds_none.eq(own.data == (tail_page + mid_page)[:vpage_bits]),
             idle_release.eq(state.idle & tail_only & ~active(qp)),
@@ -335,7 +341,7 @@ class PagePool(wiring.Component):
                 # The oldest page held is behind the older position (by less than half the
                 # positions' range, as they run on), or it is the one an idle QP sends into:
                 # its page table entry is read.
-                normal = (behind != 0) & ~behind[-1] & ~active(qp, RESENDS)
+                normal = held_behind & ~active(qp, RESENDS)
                 with m.If((normal | idle_release) & ~rebase):
                     m.d.comb += table_read.en.eq(1)
                     m.d.sync += idle_kind.eq(~normal)
