@@ -162,6 +162,8 @@ public_flat_rw -module "{toplevel}" -var "*"
 #: at ``-O1`` 7.5 CPU-minutes. A connectx and a fuzz bench together ran as fast at ``-O1`` as
 #: at ``-Os`` (47 s, 49 s), and 3.4 times slower at ``-O0``.
 VERILATOR_OPT_FAST = "-O1"
+#: What the model's build adds to the make command cocotb's runner gives.
+_VERILATOR_MAKE_ARGS = (f"OPT_FAST={VERILATOR_OPT_FAST}",)
 
 
 def _verilator_runner():
@@ -173,7 +175,7 @@ def _verilator_runner():
         def _build_command(self):
             verilate, make, *rest = super()._build_command()
             return [[arg for arg in verilate if arg != "--public-flat-rw"],
-                    [*make, f"OPT_FAST={VERILATOR_OPT_FAST}"], *rest]
+                    [*make, *_VERILATOR_MAKE_ARGS], *rest]
 
     return PortsPublic()
 
@@ -188,12 +190,12 @@ def _compile(name: str, text: str, toplevel: str, library: tuple[Path, ...],
         runner = _verilator_runner()
         args = ["-Wno-fatal", "-Wno-WIDTH", "-Wno-ASCRANGE", "-Wno-CASEINCOMPLETE"]
         configuration = VERILATOR_PORTS.format(toplevel=toplevel)
-        compiler = [f"OPT_FAST={VERILATOR_OPT_FAST}"]     # what _verilator_runner adds
+        compiler = _VERILATOR_MAKE_ARGS
     else:
         runner = get_runner(sim)
         args = ["-g2005", "-B", str(icarus_base())]
         configuration = ""
-        compiler = []
+        compiler = ()
     # The build directory is named by all the build reads: other flags build afresh.
     inputs = "\0".join([text, *args, *compiler, configuration,
                          *(path.read_text() for path in library)])
