@@ -22,6 +22,8 @@ from amaranth.build import Attrs, Clock, DiffPairs, Pins, PinsN, Resource, Subsi
 from amaranth.vendor import XilinxPlatform
 from amaranth_boards.resources import ButtonResources, LEDResources, SwitchResources, UARTResource
 
+from gateware.conversion import large_memories_without_zero_init
+
 __all__ = ["VCU118Platform", "QSFP_LANES"]
 
 #: GTY channel sites of each QSFP28 cage, lane 1 first (``GT_GROUP_SELECT`` of the CMAC IP), as
@@ -95,6 +97,12 @@ class VCU118Platform(XilinxPlatform):
         "BITSTREAM.CONFIG.SPI_FALL_EDGE": "YES",
         "BITSTREAM.CONFIG.OVERTEMPSHUTDOWN": "ENABLE",
     }
+
+    def prepare(self, elaboratable, name="top", **kwargs):
+        """The build plan, its Verilog without the zero contents of large memories: block RAM
+        and UltraRAM are zero at configuration (:mod:`gateware.conversion`)."""
+        with large_memories_without_zero_init():
+            return super().prepare(elaboratable, name, **kwargs)
 
     def bitstream_constraints(self):
         """XDC lines for the configuration settings above."""

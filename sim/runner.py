@@ -20,6 +20,8 @@ from pathlib import Path
 import amaranth
 from amaranth.back import verilog
 
+from gateware.conversion import large_memories_without_zero_init, zero_uninitialized_memories
+
 __all__ = ["ROOT", "BUILD", "Build", "simulator", "build", "build_verilog", "run",
            "sources_digest"]
 
@@ -71,8 +73,11 @@ _PORT_REGISTER = re.compile(r"^(\s+reg (?:\[\d+:0\] )?_\d+_);$", re.M)
 
 
 def simulation_verilog(component, toplevel: str) -> str:
-    """The Verilog of ``component`` for simulators."""
-    text = verilog.convert(component, name=toplevel, emit_src=False)
+    """The Verilog of ``component`` for simulators; its large memories start at zero from
+    a loop rather than from a line a word (:mod:`gateware.conversion`)."""
+    with large_memories_without_zero_init():
+        text = verilog.convert(component, name=toplevel, emit_src=False)
+    text = zero_uninitialized_memories(text)
     text = _PORT_REGISTER.sub(r"\1 = 0;", text)
     return _CONSTANT_ALWAYS.sub(r"initial\n\1\2", text)
 

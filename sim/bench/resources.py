@@ -21,13 +21,12 @@ per target:
   follows in parentheses.
 
 Board tops (``VCU118Top``, ``VCU118DualTop``) are synthesized whole, as ``make bitstream``
-writes them (core, FIFOs, link and status logic, I/O buffers, MMCM; less
-the ``initial`` blocks that set large memories to zero, which Yosys reads
-slowly: :func:`without_zero_memory_init`),
-the CMAC a black box whose ports are registers of its clock. For them a second
-table gives per clock domain its frequency, flip-flops and the path with
-the most LUT levels into one of its registers, with the domain's logic mapped
-to LUTs alone and for delay (:func:`map_each_domain`: abc9 would otherwise
+writes them (core, FIFOs, link and status logic, I/O buffers, MMCM; large memories
+without the zero contents that Yosys reads slowly, as there:
+:mod:`gateware.conversion`), the CMAC a black box whose ports are registers of its
+clock. For them a second table gives per clock domain its frequency, flip-flops and
+the path with the most LUT levels into one of its registers, with the domain's logic
+mapped to LUTs alone and for delay (:func:`map_each_domain`: abc9 would otherwise
 deepen every path to the delay of the slowest one, of any clock), against the
 domain's budget (:data:`LUT_LEVEL_BUDGET`), and the delay of its slowest path in
 Yosys's 7-series timing model against the clock's period (:mod:`sim.bench.timing`);
@@ -72,6 +71,7 @@ from amaranth.back import rtlil
 from amaranth.lib import wiring
 
 from boards.cmac_ip import cmac_ip_name
+from gateware.conversion import large_memories_without_zero_init
 from gateware.headers import IPV4
 from gateware.ip.tx import IP_TX_META, NEXT_HOP_META
 from gateware.stream import meta_with
@@ -367,7 +367,8 @@ def convert(factory: Callable[[], wiring.Component]) -> tuple[bool, str]:
         if not isinstance(design, wiring.Component):
             return True, board_verilog(design)
         component, ports = _with_ports(design)
-        return False, rtlil.convert(component, name="top", ports=ports)
+        with large_memories_without_zero_init():
+            return False, rtlil.convert(component, name="top", ports=ports)
     except RecursionError as error:
         raise SynthesisError(
             "Python ran out of recursion converting the design to RTLIL "
@@ -422,7 +423,6 @@ def synthesize(name: str, factory: Callable[[], wiring.Component], yosys: list[s
         hard_ip = [f"hierarchy -generate {kind} {ports}"
                    for kind, ports in HARD_IP_PORTS.items()] if board else []
         if board:
-            text = without_zero_memory_init(text)
             read, source = ["read_verilog top.v", *hard_ip], "top.v"
         else:
             read, source = ["read_rtlil design.il"], "design.il"
@@ -501,32 +501,6 @@ def run_yosys(yosys: list[str], commands: list[str], workdir: Path, timeout: flo
         last = [line for line in output.splitlines() if line.strip()][-3:]
         raise SynthesisError(f"Yosys failed ({run.returncode}): " + " | ".join(last)
                              + f"; see {workdir / log}")
-
-
-#: A memory's declaration and an ``initial`` block that sets each of its words to zero. Its
-#: name is a plain identifier (``storage``) or an escaped one, which a space ends
-#: (``\table `` for a keyword, ``\state$93 `` for a name with a ``$``).
-ZERO_MEMORY_INIT = re.compile(r"^(  reg \[\d+:0\] (\\\S+ |[^\s\\]\S*) ?\[\d+:0\];\n)"
-                              r"  initial begin\n"
-                              r"(?:    \2\[\d+\] = \d+'[hd]0+;\n)+  end\n", re.MULTILINE)
-
-
-#: Memories of more words than this lose their zero ``initial`` blocks.
-LARGE_MEMORY_WORDS = 1024
-
-
-def without_zero_memory_init(verilog: str) -> str:
-    """The Verilog without the ``initial`` blocks that set large memories (more than
-    :data:`LARGE_MEMORY_WORDS` words) to zero, which the FPGA's block RAM and UltraRAM
-    are at configuration anyway. Yosys's Verilog frontend is slow on them: the 16-QP
-    core's retransmit buffer has 32,768 words, and the whole board top's synthesis had
-    not left the frontend after 10 minutes. Small memories keep theirs: without it
-    Yosys maps them (and the logic around them) differently, the reduced top's CMAC
-    clock a level deeper."""
-    def strip(match: re.Match) -> str:
-        words = match[0].count("\n") - 3
-        return match[1] if words > LARGE_MEMORY_WORDS else match[0]
-    return ZERO_MEMORY_INIT.sub(strip, verilog)
 
 
 def _read_address(port: str) -> str:

@@ -21,8 +21,7 @@ from random import Random
 
 import pytest
 from amaranth import Cat, Module, Signal
-from amaranth.back import verilog
-from amaranth.lib import memory, wiring
+from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from sim.bench import resources
@@ -431,26 +430,6 @@ def test_a_path_is_as_deep_beside_a_slower_one_as_alone(tmp_path):
     module = json.loads((tmp_path / "True" / "sync.json").read_text())["modules"]["top"]
     carries = sum(cell["type"] == "CARRY4" for cell in module["cells"].values())
     assert carries >= 96 // 4
-
-
-def test_zero_init_of_large_memories_goes_and_nothing_else(monkeypatch):
-    # Amaranth's own Verilog: ``table`` is a keyword, so its name is escaped (``\table ``).
-    monkeypatch.setattr(resources, "LARGE_MEMORY_WORDS", 4)
-    m = Module()
-    address = Signal(4)
-    kept = {"listed": ([1, 2, 3], 16), "tiny": ([], 4)}
-    gone = {"storage": ([], 16), "table": ([], 16)}
-    for name, (init, depth) in {**kept, **gone}.items():
-        m.submodules[name] = store = memory.Memory(shape=8, depth=depth, init=init)
-        read = store.read_port(domain="comb")
-        m.d.comb += [read.addr.eq(address), Signal(8, name=f"{name}_data").eq(read.data)]
-    text = verilog.convert(m, ports=[address])
-    assert "\\table  [15:0];\n  initial begin" in text
-    stripped = resources.without_zero_memory_init(text)
-    declared = re.compile(r"^  reg \[7:0\] \\?(\w+) +\[\d+:0\];\n(  initial begin)?", re.M)
-    assert {match[1]: bool(match[2]) for match in declared.finditer(stripped)} == {
-        **dict.fromkeys(kept, True), **dict.fromkeys(gone, False)}
-    assert len(stripped.splitlines()) == len(text.splitlines()) - 2 * (16 + 2)
 
 
 def test_the_resources_table_counts_cells_and_shows_a_failure():
