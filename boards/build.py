@@ -86,7 +86,7 @@ def _crossing_constraints(fifos) -> str:
     for fifo in fifos:
         for synchronizer in ("produce_cdc", "consume_cdc"):
             to = (f"[get_cells -hierarchical -filter "
-                  f"{{NAME =~ {fifo}/*/{synchronizer}/stage0_reg*}}]")
+                  f"{{NAME =~ {fifo}/{synchronizer}/stage0_reg*}}]")
             lines.append(
                 f"set_bus_skew -from [all_fanin -flat -startpoints_only [get_pins -of_objects "
                 f"{to} -filter {{REF_PIN_NAME == D}}]] -to {to} {skew:.3f}")

@@ -4,7 +4,6 @@ frame gate, the clock-domain crossings, the port's status and its LEDs' signals.
 from amaranth import *
 from amaranth.lib import data, wiring
 from amaranth.lib.cdc import FFSynchronizer
-from amaranth.lib.fifo import AsyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from gateware.core import CMAC_CLOCK_HZ
@@ -12,6 +11,7 @@ from gateware.counters import COUNTER_BITS
 from gateware.packet.store_forward import PacketStoreForward
 from gateware.stream import BEAT_BYTES, axi_stream_signature
 
+from .async_fifo import RegisteredAsyncFIFO
 from .cmac import cmac_signature
 from .cmac_ip import INIT_CLOCK_MHZ
 from .cmac_link import LINK_STATUS, CmacLink
@@ -190,9 +190,9 @@ class CmacPort(wiring.Component):
 
         # The frames, each way through an asynchronous FIFO.
         beat = beat_layout(self._width)
-        m.submodules.rx_fifo = rx_fifo = AsyncFIFOBuffered(
+        m.submodules.rx_fifo = rx_fifo = RegisteredAsyncFIFO(
             width=beat.size, depth=self._rx_fifo_depth, w_domain="cmac", r_domain="sync")
-        m.submodules.tx_fifo = tx_fifo = AsyncFIFOBuffered(
+        m.submodules.tx_fifo = tx_fifo = RegisteredAsyncFIFO(
             width=beat.size, depth=self._tx_fifo_depth, w_domain="sync", r_domain="cmac")
         m.submodules.tx_buffer = tx_buffer = DomainRenamer("cmac")(
             PacketStoreForward(width=self._width))
@@ -255,7 +255,7 @@ class CmacPort(wiring.Component):
         ]
 
         # The status, from the CMAC's clock to init.
-        m.submodules.status_fifo = status_fifo = AsyncFIFOBuffered(
+        m.submodules.status_fifo = status_fifo = RegisteredAsyncFIFO(
             width=PORT_STATUS.size, depth=STATUS_FIFO_DEPTH, w_domain="cmac", r_domain="init")
         status = Signal(PORT_STATUS)
         m.d.comb += [
