@@ -6,7 +6,7 @@ from amaranth import *
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..arith import difference_at_least
+from ..arith import difference_at_least, wrapped_before
 from ..stream import BEAT_BYTES
 from .ack import AETH_ACK, AETH_NAK, AETH_RNR_NAK, NAK_SEQUENCE
 from .ack_intake import ACK_TAKEN
@@ -313,13 +313,11 @@ class AckHandler(wiring.Component):
             # The intake checked the acknowledgement; checked again here, as the QP may
             # have moved on since (one behind ``una`` says nothing new).
             with m.State("ACK"):
-                ahead = (event.psn - s_una)[:24]
-                window = (s_nxt - s_una)[:24]
                 advances = una_after != s_una
                 retries_next = Mux(advances, s_peer.retry_count, s_retry.retries)
                 rnr_retries_next = Mux(advances, s_peer.rnr_retry, s_retry.rnr_retries)
                 m.d.sync += [
-                    taken.eq((ahead < window) & ~s_error),
+                    taken.eq(wrapped_before(event.psn, s_nxt, s_una) & ~s_error),
                     progress.eq(advances),
                     new_una.eq(una_after),
                     retries.eq(retries_next),

@@ -6,6 +6,7 @@ from amaranth import *
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..arith import sum_is_zero
 from ..stream import BEAT_BYTES, NO_META, keep_mask, packet_signature
 from .requests import QP_INDEX_BITS, WORK_REQUEST, Verb
 
@@ -212,12 +213,15 @@ class TrafficGenerator(wiring.Component):
             kept.eq(free + Mux(credited, advance, 0)),
             spent.eq(free + Mux(credited, advance_less, C(-1, 32))),
         ]
+        # Whether each is zero, beside its add rather than after it (``sum_is_zero``).
+        kept_zero = Mux(credited, sum_is_zero(free, advance), free == 0)
+        spent_zero = Mux(credited, sum_is_zero(free, advance_less), free == 1)
         # (with a request taken at the end of the first pass: consumed + slots − issued,
         # with issued = slots after this request)
         free_taken = Mux(first_wrap, consumed, spent)
         blocked_taken = (run.credited & (wrapped | past_end)
-                         & Mux(first_wrap, consumed == 0, spent == 0))
-        blocked_kept = run.credited & wrapped & (kept == 0)
+                         & Mux(first_wrap, consumed == 0, spent_zero))
+        blocked_kept = run.credited & wrapped & kept_zero
         m.d.comb += free_next.eq(Mux(taken, free_taken, kept))
         m.d.sync += [
             free.eq(free_next),

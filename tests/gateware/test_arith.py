@@ -7,7 +7,13 @@ import pytest
 from amaranth import Module, Signal
 from amaranth.sim import Simulator
 
-from gateware.arith import difference_at_least, sum_above, sum_of_three
+from gateware.arith import (
+    difference_at_least,
+    sum_above,
+    sum_is_zero,
+    sum_of_three,
+    wrapped_before,
+)
 
 
 def _evaluate(function, widths, result_width=1):
@@ -53,3 +59,17 @@ def test_difference_at_least_is_the_wrapped_difference_against_c(widths):
     cases, results = _evaluate(difference_at_least, widths)
     modulus = 1 << widths[0]
     assert results == [int((a - b) % modulus >= c) for a, b, c in cases]
+
+
+def test_wrapped_before_compares_the_two_distances_from_base():
+    """``wrapped_before``: every a, b and base at 4 bits, each of them wrapped or not."""
+    cases, results = _evaluate(wrapped_before, (4, 4, 4))
+    assert results == [int((a - base) % 16 < (b - base) % 16) for a, b, base in cases]
+
+
+@pytest.mark.parametrize("widths", [(5, 5), (6, 3)])
+def test_sum_is_zero_is_the_wrapped_sum_against_zero(widths):
+    """``sum_is_zero``: every a and b, the sum wrapping at the wider's width or not."""
+    cases, results = _evaluate(sum_is_zero, widths)
+    modulus = 1 << max(widths)
+    assert results == [int((a + b) % modulus == 0) for a, b in cases]
