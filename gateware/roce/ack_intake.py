@@ -64,9 +64,9 @@ class AckIntake(wiring.Component):
     acknowledgement counts against the packets sent up to the cycle before it.
 
     ``o`` offers the engine one slot of one QP at a time, the NAK before the ACK
-    of a QP; an acknowledgement is offered from 6 cycles after ``i`` on. The QPs
-    wait their turn in two queues (block RAM): those whose slot filled, in that
-    order, and those taken with a slot still filled (the ACK behind a NAK taken,
+    of a QP; an acknowledgement is offered from 7 cycles after ``i`` on. The QPs
+    wait their turn in two queues (block RAM): those whose slot filled (in that
+    order, a cycle later), and those taken with a slot still filled (the ACK behind a NAK taken,
     or one that came as it was taken: it goes back a cycle after it left), the
     two queues in turn. A QP is in a queue once at most, so neither overflows;
     no choice is made among all QPs.
@@ -190,7 +190,9 @@ class AckIntake(wiring.Component):
 
         # Stage 3: into the slots. A NAK taken is kept unless the one kept is for the same
         # PSN and says as much (a NAK taken is never behind the one kept), or is an error
-        # NAK. A QP whose slot fills goes into the queue ``arrived`` unless it is queued.
+        # NAK. A QP whose slot fills goes into the queue ``arrived`` unless it is queued: a
+        # cycle later, from a register (``queued`` set now), so that the compares of the
+        # kept acknowledgement and a clear do not reach the queue's count in the same cycle.
         m.d.comb += [nak_slot.addr.eq(event.qp), flags.r[1].addr.eq(event.qp)]
         nak_fatal = ((nak_slot.data.syndrome[5:7] == AETH_NAK)
                      & (nak_slot.data.syndrome[:5] != NAK_SEQUENCE))
@@ -211,11 +213,13 @@ class AckIntake(wiring.Component):
             flags.w_kept.has_ack.value.eq(1),
             flags.w_kept.has_nak.en.eq(sets_nak),
             flags.w_kept.has_nak.value.eq(1),
-            arrived.w_data.eq(kept.qp),
-            arrived.w_en.eq((sets_ack | sets_nak) & ~kept_flags.queued),
-            flags.w_kept.queued.en.eq(arrived.w_en),
+            flags.w_kept.queued.en.eq((sets_ack | sets_nak) & ~kept_flags.queued),
             flags.w_kept.queued.value.eq(1),
         ]
+        arriving = Signal()
+        arriving_qp = Signal(qp_bits)
+        m.d.sync += [arriving.eq(flags.w_kept.queued.en), arriving_qp.eq(kept.qp)]
+        m.d.comb += [arrived.w_data.eq(arriving_qp), arrived.w_en.eq(arriving)]
 
         # The offer: a QP from the head of ``arrived`` or of ``returned`` (QPs taken with a
         # slot still filled), the two in turn, into a register (``head``) once the one
