@@ -18,7 +18,9 @@ class PacketFIFO(wiring.Component):
     ``o_overflow_drop`` for a cycle.
 
     The output meta is the input meta of the packet's first beat plus
-    ``length`` (or ``length_field``), the packet's byte count, known with the first output beat.
+    ``length`` (or ``length_field``), the packet's byte count, known with the first output beat
+    (counted as the stream's rule has it: the beats before the last whole, the last one's
+    ``keep`` its bytes).
     ``keep`` on the output is rebuilt from that length, so it is always
     contiguous. Latency: two cycles from the last input beat to the first
     output beat.
@@ -81,15 +83,25 @@ class PacketFIFO(wiring.Component):
 
         used = (wr_ptr - rd_ptr)[:len(wr_ptr)]
         room = used < depth
-        beat_length = keep_count(i.p.keep)
         meta = Mux(first, Value.cast(i.p.meta), first_meta)
-        total = (Mux(first, 0, length) + beat_length)[:self._length_bits]
+        # The packet's length with this beat. Every beat before the last is whole, so
+        # ``length`` is whole beats: a whole beat makes it the length a beat on, kept in a
+        # register (``length_on``), and a last beat that is not puts its byte count in the
+        # low bits. So no add follows the count of ``keep``'s lanes.
+        beat_bits = (width - 1).bit_length()
+        length_on = Signal(self._length_bits + 1, init=width)
+        base = Mux(first, 0, length)
+        base_on = Mux(first, width, length_on)
+        whole = i.p.keep[-1]
+        beat_count = keep_count(i.p.keep)[:beat_bits]
+        total_wide = Mux(whole, base_on, Cat(beat_count, base[beat_bits:]))
+        total = total_wide[:self._length_bits]
         if depth * width < 1 << self._length_bits:
             # A packet reaches 2^length_bits bytes only past ``depth`` beats, where it
             # no longer has room: no need to look at the count's carry.
             too_long = C(0)
         else:
-            too_long = (Mux(first, 0, length) + beat_length)[self._length_bits:].any()
+            too_long = total_wide[self._length_bits:].any()
         # Packets waiting (the descriptor FIFO's level), and whether that is
         # ``max_packets``, in registers: the admission does not wait on the FIFO's count.
         waiting = Signal(range(self._max_packets + 2))
@@ -113,6 +125,7 @@ class PacketFIFO(wiring.Component):
             m.d.sync += [
                 first.eq(i.p.last),
                 length.eq(total),
+                length_on.eq(Mux(whole, base_on + width, Cat(beat_count, base_on[beat_bits:]))),
             ]
             with m.If(first):
                 m.d.sync += first_meta.eq(i.p.meta)
