@@ -95,20 +95,26 @@ class SlotPool(wiring.Component):
         m.d.sync += [freed.eq(self.i_free.p), freed_valid.eq(self.i_free.valid)]
         put = Signal(bits + 1)
         got = Signal(bits + 1)
-        from_fresh = fresh != slots
-        taken_back = self.i_take & ~from_fresh
+        # Whether the fresh slots are all out, and the queue's next read position, are
+        # registers beside ``fresh`` and ``got``, so that a take only picks: the read's
+        # address (which its transparency compares with the write's) follows no add.
+        fresh_out = Signal()                # (``reserved`` is below ``slots``)
+        got_next = Signal(bits + 1, init=1)
+        from_fresh = ~fresh_out
+        taken_back = self.i_take & fresh_out
+        taken_fresh = self.i_take & from_fresh
         m.d.comb += [
             write.addr.eq(put[:bits]),
             write.data.eq(freed),
             write.en.eq(freed_valid),
-            read.addr.eq((got + taken_back)[:bits]),
+            read.addr.eq(Mux(taken_back, got_next, got)[:bits]),
             self.o_slot.eq(Mux(from_fresh, fresh, read.data)),
         ]
-        m.d.sync += [
-            put.eq(put + freed_valid),
-            got.eq(got + taken_back),
-            fresh.eq(fresh + (self.i_take & from_fresh)),
-        ]
+        m.d.sync += put.eq(put + freed_valid)
+        with m.If(taken_back):
+            m.d.sync += [got.eq(got_next), got_next.eq(got_next + 1)]
+        with m.If(taken_fresh):
+            m.d.sync += [fresh.eq(fresh + 1), fresh_out.eq(fresh == slots - 1)]
 
         free = self.o_free
         m.d.comb += free.eq(slots - fresh + (put - got)[:bits + 1])
