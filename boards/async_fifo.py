@@ -72,10 +72,6 @@ class RegisteredAsyncFIFO(wiring.Component):
             "r_rdy": Out(1),
         })
 
-    @property
-    def depth(self):
-        return self._depth
-
     def elaborate(self, platform):
         m = Module()
         w, r = self._w_domain, self._r_domain
@@ -146,7 +142,6 @@ class RegisteredAsyncFIFO(wiring.Component):
             m.d[r] += [
                 consume.eq(_binary(produce_at_r)),
                 consume_gray.eq(produce_at_r),
-                empty.eq(1),
             ]
         with m.If(following | settling):
             m.d[r] += [
