@@ -392,9 +392,12 @@ class LogicBesideAdder(wiring.Component):
         m = Module()
         random = Random(1)
         nodes = list(self.s)
-        for _ in range(300):
+        for index in range(300):
             left, right = random.sample(nodes[-60:], 2)
-            nodes.append(random.choice([left & right, left | right, left ^ right]))
+            # Each gate a signal of its own, so that the RTLIL holds each once.
+            node = Signal(name=f"gate_{index}")
+            m.d.comb += node.eq(random.choice([left & right, left | right, left ^ right]))
+            nodes.append(node)
         fast = Signal(32, name="fast")
         sum_above = Signal(name="sum_above")
         m.d.sync += fast.eq(Cat(nodes[-32:]))
