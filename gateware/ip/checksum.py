@@ -4,7 +4,8 @@ from amaranth import *
 
 from ..arith import sum_of_three
 
-__all__ = ["header_words", "ones_complement_add", "ones_complement_fold", "word_sum"]
+__all__ = ["header_words", "ones_complement_add", "ones_complement_fold", "folds_to_ones",
+           "word_sum"]
 
 
 def ones_complement_add(a, b):
@@ -61,3 +62,19 @@ def ones_complement_fold(total):
     if len(total) > 32:
         raise ValueError(f"A sum of {len(total)} bits does not fold in one step")
     return ones_complement_add(total[:16], total[16:])
+
+
+def folds_to_ones(total):
+    """Whether the 16-bit one's-complement sum of the 16-bit words whose plain sum is
+    ``total`` (at most 32 bits wide) is 0xFFFF: what a received header's sum must be.
+
+    Compares only, no carry chain: with ``lo`` and ``hi`` the halves of ``total``, the fold
+    is 0xFFFF exactly when ``lo + hi`` is 0xFFFF (``lo`` is ``~hi``) or 0x1FFFE (both are
+    0xFFFF).
+    """
+    total = Value.cast(total)
+    if len(total) > 32:
+        raise ValueError(f"A sum of {len(total)} bits does not fold in one step")
+    total = Cat(total, C(0, 32 - len(total)))
+    low, high = total[:16], total[16:]
+    return (low == ~high) | (total == 0xFFFF_FFFF)

@@ -10,7 +10,7 @@ from ..packet.extract import HeaderExtractor
 from ..packet.router import PacketRouter
 from ..packet.trim import PacketTrim
 from ..stream import BEAT_BYTES, meta_with, packet_signature
-from .checksum import ones_complement_fold, word_sum
+from .checksum import folds_to_ones, word_sum
 
 __all__ = ["IPv4Receiver", "IP_RX_META"]
 
@@ -32,8 +32,9 @@ class IPv4Receiver(wiring.Component):
     or our own address), ``length`` (total
     length below 20 or beyond the frame), ``protocol`` (neither ICMP nor
     UDP), ``truncated``. The checks that need the header alone (all but the
-    length's and the checksum's last fold) are made as the header is completed
-    and kept in registers beside it; the rest with the first payload beat.
+    length's, and the checksum's but for its last add) are made as the header
+    is completed and kept in registers beside it; the rest with the first
+    payload beat.
     Latency: one beat and a cycle (the router's register slice: no path runs
     through this layer).
     """
@@ -74,10 +75,12 @@ class IPv4Receiver(wiring.Component):
         m.d.comb += trim.i_length.eq(ip.total_length - IPV4.length)
 
         # Checks on the header alone, in registers loaded with the extractor's meta.
-        words = IPV4.length // 2
+        # The header's sum in two halves of five words (two carry chains each); the check
+        # adds them (one more) and compares.
+        half = IPV4.length // 4
         early = Signal(data.StructLayout({
             "version": 1, "options": 1, "fragment": 1, "address": 1, "source": 1,
-            "sum": range(words * 0xFFFF + 1),      # plain sum of the header's 16-bit words
+            "sums": data.ArrayLayout(range(half * 0xFFFF + 1), 2),
         }))
         ip = header.o_header.p
         config = self.i_config
@@ -97,7 +100,8 @@ class IPv4Receiver(wiring.Component):
                 early.fragment.eq(ip.mf | (ip.fragment_offset != 0)),
                 early.address.eq(ip.dst != config.ip),
                 early.source.eq(source_bad),
-                early.sum.eq(word_sum(ip)),
+                early.sums[0].eq(word_sum(Value.cast(ip)[:8 * 2 * half])),
+                early.sums[1].eq(word_sum(Value.cast(ip)[8 * 2 * half:])),
             ]
 
         meta = router.i.p.meta
@@ -106,7 +110,7 @@ class IPv4Receiver(wiring.Component):
         checks = [
             ("version", early.version),
             ("options", early.options),
-            ("checksum", ones_complement_fold(early.sum) != 0xFFFF),
+            ("checksum", ~folds_to_ones(early.sums[0] + early.sums[1])),
             ("fragment", early.fragment),
             ("address", early.address),
             ("source", early.source),

@@ -13,7 +13,7 @@ from amaranth.sim import Simulator
 from scapy.layers.inet import IP
 
 from gateware.config import config_value
-from gateware.ip.checksum import ones_complement_add, ones_complement_fold, word_sum
+from gateware.ip.checksum import folds_to_ones, ones_complement_add, ones_complement_fold, word_sum
 from gateware.ip.tx import IPv4Transmitter
 
 from .streams import get_packet, held_while_stalled, put_packet, run_testbenches, wait_for
@@ -145,3 +145,34 @@ def test_ones_complement_sums_carry_around(widths):
     for (x, y, t), (add, fold) in zip(cases, _sums(widths, cases), strict=True):
         assert add == reference_fold(x + y), (x, y)
         assert fold == reference_fold(t), t
+
+
+@pytest.mark.parametrize("width", [20, 32])
+def test_folds_to_ones_is_the_fold_compared(width):
+    """``folds_to_ones`` (compares only) against the fold of its definition: every sum that
+    folds to 0xFFFF among the edges (``lo`` the complement of ``hi``, both halves all ones)
+    and random sums, most of them a word off one that does."""
+    rng = random.Random(width)
+    mask = (1 << width) - 1
+    highs = [0, 1, 9, 0xF, 0xFFFE & (mask >> 16), mask >> 16]
+    cases = [t & mask for high in highs for low in [0, 1, 0xFFFE, 0xFFFF, ~high & 0xFFFF]
+             for t in [(high << 16) | low]]
+    cases += [mask, 0x1FFFE & mask]
+    for _ in range(300):
+        high = rng.getrandbits(width - 16)
+        cases.append(((high << 16) | (~high & 0xFFFF)) + rng.choice([0, 0, 1, -1]) & mask)
+    m = Module()
+    total, ok = Signal(width), Signal()
+    m.d.comb += ok.eq(folds_to_ones(total))
+    results = []
+
+    async def testbench(ctx):
+        for value in cases:
+            ctx.set(total, value)
+            results.append(ctx.get(ok))
+
+    sim = Simulator(m)
+    sim.add_testbench(testbench)
+    sim.run()
+    assert results == [int(reference_fold(value) == 0xFFFF) for value in cases]
+    assert 0 < sum(results) < len(cases)
