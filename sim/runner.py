@@ -273,7 +273,12 @@ def run(design: Build, *, module: str, test_dir: Path, params: dict | None = Non
     """
     from cocotb_tools.check_results import get_results
 
-    env = {"BENCH_PARAMS": json.dumps(params or {})}
+    # cocotb rewrites the asserts of every module imported after it starts (its default
+    # pattern is *.py), and its embedded Python writes no bytecode, so each run compiled
+    # Amaranth, Scapy and the gateware again: 3 s of every test. Only the test module and
+    # the benches it imports are rewritten.
+    env = {"BENCH_PARAMS": json.dumps(params or {}),
+           "COCOTB_REWRITE_ASSERTION_FILES": f"{module}.py *_bench.py"}
     results = design.runner.test(hdl_toplevel=design.toplevel, test_module=module,
                           test_dir=test_dir, testcase=testcase, extra_env=env,
                           timescale=("1ps", "1ps"),
