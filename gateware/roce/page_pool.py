@@ -5,6 +5,7 @@ from amaranth import *
 from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..arith import sum_is_zero
 from ..stream import BEAT_BYTES
 from .descriptor import MAX_PACKET_PAYLOAD, POINTER_BITS
 from .qp_context import qp_bits_of
@@ -300,7 +301,9 @@ class PagePool(wiring.Component):
                                (behind_head != 0) & ~behind_head[-1],
                                (behind_tail != 0) & ~behind_tail[-1])),
             tail_only.eq(mid_page & (own.data == tail_page)),
-            holds_none.eq(own.data == (tail_page + mid_page)[:vpage_bits]),
+            # (own == tail + 1 exactly when own + ~tail wraps to zero: no carry chain)
+            holds_none.eq(Mux(mid_page, sum_is_zero(own.data, ~tail_page),
+                              own.data == tail_page)),
             idle_release.eq(state.idle & tail_only & ~active(qp)),
             own.addr.eq(qp),
             self.state_qp.eq(qp),

@@ -2,6 +2,7 @@ from amaranth import *
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..arith import sum_above
 from ..headers import BTH, IMMDT, RETH, UDP_PORT_ROCEV2
 from ..stream import BEAT_BYTES
 from .descriptor import (
@@ -330,11 +331,13 @@ class PacketPlanner(wiring.Component):
         replay_advanced, replay_following = advance(replay, replay_next, "replay")
 
         # Whether a packet's payload starts a page of the ring or crosses into one (a
-        # register per context, set with its next packet).
+        # register per context, set with its next packet): its last beat is in the next
+        # page when the offset in the page and the beats add up to more than a page (one
+        # carry chain, no add before it).
         def enters_page(offset, beats):
             return ((beats != 0)
                     & ((offset[:offset_bits] == 0)
-                       | ((offset[:offset_bits] + beats - 1) >> offset_bits != 0)))
+                       | sum_above(offset[:offset_bits], beats, C(1 << offset_bits))))
         new_enters = Signal()
         replay_enters = Signal()
         resend_end = replay_go & (replay_psn_next == replay_view.next_psn)
@@ -551,12 +554,13 @@ class PacketPlanner(wiring.Component):
         ]
         # What loading a new message needs of its request alone is worked out in the cycle
         # before, into registers (the request waits on its stream, unchanged, from IDLE to
-        # LOAD_NEW): the message as one packet, whether it fits one packet of each path
-        # MTU (or two), and whether it is out of range.
+        # LOAD_NEW): the message as one packet, how many packets it takes at each path
+        # MTU, whether it fits one packet of each (or two), and whether it is out of range.
         request_short = Signal(_NEXT_PACKET)
         request_fits = Signal(len(PathMtu))
         request_two = Signal(len(PathMtu))      # ... or two
         request_bad = Signal()
+        request_packets = Signal(data.ArrayLayout(24, len(PathMtu)))   # packets at each MTU
         length_bits = MAX_PACKET_PAYLOAD.bit_length()
         m.d.sync += [
             request_short.eq(_next_packet(m, self.i_request.p.length[:length_bits],
@@ -568,6 +572,10 @@ class PacketPlanner(wiring.Component):
                                & (self.i_request.p.length <= 2 * mtu.bytes) for mtu in PathMtu)),
             request_bad.eq((self.i_request.p.qp >= self._qps)
                            | (self.i_request.p.length > MAX_MESSAGE_BYTES)),
+            *(request_packets[index].eq(
+                Mux(self.i_request.p.length == 0, 1,
+                    (self.i_request.p.length + mtu.bytes - 1) >> (mtu.bytes.bit_length() - 1)))
+              for index, mtu in enumerate(PathMtu)),
         ]
         fits = Signal()                         # the new message fits one packet
         two = Signal()                          # it takes two
@@ -641,15 +649,14 @@ class PacketPlanner(wiring.Component):
                 bad = request_bad | ~valid_mtu
                 packets = Signal(24)
                 with m.Switch(self.read_path.path_mtu):
-                    for mtu in PathMtu:
+                    for index, mtu in enumerate(PathMtu):
                         with m.Case(mtu):
-                            m.d.comb += packets.eq(
-                                (request.length + mtu.bytes - 1) >> (mtu.bytes.bit_length() - 1))
+                            m.d.comb += packets.eq(request_packets[index])
                 loaded = Signal(MESSAGE)
                 m.d.comb += [
                     loaded.request.eq(request),
                     loaded.first_psn.eq(new_view.next_psn),
-                    loaded.packets.eq(Mux(request.length == 0, 1, packets)),
+                    loaded.packets.eq(packets),
                     loaded.start.eq(new_view.tail),
                     loaded.path_mtu.eq(self.read_path.path_mtu),
                 ]
@@ -665,7 +672,8 @@ class PacketPlanner(wiring.Component):
                                 fits,
                                 (request_short.beats != 0)
                                 & ((tail_low == 0)
-                                   | (tail_low + request_short.beats > 1 << offset_bits)),
+                                   | sum_above(tail_low, request_short.beats,
+                                               C(1 << offset_bits))),
                                 (tail_low == 0) | (tail_low > (1 << offset_bits) - full_beats)))
                 message_tail, message_after = _message_end(
                     m, request.length, self.read_path.path_mtu, request.verb, width,
