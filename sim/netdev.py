@@ -21,10 +21,11 @@ The core is built as the cocotb benches build it (``CORE_PARAMS``); ``--qps``,
 with others, each set a build of its own, cached after its first run. The startup line
 and the summary say what was built.
 
-With ``--source example`` it runs the example event source beside the core
+The build has the example event source beside the core, off
+(:func:`sim.bench.core_runs.core_build`). With ``--source example`` the source runs
 (:class:`gateware.examples.event_core.EventCore`, the design of ``make bitstream
-SOURCE=example``, built as tests/sim/event_source_bench.py builds it, so one Verilator
-build serves both; the build options go to its core): a host's OPEN_QP starts its run
+SOURCE=example``; the same build as without it, and tests/sim/event_source_bench.py's
+unless ``--fragment-bytes`` is given another size): a host's OPEN_QP starts its run
 of ``--events`` fragments of ``--fragment-bytes`` into a ring of ``--slots`` slots at
 the buffer address the OPEN_QP carries, which ``python -m host.read_events`` reads.
 
@@ -51,13 +52,13 @@ import tempfile
 from pathlib import Path
 
 from boards.vcu118_top import PORT2_ADDRESS
-from gateware.core import TOS_ECT0, NetworkCore
-from gateware.examples.event_core import EventCore
+from gateware.core import TOS_ECT0
 from gateware.roce.requests import PathMtu
+from sim.bench.core_runs import core_build
 from sim.build_options import add_build_arguments, build_arguments, built_with
 from sim.models.link_faults import parse_faults
-from sim.runner import BUILD, Build, build, run, simulator
-from sim.testbench import CORE_PARAMS, EVENT_CORE_PARAMS
+from sim.runner import BUILD, Build, run, simulator
+from sim.testbench import CORE_PARAMS, SOURCE_PARAMS
 
 __all__ = ["main", "build_parser", "port_arguments", "event_core_design", "design_params"]
 
@@ -137,16 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tos", type=lambda text: int(text, 0), default=TOS_ECT0,
                         help="DSCP/ECN byte of RoCEv2 packets (default %(default)#x: DSCP 26, "
                         "ECT(0))")
-    core, event_core = built_with(CORE_PARAMS), built_with(EVENT_CORE_PARAMS)
-    add_build_arguments(parser, {
-        name: value if event_core[name] == value else
-        f"{value}, {event_core[name]} with --source example" for name, value in core.items()})
+    add_build_arguments(parser, built_with(CORE_PARAMS))
     example = parser.add_argument_group("the example event source (--source example)")
     example.add_argument("--source", choices=("generator", "example"), default="generator",
                          help="generator: the core alone; example: the core with the example "
                          "event source on its user ports (default %(default)s)")
     example.add_argument("--fragment-bytes", type=int,
-                         default=EVENT_CORE_PARAMS["fragment_bytes"],
+                         default=SOURCE_PARAMS["fragment_bytes"],
                          help="bytes of a fragment, a build parameter: other than the default "
                          "(%(default)s, the cocotb bench's) it takes a build of its own")
     example.add_argument("--slots", type=int, default=64,
@@ -163,36 +161,31 @@ def _with(base: dict, **changes) -> dict:
     return {**base, **{name: value for name, value in changes.items() if had[name] != value}}
 
 
-def _build(name: str, params: dict) -> Build:
-    design = {"core": NetworkCore, "event_core": EventCore}[name]
-    return build(name, lambda: design(**params), key=repr(params))
+def event_core_design(fragment_bytes: int = SOURCE_PARAMS["fragment_bytes"]) -> Build:
+    """The build of ``--source example`` (cached after the first time): with the default
+    fragment size, the benches' build (tests/sim/conftest.py's and
+    tests/sim/event_source_bench.py's)."""
+    return core_build(CORE_PARAMS, {**SOURCE_PARAMS, "fragment_bytes": fragment_bytes})
 
 
-def event_core_design(fragment_bytes: int = EVENT_CORE_PARAMS["fragment_bytes"]) -> Build:
-    """The EventCore of ``--source example``, built (cached after the first time); with
-    the default fragment size it is the build of tests/sim/event_source_bench.py."""
-    return _build("event_core", _with(EVENT_CORE_PARAMS, fragment_bytes=fragment_bytes))
-
-
-def design_params(args: argparse.Namespace) -> tuple[str, dict]:
-    """The name and the parameters of the design ``args`` ask for: NetworkCore with
-    CORE_PARAMS, or with ``--source example`` EventCore with EVENT_CORE_PARAMS, and
-    the build options given (:mod:`sim.build_options`) where they differ from those."""
-    if args.source == "example":
-        return "event_core", _with(EVENT_CORE_PARAMS, fragment_bytes=args.fragment_bytes,
-                                   **build_arguments(args))
-    return "core", _with(CORE_PARAMS, **build_arguments(args))
+def design_params(args: argparse.Namespace) -> tuple[dict, dict]:
+    """The parameters of the build ``args`` ask for: the core's (CORE_PARAMS with the
+    build options given (:mod:`sim.build_options`) where they differ from those) and the
+    example source's (SOURCE_PARAMS with ``--fragment-bytes``)."""
+    return (_with(CORE_PARAMS, **build_arguments(args)),
+            {**SOURCE_PARAMS, "fragment_bytes": args.fragment_bytes})
 
 
 def _design(args: argparse.Namespace) -> tuple[Build, dict]:
     """The design ``args`` ask for, built (cached after the first time), and what it is
-    built with, for the summary: its name, its parameters and the build options'."""
-    name, params = design_params(args)
+    built with, for the summary: the source that runs, the core's parameters and the
+    build options'."""
+    params, source = design_params(args)
     options = built_with(params)
     shown = ", ".join(f"{option}={value}" for option, value in options.items())
     print(f"netdev: building the endpoint ({shown}) with {simulator()} (cached after the "
           "first run)", flush=True)
-    return _build(name, params), {"design": name, **params, **options}
+    return core_build(params, source), {"source": args.source, **params, **options}
 
 
 def _port2(path: Path) -> Path:

@@ -5,16 +5,15 @@ import os
 import sys
 from pathlib import Path
 
-from gateware.core import NetworkCore
-from sim.runner import BUILD, build, run, simulator
-from sim.testbench import CORE_PARAMS
+from sim.bench.core_runs import core_build
+from sim.runner import BUILD, run, simulator
 
 
 def main() -> int:
     pcap = BUILD / "pcap" / "network-demo.pcap"
     print(f"Building the endpoint's Verilog and compiling it with {simulator()} "
           "(cached after the first run)...", flush=True)
-    design = build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
+    design = core_build()
     os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     try:

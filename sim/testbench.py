@@ -43,7 +43,7 @@ from sim.bench.roce_goodput import LINE_BYTES_PER_CYCLE, LINE_OVERHEAD
 from sim.pcap import PcapWriter
 
 __all__ = ["NetworkBench", "EventCoreBench", "CLOCK_PERIOD_PS", "MIN_FRAME", "CORE_PARAMS",
-           "EVENT_CORE_PARAMS"]
+           "SOURCE_PARAMS"]
 
 #: 322.265625 MHz, the CMAC's user clock, rounded to an even number of picoseconds.
 CLOCK_PERIOD_PS = 3104
@@ -55,11 +55,9 @@ CLOCK_PERIOD_PS = 3104
 CORE_PARAMS = {"arp_retry_interval": 3000, "arp_lifetime": 40_000, "arp_retries": 3,
                "ib_cm_ms": 10_000, "retransmit_beats": 512}
 
-#: The example EventCore as the benches build it (tests/sim/event_source_bench.py and
-#: ``python -m sim.netdev --source example``, one build for both): the core with fewer
-#: QPs and generators (quicker to compile), and a source of 1000-byte fragments.
-EVENT_CORE_PARAMS = {**CORE_PARAMS, "qps": 4, "generator_runs": 1, "fragment_bytes": 1000,
-                     "window": 8}
+#: The example event source as the benches build it beside the core
+#: (:func:`sim.bench.core_runs.core_build`): fragments of 1000 bytes, 8 in flight.
+SOURCE_PARAMS = {"fragment_bytes": 1000, "window": 8}
 
 #: A MAC on the wire never delivers less (without FCS); shorter frames are padded.
 MIN_FRAME = 60
@@ -203,6 +201,8 @@ class NetworkBench:
         self.dut.qp_status_select.value = 0
         self.dut.completion__ready.value = 1
         self.dut.connection__ready.value = 0    # no user logic: the events are counted lost
+        if hasattr(self.dut, "use_source"):     # the benches' build: the source stays off
+            self.dut.use_source.value = 0
         self.dut.tx__tready.value = 0
         await ClockCycles(self.dut.clk, 4)
         self.dut.rst.value = 0
@@ -536,17 +536,22 @@ class NetworkBench:
 
 
 class EventCoreBench(NetworkBench):
-    """:class:`NetworkBench` on an :class:`~gateware.examples.event_core.EventCore`: the
-    source holds the user request ports, so the bench drives none and reads the source's
-    status instead of completions."""
+    """:class:`NetworkBench` on the benches' build with its source on (``use_source``):
+    the source holds the user request ports, so the bench drives none and reads the
+    source's status instead of completions."""
 
     async def reset(self):
         dut = self.dut
         dut.rst.value = 1
-        for port in ("config", "qp_write", "roce_config", "cm_config", "pause_config",
-                     "dcqcn_config", "source_config"):
+        for port in ("config", "work_request", "qp_write", "connect", "roce_config",
+                     "cm_config", "pause_config", "dcqcn_config", "source_config"):
             getattr(dut, f"{port}__valid").value = 0
             getattr(dut, f"{port}__payload").value = 0
+        for signal in ("tvalid", "tdata", "tkeep", "tlast", "tuser"):
+            getattr(dut, f"payload__{signal}").value = 0
+        dut.completion__ready.value = 0
+        dut.connection__ready.value = 0
+        dut.use_source.value = 1
         dut.qp_status_select.value = 0
         dut.tx__tready.value = 0
         await self.idle(4)

@@ -38,6 +38,12 @@ class EventCore(wiring.Component):
     source_config : dict
         The source's configuration after reset (fields of
         :data:`~gateware.examples.event_source.EVENT_CONFIG`).
+    user_ports : bool
+        Also the core's user ports (``work_request``, ``payload``, ``completion``,
+        ``connection``, ``connect``) and ``use_source``, which chooses who holds them:
+        the source (1, as without them) or the ports (0: the source never starts, and the
+        design is the core with the source idle beside it). The simulation benches build
+        it so, so that one build serves the core's benches and the source's.
     **core :
         Build parameters of :class:`~gateware.core.NetworkCore`.
     """
@@ -45,14 +51,22 @@ class EventCore(wiring.Component):
     #: The core's ports that the wrapper has too (the others are the source's).
     FORWARDED = ("rx", "tx", "config", "counters", "qp_write", "cm_config", "roce_config",
                  "pause_config", "dcqcn_config", "qp_status_select", "qp_status")
+    #: The core's ports that the source holds, the wrapper's too with ``user_ports``.
+    USER_PORTS = ("work_request", "payload", "completion", "connection", "connect")
 
-    def __init__(self, *, fragment_bytes=4096, window=16, source_config=None, **core):
+    def __init__(self, *, fragment_bytes=4096, window=16, source_config=None,
+                 user_ports=False, **core):
         self.core = NetworkCore(**core)
         self.source = EventSource(fragment_bytes=fragment_bytes, window=window,
                                   config=source_config, width=core.get("width", BEAT_BYTES))
+        self._user_ports = user_ports
         members = self.core.signature.members
+        ports = {name: members[name] for name in self.FORWARDED}
+        if user_ports:
+            ports.update({name: members[name] for name in self.USER_PORTS},
+                         use_source=In(1))
         super().__init__({
-            **{name: members[name] for name in self.FORWARDED},
+            **ports,
             "source_config": In(stream.Signature(EVENT_CONFIG)),
             "source_status": Out(EVENT_STATUS),
         })
@@ -73,20 +87,23 @@ class EventCore(wiring.Component):
                 m.d.comb += outer.eq(inner)
 
         connect(m, flipped(self.source_config), source.i_config)
-        connect(m, source.o_request, core.work_request)
-        connect(m, core.completion, source.i_completion)
-        m.d.comb += [
-            core.payload.tvalid.eq(source.o_payload.valid),
-            core.payload.tdata.eq(source.o_payload.p.data),
-            core.payload.tkeep.eq(source.o_payload.p.keep),
-            core.payload.tlast.eq(source.o_payload.p.last),
-            source.o_payload.ready.eq(core.payload.tready),
-            self.source_status.eq(source.o_status),
-        ]
+        m.d.comb += self.source_status.eq(source.o_status)
+        if self._user_ports:
+            event = self._choose(m)
+        else:
+            event = core.connection
+            connect(m, source.o_request, core.work_request)
+            connect(m, core.completion, source.i_completion)
+            m.d.comb += [
+                core.payload.tvalid.eq(source.o_payload.valid),
+                core.payload.tdata.eq(source.o_payload.p.data),
+                core.payload.tkeep.eq(source.o_payload.p.keep),
+                core.payload.tlast.eq(source.o_payload.p.last),
+                source.o_payload.ready.eq(core.payload.tready),
+            ]
 
         # The host's ring: the QP and buffer address of an OPENED event, until that QP
         # closes or expires.
-        event = core.connection
         enable = Signal()
         qp = Signal(QP_INDEX_BITS)
         base = Signal(64)
@@ -98,3 +115,35 @@ class EventCore(wiring.Component):
             m.d.sync += enable.eq(0)
         m.d.comb += [source.i_enable.eq(enable), source.i_qp.eq(qp), source.i_base.eq(base)]
         return m
+
+    def _choose(self, m):
+        """The core's user ports to the source while ``use_source``, else to the
+        wrapper's; returns the connection events as the source's side sees them (none
+        while the ports hold them)."""
+        core, source, use = self.core, self.source, self.use_source
+        connect(m, flipped(self.connect), core.connect)
+        request, outer_request = source.o_request, self.work_request
+        payload, outer_payload = core.payload, self.payload
+        m.d.comb += [
+            core.work_request.valid.eq(Mux(use, request.valid, outer_request.valid)),
+            core.work_request.p.eq(Mux(use, request.p, outer_request.p)),
+            request.ready.eq(use & core.work_request.ready),
+            outer_request.ready.eq(~use & core.work_request.ready),
+            payload.tvalid.eq(Mux(use, source.o_payload.valid, outer_payload.tvalid)),
+            payload.tdata.eq(Mux(use, source.o_payload.p.data, outer_payload.tdata)),
+            payload.tkeep.eq(Mux(use, source.o_payload.p.keep, outer_payload.tkeep)),
+            payload.tlast.eq(Mux(use, source.o_payload.p.last, outer_payload.tlast)),
+            source.o_payload.ready.eq(use & payload.tready),
+            outer_payload.tready.eq(~use & payload.tready),
+        ]
+        event = stream.Signature(core.connection.p.shape()).flip().create()
+        for inner, ours, outer in ((core.completion, source.i_completion, self.completion),
+                                   (core.connection, event, self.connection)):
+            m.d.comb += [
+                ours.valid.eq(use & inner.valid),
+                ours.p.eq(inner.p),
+                outer.valid.eq(~use & inner.valid),
+                outer.p.eq(inner.p),
+                inner.ready.eq(Mux(use, ours.ready, outer.ready)),
+            ]
+        return event

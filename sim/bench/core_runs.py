@@ -6,18 +6,28 @@ import os
 import tempfile
 from pathlib import Path
 
-from gateware.core import NetworkCore
+from gateware.examples.event_core import EventCore
 from sim.runner import BUILD, Build, build, run, simulator
-from sim.testbench import CORE_PARAMS
+from sim.testbench import CORE_PARAMS, SOURCE_PARAMS
 
-__all__ = ["core_design", "run_for_results"]
+__all__ = ["core_build", "core_design", "run_for_results"]
+
+
+def core_build(params: dict = CORE_PARAMS, source: dict = SOURCE_PARAMS) -> Build:
+    """The benches' build of the core with ``params`` (cached): the example event source
+    (built with ``source``) beside it on the user ports, with the ports themselves and
+    ``use_source`` to choose (:class:`~gateware.examples.event_core.EventCore` with
+    ``user_ports``). A bench of the core keeps the source off, one of the source turns it
+    on, so one build serves both: a Verilator build of the core is some 4 CPU-minutes."""
+    key = repr({**params, "source": source})
+    return build("core", lambda: EventCore(user_ports=True, **source, **params), key=key)
 
 
 def core_design(params: dict = CORE_PARAMS) -> Build:
     """The core built with ``params`` (the tests' build by default, cached), and cocotb
     set to print warnings only."""
     print(f"Building the core with {simulator()} (cached after the first run)...", flush=True)
-    design = build("core", lambda: NetworkCore(**params), key=repr(params))
+    design = core_build(params)
     os.environ.setdefault("COCOTB_LOG_LEVEL", "WARNING")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     return design

@@ -2,11 +2,9 @@
 
 import pytest
 
-from gateware.core import NetworkCore
-from sim.runner import build
-from sim.testbench import CORE_PARAMS
+from sim.bench.core_runs import core_build
 
 
 @pytest.fixture(scope="session")
 def core_design():
-    return build("core", lambda: NetworkCore(**CORE_PARAMS), key=repr(CORE_PARAMS))
+    return core_build()

@@ -1,6 +1,7 @@
 """cocotb test of the example EventCore (gateware/examples/event_core.py): the core with
-the event source on its user ports, as the board top builds it with ``SOURCE=example``;
-run through tests/sim/test_event_source.py.
+the event source on its user ports, as the board top builds it with ``SOURCE=example``
+(here the benches' build, whose ``use_source`` gives the source those ports); run
+through tests/sim/test_event_source.py.
 
 A host opens a QP through the connection manager (which enables the source) and a
 responder model plays its RC QP, with a receive posted per fragment and its ACKs a

@@ -214,29 +214,28 @@ def test_two_ports_each_with_its_own_channel_addresses_and_files():
 
 
 def test_the_default_build_is_the_benches_core():
-    """Without build options, or with them at their defaults, the design and its cache key
-    are CORE_PARAMS's (the build tests/sim/conftest.py makes), and with ``--source
-    example`` EVENT_CORE_PARAMS's (tests/sim/test_event_source.py's)."""
+    """Without build options, or with them at their defaults, and with either source, the
+    build and its cache key are the benches' (CORE_PARAMS and SOURCE_PARAMS: the build
+    tests/sim/conftest.py makes, which tests/sim/test_event_source.py runs too)."""
     from sim.netdev import build_parser, design_params
-    from sim.testbench import CORE_PARAMS, EVENT_CORE_PARAMS
+    from sim.testbench import CORE_PARAMS, SOURCE_PARAMS
 
     for argv in ([], ["--qps", "16", "--retransmit-beats", "512", "--messages", "1024",
-                      "--message-slots", "4096"]):
-        name, params = design_params(build_parser().parse_args(argv))
-        assert (name, repr(params)) == ("core", repr(CORE_PARAMS))
-    for argv in (["--source", "example"], ["--source", "example", "--qps", "4"]):
-        name, params = design_params(build_parser().parse_args(argv))
-        assert (name, repr(params)) == ("event_core", repr(EVENT_CORE_PARAMS))
+                      "--message-slots", "4096"], ["--source", "example"],
+                 ["--source", "example", "--fragment-bytes", "1000"]):
+        params, source = design_params(build_parser().parse_args(argv))
+        assert (repr(params), repr(source)) == (repr(CORE_PARAMS), repr(SOURCE_PARAMS))
+    params, source = design_params(build_parser().parse_args(["--fragment-bytes", "2000"]))
+    assert source == {**SOURCE_PARAMS, "fragment_bytes": 2000}
 
 
-@pytest.mark.parametrize("source, design, base", [
-    ("generator", "core", "CORE_PARAMS"), ("example", "event_core", "EVENT_CORE_PARAMS")])
-def test_build_options_reach_the_core_and_its_cache_key(monkeypatch, capsys, source, design,
-                                                        base):
+@pytest.mark.parametrize("source", ["generator", "example"])
+def test_build_options_reach_the_core_and_its_cache_key(monkeypatch, capsys, source):
     """``--qps``, ``--retransmit-beats``, ``--messages`` and ``--message-slots`` go into
-    the parameters
-    NetworkCore (or the EventCore, which passes them on to it) is built with, into the
-    build's key, onto the startup line and into what the summary records."""
+    the parameters the core (beside the example source, which takes ``--fragment-bytes``)
+    is built with, into the build's key, onto the startup line and into what the summary
+    records."""
+    import sim.bench.core_runs
     import sim.netdev
     import sim.testbench
 
@@ -245,18 +244,20 @@ def test_build_options_reach_the_core_and_its_cache_key(monkeypatch, capsys, sou
     def build(name, elaboratable, *, key):
         built.update(name=name, params=elaboratable(), key=key)
         return "the build"
-    monkeypatch.setattr(sim.netdev, "build", build)
-    for core in ("NetworkCore", "EventCore"):
-        monkeypatch.setattr(sim.netdev, core, lambda **params: params)
+    monkeypatch.setattr(sim.bench.core_runs, "build", build)
+    monkeypatch.setattr(sim.bench.core_runs, "EventCore", lambda **params: params)
     args = sim.netdev.build_parser().parse_args(
         ["--source", source, "--qps", "8", "--retransmit-beats", "128", "--messages", "32",
-         "--message-slots", "256", "--retransmit-pages", "16"])
+         "--message-slots", "256", "--retransmit-pages", "16", "--fragment-bytes", "500"])
     design_build, summary = sim.netdev._design(args)
-    expected = {**getattr(sim.testbench, base), "retransmit_beats": 128, "qps": 8,
+    expected = {**sim.testbench.CORE_PARAMS, "retransmit_beats": 128, "qps": 8,
                 "retransmit_pages": 16, "messages": 32, "message_slots": 256}
+    source_params = {**sim.testbench.SOURCE_PARAMS, "fragment_bytes": 500}
     assert design_build == "the build"
-    assert built == {"name": design, "params": expected, "key": repr(expected)}
-    assert summary == {"design": design, **expected}
+    assert built == {"name": "core",
+                     "params": {"user_ports": True, **source_params, **expected},
+                     "key": repr({**expected, "source": source_params})}
+    assert summary == {"source": source, **expected}
     assert ("(qps=8, retransmit_beats=128, retransmit_pages=16, messages=32, "
             "message_slots=256)"
             in capsys.readouterr().out)
@@ -296,7 +297,7 @@ def test_two_ports_are_built_alike():
     ports = [design_params(build_parser().parse_args(arguments))
              for arguments in port_arguments(argv, build_parser().parse_args(argv))]
     assert [(params["qps"], params["retransmit_beats"], params["messages"],
-             params["message_slots"]) for _, params in ports] == [(4, 256, 16, 64)] * 2
+             params["message_slots"]) for params, _ in ports] == [(4, 256, 16, 64)] * 2
     assert ports[0] == ports[1] == design_params(build_parser().parse_args(argv))
 
 
