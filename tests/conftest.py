@@ -24,7 +24,6 @@ LONGEST_FIRST = (
     "softroce",                     # the image, the core's model, a boot, two demo runs
     "board-synthesis",              # VCU118Top (2 QPs) through Yosys: 45-55 minutes
     "vcu118-tree",                  # the board's build trees: four tops converted
-    "tests/sim/test_event_source.py",   # the example's core compiled by Verilator
     "tests/sim/test_core.py::test_core[switch_bench-",
     "tests/sim/test_core.py::test_core[dcqcn_bench-",
     "tests/sim/test_core.py::test_core[fuzz_bench-",
