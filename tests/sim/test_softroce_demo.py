@@ -4,8 +4,8 @@ Four demos, each with its own netdev and guest boot (about 1 and 1.5 minutes
 here, with the Verilator build cached): a clean link, and a link that drops 2 %
 and corrupts 0.5 % of the frames both ways, where the endpoint must retransmit
 and every byte must still arrive. Both include the close and reopen of one host
-QP (``--repeat 2``). The third runs the example event source (``--example``, the
-EventCore of tests/sim/test_event_source.py, one build for both): host.read_events
+QP (``--repeat 2``). The third runs the example event source (``--example``: the
+benches' build, the one every cocotb test runs, with its source on): host.read_events
 in the guest reads its fragments through the receive API from the ring its OPEN_QP
 announced. The fourth runs both ports of the two-cage board (``--ports 2``): the guest
 with a second NIC on port 2's channel, two qp-server runs with both endpoints, checked
@@ -346,7 +346,7 @@ def example() -> DemoResult:
     run, = EXAMPLE_RUNS
     return _demo(EXAMPLE_RUNS, "test-demo-example",
                  netdev_options=tuple(example_netdev_options(run)),
-                 build=lambda: event_core_design(run.size))    # test_event_source.py's
+                 build=lambda: event_core_design(run.size))    # the benches' build
 
 
 #: The two-port case: a WRITE+IMM of three packets and a SEND of one, each on both ports.
