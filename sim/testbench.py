@@ -125,6 +125,10 @@ class NetworkBench:
         leaves that port alone.
     """
 
+    #: Whether the example source holds the user ports (``use_source`` of the benches'
+    #: build): not here, in :class:`EventCoreBench`.
+    SOURCE = False
+
     def __init__(self, dut, *, pcap, tx_ready=1.0, peers=None, seed=0, payload_gaps=0.0,
                  forward=None, line=False, port="", clock=True, address=None):
         top = dut
@@ -192,8 +196,9 @@ class NetworkBench:
         # FPGA do: Icarus starts an input no one drove at X, and the core reads some
         # payloads while their valid is low (the pacing gate looks a request's QP up a
         # cycle ahead), so an X there once stopped every work request on Icarus.
-        for port in ("config", "work_request", "qp_write", "connect", "roce_config",
-                     "cm_config", "pause_config", "dcqcn_config")[0 if self._config_port else 1:]:
+        ports = ("config", "work_request", "qp_write", "connect", "roce_config", "cm_config",
+                 "pause_config", "dcqcn_config", *(("source_config",) if self.SOURCE else ()))
+        for port in ports[0 if self._config_port else 1:]:
             getattr(self.dut, f"{port}__valid").value = 0
             getattr(self.dut, f"{port}__payload").value = 0
         for signal in ("tvalid", "tdata", "tkeep", "tlast", "tuser"):
@@ -201,8 +206,8 @@ class NetworkBench:
         self.dut.qp_status_select.value = 0
         self.dut.completion__ready.value = 1
         self.dut.connection__ready.value = 0    # no user logic: the events are counted lost
-        if hasattr(self.dut, "use_source"):     # the benches' build: the source stays off
-            self.dut.use_source.value = 0
+        if hasattr(self.dut, "use_source"):     # the benches' build (designs without: no source)
+            self.dut.use_source.value = self.SOURCE
         self.dut.tx__tready.value = 0
         await ClockCycles(self.dut.clk, 4)
         self.dut.rst.value = 0
@@ -540,23 +545,7 @@ class EventCoreBench(NetworkBench):
     the source holds the user request ports, so the bench drives none and reads the
     source's status instead of completions."""
 
-    async def reset(self):
-        dut = self.dut
-        dut.rst.value = 1
-        for port in ("config", "work_request", "qp_write", "connect", "roce_config",
-                     "cm_config", "pause_config", "dcqcn_config", "source_config"):
-            getattr(dut, f"{port}__valid").value = 0
-            getattr(dut, f"{port}__payload").value = 0
-        for signal in ("tvalid", "tdata", "tkeep", "tlast", "tuser"):
-            getattr(dut, f"payload__{signal}").value = 0
-        dut.completion__ready.value = 0
-        dut.connection__ready.value = 0
-        dut.use_source.value = 1
-        dut.qp_status_select.value = 0
-        dut.tx__tready.value = 0
-        await self.idle(4)
-        dut.rst.value = 0
-        await self.idle(2)
+    SOURCE = True
 
     async def _request_driver(self):
         pass
