@@ -88,19 +88,7 @@ class EventCore(wiring.Component):
 
         connect(m, flipped(self.source_config), source.i_config)
         m.d.comb += self.source_status.eq(source.o_status)
-        if self._user_ports:
-            event = self._choose(m)
-        else:
-            event = core.connection
-            connect(m, source.o_request, core.work_request)
-            connect(m, core.completion, source.i_completion)
-            m.d.comb += [
-                core.payload.tvalid.eq(source.o_payload.valid),
-                core.payload.tdata.eq(source.o_payload.p.data),
-                core.payload.tkeep.eq(source.o_payload.p.keep),
-                core.payload.tlast.eq(source.o_payload.p.last),
-                source.o_payload.ready.eq(core.payload.tready),
-            ]
+        event = self._choose(m)
 
         # The host's ring: the QP and buffer address of an OPENED event, until that QP
         # closes or expires.
@@ -119,11 +107,18 @@ class EventCore(wiring.Component):
     def _choose(self, m):
         """The core's user ports to the source while ``use_source``, else to the
         wrapper's; returns the connection events as the source's side sees them (none
-        while the ports hold them)."""
-        core, source, use = self.core, self.source, self.use_source
-        connect(m, flipped(self.connect), core.connect)
-        request, outer_request = source.o_request, self.work_request
-        payload, outer_payload = core.payload, self.payload
+        while the ports hold them). Without ``user_ports`` the source always holds them
+        (the choice is a constant, and the ports it passes over are ones nothing drives)."""
+        core, source = self.core, self.source
+        if self._user_ports:
+            outer, use = self, self.use_source
+        else:
+            members = core.signature.members
+            outer = wiring.Signature({name: members[name] for name in self.USER_PORTS}).create()
+            use = C(1)
+        connect(m, flipped(outer.connect), core.connect)
+        request, outer_request = source.o_request, outer.work_request
+        payload, outer_payload = core.payload, outer.payload
         m.d.comb += [
             core.work_request.valid.eq(Mux(use, request.valid, outer_request.valid)),
             core.work_request.p.eq(Mux(use, request.p, outer_request.p)),
@@ -137,13 +132,13 @@ class EventCore(wiring.Component):
             outer_payload.tready.eq(~use & payload.tready),
         ]
         event = stream.Signature(core.connection.p.shape()).flip().create()
-        for inner, ours, outer in ((core.completion, source.i_completion, self.completion),
-                                   (core.connection, event, self.connection)):
+        for inner, ours, theirs in ((core.completion, source.i_completion, outer.completion),
+                                    (core.connection, event, outer.connection)):
             m.d.comb += [
                 ours.valid.eq(use & inner.valid),
                 ours.p.eq(inner.p),
-                outer.valid.eq(~use & inner.valid),
-                outer.p.eq(inner.p),
-                inner.ready.eq(Mux(use, ours.ready, outer.ready)),
+                theirs.valid.eq(~use & inner.valid),
+                theirs.p.eq(inner.p),
+                inner.ready.eq(Mux(use, ours.ready, theirs.ready)),
             ]
         return event
