@@ -161,19 +161,23 @@ def _with(base: dict, **changes) -> dict:
     return {**base, **{name: value for name, value in changes.items() if had[name] != value}}
 
 
+def _source(fragment_bytes: int) -> dict:
+    """The example source's build parameters with fragments of ``fragment_bytes``."""
+    return {**SOURCE_PARAMS, "fragment_bytes": fragment_bytes}
+
+
 def event_core_design(fragment_bytes: int = SOURCE_PARAMS["fragment_bytes"]) -> Build:
     """The build of ``--source example`` (cached after the first time): with the default
     fragment size, the benches' build (tests/sim/conftest.py's and
     tests/sim/event_source_bench.py's)."""
-    return core_build(CORE_PARAMS, {**SOURCE_PARAMS, "fragment_bytes": fragment_bytes})
+    return core_build(CORE_PARAMS, _source(fragment_bytes))
 
 
 def design_params(args: argparse.Namespace) -> tuple[dict, dict]:
     """The parameters of the build ``args`` ask for: the core's (CORE_PARAMS with the
     build options given (:mod:`sim.build_options`) where they differ from those) and the
     example source's (SOURCE_PARAMS with ``--fragment-bytes``)."""
-    return (_with(CORE_PARAMS, **build_arguments(args)),
-            {**SOURCE_PARAMS, "fragment_bytes": args.fragment_bytes})
+    return _with(CORE_PARAMS, **build_arguments(args)), _source(args.fragment_bytes)
 
 
 def _design(args: argparse.Namespace) -> tuple[Build, dict]:

@@ -100,8 +100,8 @@ class IPv4Receiver(wiring.Component):
                 early.fragment.eq(ip.mf | (ip.fragment_offset != 0)),
                 early.address.eq(ip.dst != config.ip),
                 early.source.eq(source_bad),
-                early.sums[0].eq(word_sum(Value.cast(ip)[:8 * 2 * half])),
-                early.sums[1].eq(word_sum(Value.cast(ip)[8 * 2 * half:])),
+                early.sums[0].eq(word_sum(Value.cast(ip)[:16 * half])),
+                early.sums[1].eq(word_sum(Value.cast(ip)[16 * half:])),
             ]
 
         meta = router.i.p.meta
