@@ -83,7 +83,8 @@ class GeneratorPool(wiring.Component):
         m = Module()
         runs = self._runs
 
-        m.submodules.arbiter = arbiter = RequestArbiter(inputs=runs, width=self._width)
+        m.submodules.arbiter = arbiter = RequestArbiter(inputs=runs, width=self._width,
+                                                        registered_head=True)
         m.submodules.request_out = request_out = StreamRegister(stream.Signature(WORK_REQUEST))
         m.submodules.payload_out = payload_out = PacketRegister(NO_META, width=self._width)
         connect(m, arbiter.o_request, request_out.i)
@@ -128,7 +129,7 @@ class GeneratorPool(wiring.Component):
         # cycle: a stop first, then ended runs in generator order); a stop clears it.
         m.submodules.last = last = memory.Memory(shape=32, depth=self._qps, init=[])
         keep = last.write_port()
-        shown = last.read_port(domain="comb")
+        shown = last.read_port()
         stop = self.i_stop
         writing = Signal(range(runs))
         for index in reversed(range(runs)):
@@ -174,20 +175,29 @@ class GeneratorPool(wiring.Component):
                 m.d.sync += pending[index].eq(0)
 
         # The query: a generator running the QP (or whose ended run is not kept yet),
-        # else the count kept.
-        # A register: the CM's decisions on it do not chain with the pool's on its starts
-        # and stops.
-        query = Signal(RUN_STATUS)
-        m.d.sync += self.query.eq(query)
-        m.d.comb += [shown.addr.eq(self.query_qp), query.messages.eq(shown.data)]
+        # else the count kept. From registers (the generator's values and the memory's
+        # read): the CM's decisions on it do not chain with the pool's on its starts and
+        # stops, nor with the memory's read.
+        found = Signal(RUN_STATUS)              # the generator's values, if one has the QP
+        finds = Signal()
         for index in reversed(range(runs)):
             generator = generators[index]
             with m.If((generator.o_running | pending[index] | ended[index])
                       & (owners[index] == self.query_qp)):
                 m.d.comb += [
-                    query.running.eq(generator.o_running),
-                    query.messages.eq(Mux(counted[index], generator.o_messages, 0)),
+                    finds.eq(1),
+                    found.running.eq(generator.o_running),
+                    found.messages.eq(Mux(counted[index], generator.o_messages, 0)),
                 ]
+        found_then = Signal(RUN_STATUS)
+        found_any = Signal()
+        kept = Signal(RUN_STATUS)
+        m.d.sync += [found_then.eq(found), found_any.eq(finds)]
+        m.d.comb += [
+            shown.addr.eq(self.query_qp),
+            kept.messages.eq(shown.data),
+            self.query.eq(Mux(found_any, found_then, kept)),
+        ]
 
         m.d.comb += [
             self.o_counters.started.eq(event_counter(m, take, "started")),

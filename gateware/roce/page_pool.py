@@ -190,15 +190,20 @@ class PagePool(wiring.Component):
         # The free pages: those never taken yet (from ``fresh`` on), then those given back.
         # One is available for a take when one is left besides the one the take waiting
         # in the register gets: that one comes from the queue if it has one, else a fresh
-        # one.
+        # one. What the queue holds is counted a cycle ahead, from its level (an add)
+        # into registers, and low by the one page it may give in that cycle: with at most
+        # one page left in the queue and none fresh, a take waits a cycle more.
         m.submodules.returned = returned = fifo.SyncFIFOBuffered(
             width=self.page_bits, depth=self._pages)
         fresh = Signal(range(self._pages + 1))
         page = Mux(returned.r_rdy, returned.r_data, fresh)
         some_fresh = fresh != self._pages
+        queued_one = Signal()                   # the queue holds a page or more
+        queued_two = Signal()                   # two or more, the first at its output
+        m.d.sync += [queued_one.eq(returned.r_level >= 2),
+                     queued_two.eq(returned.r_level >= 3)]
         one_left = returned.r_rdy | some_fresh
-        two_left = ((fresh < self._pages - 1) | (some_fresh & (returned.r_level != 0))
-                    | (returned.r_rdy & (returned.r_level >= 2)))
+        two_left = (fresh < self._pages - 1) | (some_fresh & queued_one) | queued_two
         m.d.comb += [
             self.o_available.eq(Mux(take.valid, two_left, one_left)),
             returned.r_en.eq(take.valid),
@@ -251,12 +256,15 @@ class PagePool(wiring.Component):
 
         per_port = ACTIVE_CYCLES + 1
 
-        def active(qp, ports=None):
-            """Whether a context (of ``ports``: all) worked on ``qp`` lately."""
+        def active(qp, ports=None, *, now=True):
+            """Whether a context (of ``ports``: all) worked on ``qp`` lately (``now``: this
+            cycle too)."""
             ports = range(len(self.i_active)) if ports is None else ports
+            first = 0 if now else 1
             return Cat(valid & (other == qp)
                        for index in ports
-                       for valid, other in recent[index * per_port:(index + 1) * per_port]).any()
+                       for valid, other in recent[index * per_port + first:
+                                                  (index + 1) * per_port]).any()
 
         # QPs to look at: a QP waiting to be set first, hinted ones (not one already at the
         # end of the queue), and in turn with them every QP in order.
@@ -304,7 +312,9 @@ class PagePool(wiring.Component):
             # (own == tail + 1 exactly when own + ~tail wraps to zero: no carry chain)
             holds_none.eq(Mux(mid_page, sum_is_zero(own.data, ~tail_page),
                               own.data == tail_page)),
-            idle_release.eq(state.idle & tail_only & ~active(qp)),
+            # (GIVE_BACK looks again with this cycle's contexts, in the next: so they are
+            # not looked at here, and the planner's choice of QP does not reach the FSM)
+            idle_release.eq(state.idle & tail_only & ~active(qp, now=False)),
             own.addr.eq(qp),
             self.state_qp.eq(qp),
             table_read.addr.eq(table_address(qp, own.data)),

@@ -233,10 +233,11 @@ class PacketPlanner(wiring.Component):
     QP fails while it is sent ends with a ``drop`` descriptor that drains the
     rest of its payload. Two cycles per message load, then a packet per cycle; a packet
     that enters a page of the ring takes a cycle more.
-    ``holds`` tells whether a context is in the middle of a message of QP
-    ``holds_qp`` (of the QP index bits the build uses: an index past the QPs is taken
-    for the QP it names in those bits). While ``i_setting`` (a QP is being set) it
-    takes no new request, so that a request that comes after a QP's setting sees it.
+    ``holds`` tells, a cycle later (a register), whether a context loads or is in the
+    middle of a message of QP ``holds_qp`` (of the QP index bits the build uses: an
+    index past the QPs is taken for the QP it names in those bits); it stays set for a
+    cycle after the message's end. While ``i_setting`` (a QP is being set) it takes no
+    new request, so that a request that comes after a QP's setting sees it.
     """
 
     def __init__(self, *, qps, ring_beats, width=BEAT_BYTES):
@@ -520,12 +521,6 @@ class PacketPlanner(wiring.Component):
         with m.If(replaying & ~replay_has_packet):
             m.d.sync += replaying.eq(0)
 
-        # Whether a context is in the middle of a message of ``holds_qp`` (a QP may
-        # be set again only between its messages): two comparisons of QP indices.
-        asked = self.holds_qp[:qp_bits]
-        m.d.comb += self.holds.eq((new_sending & (new_holds == asked))
-                                  | (replaying & (replay_holds == asked)))
-
         # Load contexts: a resend when the replay context is free, else a new message.
         # The engine's views of a QP (and the page pool's) come a cycle after their
         # address: each context addresses the QP it works on in the next cycle. While the
@@ -723,10 +718,21 @@ class PacketPlanner(wiring.Component):
 
         # Which QP each context works on, for the page pool.
         loading_new = fsm.ongoing("LOAD_NEW")
+        loading_replay = fsm.ongoing("LOAD_REPLAY")
         m.d.comb += [
             self.o_active[0].valid.eq(loading_new | new_sending | new_refusing),
             self.o_active[0].p.eq(Mux(loading_new, self.i_request.p.qp, new.qp)),
-            self.o_active[1].valid.eq(fsm.ongoing("LOAD_REPLAY") | replaying),
+            self.o_active[1].valid.eq(loading_replay | replaying),
             self.o_active[1].p.eq(replay.qp),
         ]
+
+        # Whether a context loads or is in the middle of a message of ``holds_qp`` (a QP
+        # may be set again only between its messages): a register, so that the setting's
+        # decision starts from a flip-flop. It answers for the ``holds_qp`` of the cycle
+        # before, and holds a cycle past a message's end.
+        asked = self.holds_qp[:qp_bits]
+        m.d.sync += self.holds.eq(
+            (new_sending & (new_holds == asked)) | (replaying & (replay_holds == asked))
+            | (loading_new & (self.i_request.p.qp[:qp_bits] == asked))
+            | (loading_replay & (replay.qp[:qp_bits] == asked)))
         return m

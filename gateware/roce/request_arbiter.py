@@ -30,10 +30,12 @@ class RequestArbiter(wiring.Component):
     first beat when the consumer is ready and the queue was empty); beats
     leave one per cycle, with no idle cycle between messages while requests
     keep ahead. Payload beats of a source not at the head are held. Latency
-    0 on requests.
+    0 on requests. With ``registered_head`` the head of the order queue comes
+    from a register, so that the choice of payload starts from a flip-flop (for
+    many sources): a payload is offered a cycle later, at the same rate.
     """
 
-    def __init__(self, *, inputs, width=BEAT_BYTES, depth=4):
+    def __init__(self, *, inputs, width=BEAT_BYTES, depth=4, registered_head=False):
         if not isinstance(inputs, int) or inputs < 1:
             raise ValueError(f"An arbiter needs at least one input, not {inputs!r}")
         if not isinstance(width, int) or width < 1:
@@ -43,6 +45,7 @@ class RequestArbiter(wiring.Component):
         self._inputs = inputs
         self._width = width
         self._depth = depth
+        self._registered_head = registered_head
         super().__init__({
             "i_request": In(stream.Signature(WORK_REQUEST)).array(inputs),
             "i_payload": In(packet_signature(NO_META, width=width)).array(inputs),
@@ -63,8 +66,9 @@ class RequestArbiter(wiring.Component):
         count = self._inputs
 
         # The sources of the requests taken, whose payloads are still to pass.
-        m.submodules.order = order = fifo.SyncFIFO(width=max(1, (count - 1).bit_length()),
-                                                   depth=self._depth)
+        queue = fifo.SyncFIFOBuffered if self._registered_head else fifo.SyncFIFO
+        m.submodules.order = order = queue(width=max(1, (count - 1).bit_length()),
+                                           depth=self._depth)
 
         # Requests: round-robin after the source served last; held while offered.
         locked = Signal()                   # a request is offered and not yet taken

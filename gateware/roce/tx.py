@@ -159,19 +159,24 @@ class RequesterTransmitter(wiring.Component):
         # Setting a QP (between its messages): its path into the table, its PSN and
         # timers into the engine. New requests wait for it, so that one that comes after
         # it sees the QP set.
+        # The planner's ``holds`` answers for the QP of the cycle before: a write waits a
+        # cycle in its register (``settled``) before it may go, so the answer is its own.
         connect(m, flipped(self.i_qp_write), qp_write_in.i)
         qp_write = qp_write_in.o
+        settled = Signal()
+        m.d.sync += settled.eq(qp_write.valid & ~qp_write.ready)
+        setting = qp_write.valid & settled & ~planner.holds
         m.d.comb += [
             planner.holds_qp.eq(qp_write.p.qp),
             planner.i_setting.eq(qp_write.valid),
-            reliability.i_reset.valid.eq(qp_write.valid & ~planner.holds),
+            reliability.i_reset.valid.eq(setting),
             reliability.i_pages_clear.eq(pages.o_reset_clear),
-            pages.reset_qp.valid.eq(qp_write.valid & ~planner.holds),
+            pages.reset_qp.valid.eq(setting),
             pages.reset_qp.p.eq(qp_write.p.qp),
             pages.i_rebase.valid.eq(reliability.i_reset.valid & reliability.i_reset.ready),
             pages.i_rebase.p.eq(qp_write.p.qp),
             reliability.i_reset.p.eq(qp_write.p),
-            qp_write.ready.eq(reliability.i_reset.ready & ~planner.holds),
+            qp_write.ready.eq(reliability.i_reset.ready & settled & ~planner.holds),
             table.i_write.valid.eq(qp_write.valid & qp_write.ready),
             table.i_write.p.eq(qp_write.p),
             table.read_qp.eq(planner.read_qp),

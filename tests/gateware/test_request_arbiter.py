@@ -54,8 +54,10 @@ class Bench:
     independent or in the transmit engine's order (request, then its payload); and a
     monitor that checks the stream rule on both outputs and records grants and beats."""
 
-    def __init__(self, cases, *, width, source_gaps, sink_gaps, engine=False):
-        self.dut = RequestArbiter(inputs=len(cases), width=width)
+    def __init__(self, cases, *, width, source_gaps, sink_gaps, engine=False,
+                 registered_head=False):
+        self.dut = RequestArbiter(inputs=len(cases), width=width,
+                                  registered_head=registered_head)
         self.cases, self.width, self.engine = cases, width, engine
         self.source_gaps, self.sink_gaps = source_gaps, sink_gaps
         self.requests, self.payloads = [], []
@@ -152,13 +154,15 @@ class Bench:
             previous = source
 
 
-@pytest.mark.parametrize("width, inputs", [(8, 2), (8, 3), (64, 2)])
+@pytest.mark.parametrize("width, inputs, registered_head",
+                         [(8, 2, False), (8, 3, False), (64, 2, False), (8, 3, True)])
 @pytest.mark.parametrize("engine", [False, True])
-def test_random(width, inputs, engine):
+def test_random(width, inputs, registered_head, engine):
     """Random gaps at the sources and sinks; independent sinks, or a sink that takes a
     request and then its payload."""
     cases = make_messages(random.Random(f"{width}.{inputs}.{engine}"), inputs, 25, width)
-    bench = Bench(cases, width=width, source_gaps=True, sink_gaps=True, engine=engine)
+    bench = Bench(cases, width=width, source_gaps=True, sink_gaps=True, engine=engine,
+                  registered_head=registered_head)
     bench.run()
 
 
@@ -172,19 +176,20 @@ def test_fair(width):
     assert all(a != b for a, b in pairwise(order)), order
 
 
-@pytest.mark.parametrize("width", [8, 64])
-def test_no_idle(width):
+@pytest.mark.parametrize("width,registered_head", [(8, False), (64, False), (64, True)])
+def test_no_idle(width, registered_head):
     """Sources without gaps and ready sinks: a payload beat every cycle from the first to
     the last (requests run ahead of their payloads), the first the cycle after its
-    request."""
+    request (two with the queue's head in a register)."""
     cases = make_messages(random.Random(f"idle{width}"), 2, 20, width)
-    bench = Bench(cases, width=width, source_gaps=False, sink_gaps=False)
+    bench = Bench(cases, width=width, source_gaps=False, sink_gaps=False,
+                  registered_head=registered_head)
     bench.run(5_000)
     beats = sum(max(1, -(-len(payload) // width)) for messages in cases
                 for _, payload in messages)
     assert len(bench.beats) == beats
     assert bench.beats[-1] - bench.beats[0] + 1 == beats
-    assert bench.firsts[0] == bench.offers[0] + 1
+    assert bench.firsts[0] == bench.offers[0] + 1 + registered_head
 
 
 def test_with_generator():
