@@ -57,7 +57,8 @@ test: $(STAMP)
 	  fi; \
 	fi
 	$(VENV)/bin/python -m pytest -n $(or $(JOBS),auto) --dist loadgroup \
-	    --no-loadscope-reorder --durations=15 $(if $(SYNTHESIS),,-m "not synthesis")
+	    --no-loadscope-reorder --durations=15 \
+	    -m "not convergence$(if $(SYNTHESIS),, and not synthesis)"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -81,6 +82,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python -m sim.bench.dual
 	$(VENV)/bin/python -m sim.bench.pause
 	$(VENV)/bin/python -m sim.bench.dcqcn
+	$(VENV)/bin/python -m pytest -m convergence -n 0 tests/sim/test_core.py
 	$(VENV)/bin/python -m sim.bench.cm_setup
 	$(VENV)/bin/python -m host.bench_checker
 	$(VENV)/bin/python -m sim.bench.connect_rate

@@ -6,7 +6,9 @@ per datagram — the format of QEMU's ``-netdev dgram`` and ``-netdev socket,udp
 So a VM (or any program that speaks that format) sees the endpoint as a host on
 its Ethernet: ARP, ping, UDP echo, the connection manager on UDP 17185 and
 RoCEv2. It runs until stopped (SIGTERM or Ctrl-C, or ``--seconds``), writes a
-pcap of every frame, and prints and saves its counters on exit.
+pcap of every frame, and prints and saves its counters on exit. Until the peer's
+first frame the core has nothing to send, so the simulation waits for it on the
+socket (a guest that boots meanwhile does not share its CPU with idle cycles).
 
 Example, with a QEMU guest started with ``-netdev dgram,id=n0,local.type=inet,
 local.host=127.0.0.1,local.port=47001,remote.type=inet,remote.host=127.0.0.1,

@@ -3,6 +3,7 @@ MAC-side frames with a UDP peer, one Ethernet frame per datagram."""
 
 import json
 import os
+import select
 import socket
 import time
 from pathlib import Path
@@ -21,6 +22,8 @@ PARAMS = json.loads(os.environ["BENCH_PARAMS"])
 
 #: Cycles between two looks at the socket.
 POLL_CYCLES = 4
+#: Seconds between two looks at the stop file while no frame has come yet.
+WAIT_SECONDS = 0.2
 
 
 def _address(text):
@@ -60,7 +63,18 @@ async def netdev(dut):
     print(f"netdev: the endpoint {PARAMS['ip']} ({PARAMS['mac']}) is up on "
           f"{PARAMS['local']}, peer {PARAMS['remote']}", flush=True)
     checks = 0
+    heard = False                           # the peer has sent a frame
     while True:
+        if not heard:
+            # Until the peer's first frame the core has nothing to send (it only answers),
+            # so the simulation waits for one on the socket rather than run idle cycles
+            # while, say, a guest boots.
+            waiting, _, _ = select.select([link], [], [], WAIT_SECONDS)
+            heard = bool(waiting)
+            if not heard:
+                if stop_file.exists() or (deadline is not None and time.monotonic() > deadline):
+                    break
+                continue
         while True:
             try:
                 frame = link.recv(65536)

@@ -24,7 +24,6 @@ LONGEST_FIRST = (
     "softroce",                     # the image, the core's model, a boot, two demo runs
     "board-synthesis",              # VCU118Top (2 QPs) through Yosys: 45-55 minutes
     "vcu118-tree",                  # the board's build trees: four tops converted
-    "tests/sim/test_core.py::test_core[switch_bench-",
     "tests/sim/test_core.py::test_core[dcqcn_bench-",
     "tests/sim/test_core.py::test_core[fuzz_bench-",
 )
@@ -34,6 +33,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "synthesis: synthesizes the design with Yosys (tens of CPU-minutes; "
                    "make test and CI leave these out, make test SYNTHESIS=1 runs them)")
+    config.addinivalue_line(
+        "markers", "convergence: a whole-core run until a control loop settles (minutes; "
+                   "make bench runs these, make test leaves them out)")
 
 
 def _unit(item) -> str:

@@ -20,10 +20,6 @@ HERE = Path(__file__).parent
 TOOLS = {"every_cm_frame_sent_is_the_models_and_wireshark_dissects_it": ("tshark", "tshark")}
 
 TESTCASES = {
-    # The longest (about 3 minutes) first, so that the workers of make test end together.
-    "switch_bench": [
-        "four_qps_converge_behind_a_marking_switch",
-    ],
     "network_bench": [
         "arp_reply_matches_scapy",
         "ping_reply_accepted_by_scapy",
@@ -89,11 +85,20 @@ TESTCASES = {
         "pause_holds_every_frame_longer_than_the_ack_timeout",
         "pfc_holds_the_roce_priority_only",
     ],
+    "switch_bench": [
+        "four_qps_converge_behind_a_marking_switch",
+    ],
 }
+
+#: Convergence runs (minutes each): pytest's ``convergence`` mark, which ``make bench`` runs
+#: and ``make test`` leaves out.
+CONVERGENCE = {"four_qps_converge_behind_a_marking_switch"}
 
 
 @pytest.mark.parametrize("module, testcase", [
-    (module, testcase) for module, testcases in TESTCASES.items() for testcase in testcases])
+    pytest.param(module, testcase,
+                 marks=[pytest.mark.convergence] if testcase in CONVERGENCE else [])
+    for module, testcases in TESTCASES.items() for testcase in testcases])
 def test_core(core_design, module, testcase):
     tool, package = TOOLS.get(testcase, (None, None))
     if tool is not None and shutil.which(tool) is None:
