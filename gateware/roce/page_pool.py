@@ -312,8 +312,9 @@ class PagePool(wiring.Component):
             # (own == tail + 1 exactly when own + ~tail wraps to zero: no carry chain)
             holds_none.eq(Mux(mid_page, sum_is_zero(own.data, ~tail_page),
                               own.data == tail_page)),
-            # (GIVE_BACK looks again with this cycle's contexts, in the next: so they are
-            # not looked at here, and the planner's choice of QP does not reach the FSM)
+            # (GIVE_BACK looks again with this cycle's contexts, in the next: so CHECK
+            # does not, and neither the planner's choice of QP nor the engine's offer of a
+            # resend reaches its decision)
             idle_release.eq(state.idle & tail_only & ~active(qp, now=False)),
             own.addr.eq(qp),
             self.state_qp.eq(qp),
@@ -354,7 +355,7 @@ class PagePool(wiring.Component):
                 # The oldest page held is behind the older position (by less than half the
                 # positions' range, as they run on), or it is the one an idle QP sends into:
                 # its page table entry is read.
-                normal = held_behind & ~active(qp, RESENDS)
+                normal = held_behind & ~active(qp, RESENDS, now=False)
                 with m.If((normal | idle_release) & ~rebase):
                     m.d.comb += table_read.en.eq(1)
                     m.d.sync += idle_kind.eq(~normal)
@@ -362,8 +363,10 @@ class PagePool(wiring.Component):
                 with m.Else():
                     m.next = "PICK"
             with m.State("GIVE_BACK"):
-                # The page the QP sends into stays if a context came to the QP meanwhile.
-                with m.If(rebase | (idle_kind & active(qp))):
+                # The page stays if a resend came to the QP meanwhile (or in the cycle
+                # before, which CHECK did not look at), and the page the QP sends into
+                # if any context did.
+                with m.If(rebase | active(qp, RESENDS) | (idle_kind & active(qp))):
                     m.next = "PICK"
                 with m.Elif(~released_busy):
                     m.d.comb += [giving.eq(1), released_write.en.eq(1)]
