@@ -66,7 +66,9 @@ class AckHandler(wiring.Component):
     """Acts on one QP at a time, ``qp``, in an FSM; between two jobs it waits in IDLE
     (``o_busy`` low) and takes, in this order: a reset (``i_reset``, once ``i_quiet``
     says nothing else writes the QP's state in the next cycle and ``i_pages_clear``
-    that the QP holds no retransmit page; written in that next cycle, from a register),
+    that the QP holds no retransmit page; written in that next cycle, from a register;
+    ``i_quiet`` is looked at there, from a register, and without it the reset waits
+    in IDLE again),
     a close (``i_close``), an expired timer
     (``i_expired``, so that acknowledgements streaming in do not hold it), an
     acknowledgement (``i_ack``, from :class:`AckIntake`).
@@ -101,13 +103,15 @@ class AckHandler(wiring.Component):
     writes the QP's state (``w_*``; a reset writes the QP's settings and clears
     the rest but its list, empty by then) and its flags (``o_flags``); a restart of
     the QP's timer shows on ``o_timer_restart``, for the timer sweep.
-    ``o_reset`` shows the reset it takes.
+    ``o_reset`` shows the reset it takes, and ``o_reset_waits`` that a reset waits on
+    it (in IDLE, or in RESET).
 
     Latency, from IDLE back to IDLE: an acknowledgement 4 cycles (IDLE, ACK,
     ACK_APPLY, RETIRE; 3 when it says nothing new by then) and 1 more per message
     it completes; an expired timer 2 (IDLE, EXPIRE), 4 when it fails the QP (then
     RETIRE_CHECK, RETIRE); a close 4 (IDLE, CLOSE, RETIRE_CHECK, RETIRE); a reset 2
-    (IDLE, RESET), or 3 when the FSM's QP was another (its list is read first). A
+    (IDLE, RESET), or 3 when the FSM's QP was another (its list is read first), and 2
+    more each time it finds the other writers busy. A
     failed QP takes 1 cycle more per message it flushes. The reads of ``r_*`` come a
     cycle after their address, so each state acts on the QP it was entered with.
     """
@@ -131,6 +135,7 @@ class AckHandler(wiring.Component):
             "o_flags": Out(ENGINE_FLAG_WRITES),
             "o_reset": Out(stream.Signature(QP_WRITE, always_ready=True)),
             "o_busy": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
+            "o_reset_waits": Out(1),
             "o_timer_restart": Out(stream.Signature(QP_INDEX_BITS, always_ready=True)),
             "o_completion": Out(stream.Signature(COMPLETION)),
         }
@@ -153,8 +158,11 @@ class AckHandler(wiring.Component):
             m.d.comb += [self.o_flags[name].en.eq(1), self.o_flags[name].value.eq(value)]
 
         # A reset is taken (in RESET) when no other writer of its state is busy then
-        # (``i_quiet`` in the cycle before).
+        # (``i_quiet`` in the cycle before, registered: so that the other writers' offers
+        # reach no decision of the FSM in their cycle).
         resetting = Signal()
+        quiet_then = Signal()
+        m.d.sync += quiet_then.eq(self.i_quiet)
         reset_write = self.o_reset.valid
         m.d.comb += [
             reset_write.eq(resetting & (reset.qp < qps)),
@@ -270,12 +278,11 @@ class AckHandler(wiring.Component):
                     m.d.comb += qp_next.eq(reset.qp)
                     listed = s_positions.first.slot != s_end.slot
                     with m.If(reset.qp >= qps):
-                        with m.If(self.i_quiet):
-                            m.next = "RESET"
+                        m.next = "RESET"
                     with m.Elif(qp == reset.qp):
                         with m.If(listed):
                             m.next = "CLOSE"
-                        with m.Elif(self.i_quiet & self.i_pages_clear):
+                        with m.Elif(self.i_pages_clear):
                             m.next = "RESET"
                 with m.Elif(self.i_close.valid):
                     m.d.comb += [self.i_close.ready.eq(1), qp_next.eq(self.i_close.p)]
@@ -397,7 +404,9 @@ class AckHandler(wiring.Component):
                         resend()
 
             with m.State("RESET"):
-                m.d.comb += [resetting.eq(1), self.i_reset.ready.eq(1), qp_next.eq(reset.qp)]
+                m.d.comb += qp_next.eq(reset.qp)
+                with m.If(quiet_then):
+                    m.d.comb += [resetting.eq(1), self.i_reset.ready.eq(1)]
                 m.next = "IDLE"
 
             with m.State("CLOSE"):
@@ -451,6 +460,8 @@ class AckHandler(wiring.Component):
 
         m.d.comb += [
             self.o_busy.valid.eq(~engine.ongoing("IDLE")),
+            self.o_reset_waits.eq(self.i_reset.valid
+                                  & (engine.ongoing("IDLE") | engine.ongoing("RESET"))),
             self.o_busy.p.eq(qp),
             self.o_timer_restart.p.eq(qp),
             retire_slot.eq(Mux(engine.ongoing("ACK_APPLY") | engine.ongoing("RETIRE_CHECK")

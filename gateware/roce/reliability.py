@@ -346,9 +346,7 @@ class ReliabilityEngine(wiring.Component):
         # The planner's views, for the view's QP of the cycle before: the memories and
         # the flags as that cycle's writes left them; a resend looked up or a reset
         # waiting (registered) shows a cycle later.
-        reset_waiting = Signal()
-        m.d.comb += reset_waiting.eq(self.i_reset.valid
-                                     & (~handler.o_busy.valid | self.i_reset.ready))
+        reset_waiting = handler.o_reset_waits
         for reader, qp, view in (("new_view", self.new_qp, self.new_view),
                                  ("replay_view", self.replay_qp, self.replay_view)):
             shown = {}
