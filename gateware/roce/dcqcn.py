@@ -123,7 +123,7 @@ class DcqcnReactionPoint(wiring.Component):
     (for the byte counter), ``i_reset`` a QP set again (it returns to the line rate);
     all are always ready and may come every cycle. Each QP's state (``_STATE``)
     lives in a memory. A visit of a QP, if it is rate limited or has a CNP waiting,
-    updates α for every α period that ended (at most 8 a visit), cuts the rate for a
+    updates α for every α period that ended (at most 8 a visit, 3 cycles each), cuts the rate for a
     waiting CNP once the monitor period since the last cut is over, and makes one
     rate-increase event (timer, else byte counter). A changed rate leaves on
     ``o_rate`` with the QP's pacing interval, cycles per byte =
@@ -152,10 +152,10 @@ class DcqcnReactionPoint(wiring.Component):
     Latency: a visit takes 3 cycles for a QP with nothing to do (the candidate taken,
     its state and events read, the decision), 46 to the rate update for a cut (with the
     division); the update leaves in the visit's last cycle. A CNP is acted on within a
-    pass of the scan (``qps`` / 32 rows, a cycle each), 2 cycles from the row to its
+    pass of the scan (``qps`` / 32 rows, a cycle each), 3 cycles from the row to its
     offer, the visits of the other candidates found on the way (and a cycle per row
     that holds one) and its own visit: at 4,096 QPs with nothing else waiting,
-    128 + 2 + 46 = 176 cycles from the CNP to the first cut's rate update.
+    128 + 3 + 46 = 177 cycles from the CNP to the first cut's rate update.
     """
 
     @staticmethod
@@ -188,16 +188,16 @@ class DcqcnReactionPoint(wiring.Component):
         entries = 1 << qp_bits
         config = self.i_config
 
-        # The time base: a count of µs.
+        # The time base: a count of µs (``now``), and the count ``now`` has the next cycle
+        # (``ahead``), so that a visit's deadlines are judged a cycle ahead, into registers.
         cycle = Signal(10)
+        ahead = Signal(_TIME_BITS)
         now = Signal(_TIME_BITS)
         with m.If(cycle + 1 >= config.cycles_per_us):
-            m.d.sync += [cycle.eq(0), now.eq(now + 1)]
+            m.d.sync += [cycle.eq(0), ahead.eq(ahead + 1)]
         with m.Else():
             m.d.sync += cycle.eq(cycle + 1)
-
-        def elapsed(since, period):
-            return difference_at_least(now, since, period)
+        m.d.sync += now.eq(ahead)
 
         # The QPs to visit: marked by their events, or their hint has come.
         m.submodules.scan = scan = DeadlineScan(qps=qps, time_bits=_TIME_BITS, marks=3)
@@ -350,6 +350,18 @@ class DcqcnReactionPoint(wiring.Component):
 
         m.d.comb += write_flags(flags.w_sent, sent.p.qp, sent.valid, 0)   # (a cut's set wins)
 
+        # Whether each period of the visited QP has ended, from its state of the cycle
+        # before, registered (no carry chain of a deadline goes on into the FSM's choice).
+        # So no state that moves a period's start is followed by one that looks at it.
+        alpha_ended, cut_ended, timer_ended = Signal(), Signal(), Signal()
+        m.d.sync += [
+            alpha_ended.eq(difference_at_least(ahead, state.alpha_time, config.dce_tcp_rtt)),
+            cut_ended.eq(difference_at_least(ahead, state.cut_time,
+                                             config.rate_reduce_monitor_period)),
+            timer_ended.eq(difference_at_least(ahead, state.timer_time,
+                                               config.rpg_time_reset)),
+        ]
+
         # A visit's end (``ending``): whether its QP's hint is armed, and whether the QP
         # was marked since the visit's read.
         ending = Signal()
@@ -404,11 +416,10 @@ class DcqcnReactionPoint(wiring.Component):
             # α: once for every period that ended (the first CNP starts the periods).
             with m.State("ALPHA"):
                 m.d.sync += product.eq(state.alpha * config.dce_tcp_g)
-                with m.If(state.limited & elapsed(state.alpha_time, config.dce_tcp_rtt)
-                          & (catch_up < _ALPHA_CATCH_UP)):
+                with m.If(state.limited & alpha_ended & (catch_up < _ALPHA_CATCH_UP)):
                     m.next = "ALPHA_UPDATE"
                 with m.Else():
-                    with m.If(state.limited & elapsed(state.alpha_time, config.dce_tcp_rtt)):
+                    with m.If(state.limited & alpha_ended):
                         m.d.sync += state.alpha_time.eq(now)        # too far behind
                     m.next = "CUT_CHECK"
             with m.State("ALPHA_UPDATE"):
@@ -419,6 +430,8 @@ class DcqcnReactionPoint(wiring.Component):
                     state.alpha_time.eq(state.alpha_time + config.dce_tcp_rtt),
                     catch_up.eq(catch_up + 1),
                 ]
+                m.next = "ALPHA_SETTLE"
+            with m.State("ALPHA_SETTLE"):      # (``alpha_ended`` of the new alpha_time)
                 m.next = "ALPHA"
 
             # A cut, for a waiting CNP: at once for the first, else once the monitor
@@ -450,10 +463,9 @@ class DcqcnReactionPoint(wiring.Component):
                             m.next = "CUT_PRODUCT"
                     with m.Else():
                         m.d.sync += state.cut_waiting.eq(1)
-                        with m.If(elapsed(state.cut_time, config.rate_reduce_monitor_period)):
+                        with m.If(cut_ended):
                             m.next = "CUT_PRODUCT"
-                with m.Elif(state.cut_waiting
-                            & elapsed(state.cut_time, config.rate_reduce_monitor_period)):
+                with m.Elif(state.cut_waiting & cut_ended):
                     m.next = "CUT_PRODUCT"
             with m.State("CUT_PRODUCT"):
                 m.d.sync += product.eq(state.rate * state.alpha)
@@ -489,7 +501,7 @@ class DcqcnReactionPoint(wiring.Component):
             # One increase event: the timer's, else the byte counter's.
             with m.State("INCREASE_CHECK"):
                 saturated = (1 << _STAGE_BITS) - 1
-                with m.If(elapsed(state.timer_time, config.rpg_time_reset)):
+                with m.If(timer_ended):
                     m.d.sync += [
                         state.timer_time.eq(state.timer_time + config.rpg_time_reset),
                         state.time_stage.eq(state.time_stage
@@ -566,7 +578,7 @@ class DcqcnReactionPoint(wiring.Component):
                 m.next = "NEXT"
 
         # The hint, over the three cycles after the visit: the µs left to each deadline (0
-        # once it has come, as ``elapsed`` judges it; all ones for a monitor period with
+        # once it has come, as the visit judges it; all ones for a monitor period with
         # no cut waiting; 0 for all when the visit put an event off), registered; the
         # least, registered; its time (the earliest deadline, or now), written. A QP
         # marked since the visit's read keeps its mark: the hint is not written (a mark in

@@ -173,22 +173,17 @@ def _full_packet(m, path_mtu, width, name, verb=None, first=0):
     return packet
 
 
-def _message_end(m, length, path_mtu, verb, width, name):
-    """Of a message of ``verb`` and ``length`` bytes at a path MTU: its last packet (as a
-    packet that is not the first), and how many packets come after its first (for 1 byte
-    or more)."""
+def _message_tail(m, length, path_mtu, verb, width, name):
+    """The last packet of a message of ``verb`` and ``length`` bytes at a path MTU (as a
+    packet that is not the first)."""
     tail_bytes = Signal(range(MAX_PACKET_PAYLOAD + 1), name=f"{name}_bytes")
-    after = Signal(24, name=f"{name}_after")
     with m.Switch(path_mtu):
         for mtu in PathMtu:
             bits = mtu.bytes.bit_length() - 1
             with m.Case(mtu):
-                m.d.comb += [
-                    tail_bytes.eq(Mux((length[:bits] != 0) | (length[bits:] == 0),
-                                      length[:bits], mtu.bytes)),
-                    after.eq((length - 1)[bits:]),
-                ]
-    return _next_packet(m, tail_bytes, tail_bytes, width, name, verb, last=1), after
+                m.d.comb += tail_bytes.eq(Mux((length[:bits] != 0) | (length[bits:] == 0),
+                                              length[:bits], mtu.bytes))
+    return _next_packet(m, tail_bytes, tail_bytes, width, name, verb, last=1)
 
 
 class PacketPlanner(wiring.Component):
@@ -550,12 +545,14 @@ class PacketPlanner(wiring.Component):
         # What loading a new message needs of its request alone is worked out in the cycle
         # before, into registers (the request waits on its stream, unchanged, from IDLE to
         # LOAD_NEW): the message as one packet, how many packets it takes at each path
-        # MTU, whether it fits one packet of each (or two), and whether it is out of range.
+        # MTU and how many come after its first, whether it fits one packet of each (or
+        # two), and whether it is out of range.
         request_short = Signal(_NEXT_PACKET)
         request_fits = Signal(len(PathMtu))
         request_two = Signal(len(PathMtu))      # ... or two
         request_bad = Signal()
         request_packets = Signal(data.ArrayLayout(24, len(PathMtu)))   # packets at each MTU
+        request_after = Signal(data.ArrayLayout(24, len(PathMtu)))     # ... after the first
         length_bits = MAX_PACKET_PAYLOAD.bit_length()
         m.d.sync += [
             request_short.eq(_next_packet(m, self.i_request.p.length[:length_bits],
@@ -570,6 +567,10 @@ class PacketPlanner(wiring.Component):
             *(request_packets[index].eq(
                 Mux(self.i_request.p.length == 0, 1,
                     (self.i_request.p.length + mtu.bytes - 1) >> (mtu.bytes.bit_length() - 1)))
+              for index, mtu in enumerate(PathMtu)),
+            *(request_after[index].eq(
+                Mux(self.i_request.p.length == 0, 0,
+                    (self.i_request.p.length - 1)[mtu.bytes.bit_length() - 1:]))
               for index, mtu in enumerate(PathMtu)),
         ]
         fits = Signal()                         # the new message fits one packet
@@ -600,10 +601,10 @@ class PacketPlanner(wiring.Component):
                         for mtu in PathMtu:
                             with m.Case(mtu):
                                 m.d.comb += packet_offset.eq(command.packet * mtu.bytes)
-                    replay_tail, _ = _message_end(m, command.message.request.length,
-                                                  command.message.path_mtu,
-                                                  command.message.request.verb, width,
-                                                  "replay_tail")
+                    replay_tail = _message_tail(m, command.message.request.length,
+                                                command.message.path_mtu,
+                                                command.message.request.verb, width,
+                                                "replay_tail")
                     m.d.sync += [
                         replay.qp.eq(command.qp),
                         same_qp.eq(command.qp == new.qp),
@@ -643,10 +644,12 @@ class PacketPlanner(wiring.Component):
                 valid_mtu = path_mtu_bytes != 0
                 bad = request_bad | ~valid_mtu
                 packets = Signal(24)
+                message_after = Signal(24)
                 with m.Switch(self.read_path.path_mtu):
                     for index, mtu in enumerate(PathMtu):
                         with m.Case(mtu):
-                            m.d.comb += packets.eq(request_packets[index])
+                            m.d.comb += [packets.eq(request_packets[index]),
+                                         message_after.eq(request_after[index])]
                 loaded = Signal(MESSAGE)
                 m.d.comb += [
                     loaded.request.eq(request),
@@ -670,9 +673,8 @@ class PacketPlanner(wiring.Component):
                                    | sum_above(tail_low, request_short.beats,
                                                C(1 << offset_bits))),
                                 (tail_low == 0) | (tail_low > (1 << offset_bits) - full_beats)))
-                message_tail, message_after = _message_end(
-                    m, request.length, self.read_path.path_mtu, request.verb, width,
-                    "message_tail")
+                message_tail = _message_tail(m, request.length, self.read_path.path_mtu,
+                                             request.verb, width, "message_tail")
                 # (Set whether the request is loaded or not: they matter only once it is.)
                 m.d.sync += [same_qp.eq(request.qp == replay.qp),
                              *page_ahead(new_view.tail, first_enters)]
@@ -704,7 +706,7 @@ class PacketPlanner(wiring.Component):
                         new.psn.eq(new_view.next_psn),
                         new.index.eq(0),
                         new.offset.eq(new_view.tail),
-                        new.after.eq(Mux(request.length == 0, 0, message_after)),
+                        new.after.eq(message_after),
                         new.following_last.eq(two),
                         new.tail.eq(message_tail),
                         new_again.eq((new_view.tail[:offset_bits] != 0)
