@@ -42,6 +42,9 @@ class StreamRegister(wiring.Component):
         skid = Signal(self._signature.members["payload"].shape)
         skid_valid = Signal()
 
+        # The payload registers load whatever ``i`` shows when they may take it, valid or
+        # not (a payload means nothing while its valid is low): so ``i.valid``, which may
+        # come late, reaches only the valid registers, not the payload's enables.
         m.d.comb += i.ready.eq(~skid_valid)
         with m.If(o.ready | ~o.valid):
             with m.If(skid_valid):
@@ -51,13 +54,11 @@ class StreamRegister(wiring.Component):
                     skid_valid.eq(0),
                 ]
             with m.Else():
-                m.d.sync += o.valid.eq(i.valid)
-                with m.If(i.valid):
-                    m.d.sync += o.payload.eq(i.payload)
-        with m.Elif(i.valid & i.ready):
+                m.d.sync += [o.valid.eq(i.valid), o.payload.eq(i.payload)]
+        with m.Elif(~skid_valid):
             m.d.sync += [
                 skid.eq(i.payload),
-                skid_valid.eq(1),
+                skid_valid.eq(i.valid),
             ]
 
         return m

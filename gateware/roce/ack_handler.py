@@ -211,17 +211,26 @@ class AckHandler(wiring.Component):
         held_done = Signal()
         held_covered = Signal(24)
 
+        # One check for every state that checks: the states choose its ``una`` and slot,
+        # ahead of the carry chains, so that no choice among states follows them.
+        checking = Signal()
+        check_slot = Signal.like(retire_slot)
+        check_una = Signal(24)
+
         def check(slot, una):
             """Checks the message in ``slot`` (read in the cycle before) against ``una``."""
-            covered = (una - entry.message.first_psn)[:24]
-            reached = ~(covered[22] & covered[23])
+            m.d.comb += [checking.eq(1), check_slot.eq(slot), check_una.eq(una)]
+
+        covered = (check_una - entry.message.first_psn)[:24]
+        reached = ~(covered[22] & covered[23])
+        with m.If(checking):
             m.d.sync += [
                 held.eq(entry),
                 held_status.eq(self.r_status.data),
-                held_empty.eq(slot == s_end.slot),
+                held_empty.eq(check_slot == s_end.slot),
                 # (covered ≥ packets, from a carry chain beside the subtraction's)
                 held_done.eq(reached & difference_at_least(
-                    una, entry.message.first_psn, entry.message.packets)),
+                    check_una, entry.message.first_psn, entry.message.packets)),
                 held_covered.eq(Mux(reached, covered, 0)),
             ]
         m.d.comb += [

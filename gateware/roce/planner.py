@@ -303,6 +303,10 @@ class PacketPlanner(wiring.Component):
         # ends, the resend after the wait starts again from the RNR NAK's PSN.
         replay_has_packet = replay_more & ~replay_view.error & ~replay_view.rnr_wait
         replay_go = replaying & replay_has_packet
+        # Whose turn it is comes from registers alone: the replay's while it has a packet
+        # (then the new context waits, also in the cycle the engine's flags stop the
+        # replay), so that the flags' read does not choose among the descriptors.
+        replay_turn = replaying & replay_more
 
         # Each context after its next packet. Only a full packet (of the path MTU) has a
         # following one: the message's last when one packet comes after the next, else
@@ -336,7 +340,7 @@ class PacketPlanner(wiring.Component):
                        | sum_above(offset[:offset_bits], beats, C(1 << offset_bits))))
         new_enters = Signal()
         replay_enters = Signal()
-        resend_end = replay_go & (replay_psn_next == replay_view.next_psn)
+        resend_end = replay_turn & (replay_psn_next == replay_view.next_psn)
 
         # The packet of this cycle: the replay's, else the new message's. Each context's
         # descriptor is worked out from its registers alone, and the choice comes last.
@@ -431,7 +435,7 @@ class PacketPlanner(wiring.Component):
         # not.
         m.d.comb += room.eq(Mux(new_again, ~new_enters & self.pages_available & ~self.i_setting,
                                 ~new_enters | page_room))
-        new_turn = ~replay_go & new_sending
+        new_turn = ~replay_turn & new_sending
         same_qp = Signal()                      # the contexts' QPs are the same (set with them)
         new_may = new_turn & ~new_view.error & ~new_view.blocked & ~(replaying & same_qp)
         new_go = new_may & room
@@ -440,14 +444,14 @@ class PacketPlanner(wiring.Component):
         m.d.comb += self.o_page_wait.eq(
             new_may & Mux(new_again, ~self.pages_available,
                           new_enters & (~self.pages_available | (~held_unknown & ~held_ok))))
-        refuse = ~replay_go & new_refusing
+        refuse = ~replay_turn & new_refusing
 
         descriptor = self.o_packet.p
         m.d.comb += [
-            descriptor.eq(Mux(replay_go, describe(replay, replay_next, replay_enters, "replay"),
+            descriptor.eq(Mux(replay_turn, describe(replay, replay_next, replay_enters, "replay"),
                               describe(new, new_next, new_enters, "new"))),
-            descriptor.message_end.eq(~replay_go & new_next.last),
-            descriptor.replay.eq(replay_go),
+            descriptor.message_end.eq(~replay_turn & new_next.last),
+            descriptor.replay.eq(replay_turn),
             descriptor.tracked.eq(~refuse),
             descriptor.completion.status.eq(refusal),
         ]
@@ -471,19 +475,19 @@ class PacketPlanner(wiring.Component):
         taken = self.o_packet.valid & self.o_packet.ready
         m.d.comb += [
             self.o_sent.valid.eq(taken & (replay_go | new_go)),
-            self.o_sent.p.qp.eq(Mux(replay_go, replay.qp, new.qp)),
-            self.o_sent.p.replay.eq(replay_go),
-            self.o_sent.p.bytes.eq(Mux(replay_go, replay_next.length, new_next.length)),
-            self.o_sent.p.datagram.eq(Mux(replay_go, replay_next.datagram,
+            self.o_sent.p.qp.eq(Mux(replay_turn, replay.qp, new.qp)),
+            self.o_sent.p.replay.eq(replay_turn),
+            self.o_sent.p.bytes.eq(Mux(replay_turn, replay_next.length, new_next.length)),
+            self.o_sent.p.datagram.eq(Mux(replay_turn, replay_next.datagram,
                                           new_next.datagram)),
-            self.o_sent.p.next_psn.eq(Mux(replay_go, replay_advanced.psn, new_advanced.psn)),
-            self.o_sent.p.next_tail.eq(Mux(replay_go, replay_advanced.offset,
+            self.o_sent.p.next_psn.eq(Mux(replay_turn, replay_advanced.psn, new_advanced.psn)),
+            self.o_sent.p.next_tail.eq(Mux(replay_turn, replay_advanced.offset,
                                            new_advanced.offset)),
         ]
         # Each context's step on its own terms (``taken`` and the context's turn, without
         # the other's), so that a replay's step does not wait on the new context's pages.
         replay_taken = replay_go & self.o_packet.ready & (self.o_read.ready | ~needs_read)
-        new_taken = ~replay_go & self.o_packet.ready
+        new_taken = ~replay_turn & self.o_packet.ready
         with m.If(replay_taken):
             m.d.sync += [
                 replay.eq(replay_advanced),

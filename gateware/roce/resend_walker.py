@@ -42,7 +42,7 @@ class ResendWalker(wiring.Component):
 
     Latency: a QP is taken from the queue 3 cycles after ``i_due`` at the earliest;
     the first message is offered 4 cycles after the cycle the walker takes the QP
-    (then clear, read, find, offer), plus 2 cycles per older message it skips;
+    (then clear, read, find, offer), plus 3 cycles per older message it skips;
     a later message 3 cycles after the one before is taken. ``o_busy`` shows the QP
     from the cycle of ``o_taken`` through the walk's last cycle; ``o_idle`` while the
     walker waits for a QP.
@@ -98,7 +98,7 @@ class ResendWalker(wiring.Component):
         walk_psn = Signal(24)
         walk_slot = Signal.like(self.r_ring.addr)
         walk_count = Signal(count_bits)         # the list's count at ``walk_slot``
-        walk_after = Signal.like(walk_slot)     # the slot after the message handed over
+        walk_found = Signal()                   # the message holds a packet to resend
         walk_clear = self.o_taken.valid
         walk_next = Signal(QP_INDEX_BITS)
         m.d.comb += walk_next.eq(walk_qp)
@@ -153,31 +153,27 @@ class ResendWalker(wiring.Component):
                         walk_count.eq(k_positions.first.count),
                     ]
                     m.next = "READ"
-                # (into < packets: from a carry chain beside the subtraction's)
-                with m.Elif(before | ~difference_at_least(
-                        walk_psn, walk_record.first_psn, walk_record.packets)):
+                # The message, and whether it holds a packet from ``walk_psn`` on (into <
+                # packets: from a carry chain beside the subtraction's), into registers
+                # that ISSUE acts on, and the walk on to the next slot.
+                with m.Else():
                     m.d.sync += [
                         walk.qp.eq(walk_qp),
                         walk.slot.eq(walk_slot),
                         walk.packet.eq(Mux(before, 0, into)),
                         walk.message.eq(walk_record),
-                        walk_after.eq(walk_entry.next),
-                    ]
-                    m.next = "ISSUE"
-                with m.Else():
-                    m.d.sync += [
+                        walk_found.eq(before | ~difference_at_least(
+                            walk_psn, walk_record.first_psn, walk_record.packets)),
                         walk_slot.eq(walk_entry.next),
                         walk_count.eq(walk_count + 1),
                     ]
-                    m.next = "READ"
+                    m.next = "ISSUE"
             with m.State("ISSUE"):
-                m.d.comb += self.o_replay.valid.eq(1)
-                with m.If(self.o_replay.ready):
-                    m.d.sync += [
-                        walk_slot.eq(walk_after),
-                        walk_count.eq(walk_count + 1),
-                        walk_psn.eq(walk.message.first_psn + walk.message.packets),
-                    ]
+                m.d.comb += self.o_replay.valid.eq(walk_found)
+                with m.If(~walk_found):
+                    m.next = "READ"         # (all its packets are older than ``una``)
+                with m.Elif(self.o_replay.ready):
+                    m.d.sync += walk_psn.eq(walk.message.first_psn + walk.message.packets)
                     with m.If(k_flags.resend | k_error):
                         m.d.sync += walking.eq(0)
                         m.next = "IDLE"

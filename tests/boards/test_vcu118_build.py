@@ -12,8 +12,6 @@ import re
 import shutil
 import stat
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,12 +19,11 @@ from boards import build
 from boards.cmac_ip import cmac_ip_properties
 from boards.timing_gate import gate_report_name
 
+from .trees import SMALL_ARGS, path_without_vivado, run_build
+
 #: Under pytest-xdist, the module's tests stay on one worker, which converts each tree once.
 pytestmark = pytest.mark.xdist_group("vcu118-tree")
 
-#: Small core parameters: the same top and ports, quicker to convert.
-SMALL_CORE = {"qps": 4, "retransmit_beats": 128, "retransmit_pages": 8, "messages": 8,
-              "message_slots": 16}
 
 #: Pins from the VCU118 user guide (UG1224), written out here independently of the
 #: platform file: (port, LOC).
@@ -63,11 +60,11 @@ TREE_CMACS = {"1": {1: ("cmac_usplus_0", 0)}, "2": {2: ("cmac_usplus_0", 0)},
               "both": {1: ("cmac_usplus_0", 0), 2: ("cmac_usplus_1", 1)}}
 
 
-@pytest.fixture(scope="module")
-def small_tree(tmp_path_factory):
-    """The tree for QSFP2 with a small core, written by :func:`boards.build.write_tree`."""
-    build_dir = tmp_path_factory.mktemp("vcu118-qsfp2")
-    return build.write_tree(build_dir, qsfp=2, **SMALL_CORE)
+@pytest.fixture
+def small_tree(example_tree):
+    """The build script of the tree for QSFP2 (a small core, the example source)."""
+    build_dir, _ = example_tree
+    return build_dir / "build_top.sh"
 
 
 @pytest.fixture(scope="module")
@@ -82,15 +79,16 @@ def both_tree(tmp_path_factory):
 
 
 @pytest.fixture(scope="module", params=["1", "2", "both"],
-                ids=["qsfp1-default-core", "qsfp2-small-core", "qsfpboth-small-core"])
+                ids=["qsfp1-default-core", "qsfp2-small-core-example", "qsfpboth-small-core"])
 def tree(request, tmp_path_factory):
     """The tree ``make bitstream`` writes: for QSFP1 with the default core (what users
-    build; about a minute to convert), for QSFP2 with a small one, for both cages with
-    small ones (through the command line without Vivado, as ``make bitstream QSFP=both``)."""
+    build; about a minute to convert), for QSFP2 with a small one and the example source
+    (``example_tree``), for both cages with small ones (through the command line without
+    Vivado, as ``make bitstream QSFP=both``)."""
     if request.param == "both":
         build_dir, _ = request.getfixturevalue("both_tree")
     elif request.param == "2":
-        build_dir = request.getfixturevalue("small_tree").parent
+        build_dir, _ = request.getfixturevalue("example_tree")
     else:
         build_dir = tmp_path_factory.mktemp("vcu118-qsfp1")
         build.write_tree(build_dir, qsfp=1)
@@ -362,22 +360,6 @@ def test_jtag_scripts_load_and_flash_the_bitstream(tree):
         assert command in program
     flash = (build_dir / "flash.tcl").read_text()
     assert "-loadbit {up 0x00000000 top.bit}" in flash and "program_hw_cfgmem" in flash
-
-
-def run_build(*args, path):
-    """``python -m boards.build`` with ``PATH`` as given."""
-    return subprocess.run([sys.executable, "-m", "boards.build", *args],
-                          cwd=Path(__file__).resolve().parents[2],
-                          env={**os.environ, "PATH": path}, capture_output=True, text=True)
-
-
-SMALL_ARGS = [word for name, value in SMALL_CORE.items()
-              for word in (f"--{name.replace('_', '-')}", str(value))]
-
-
-def path_without_vivado():
-    return os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
-                           if not (Path(p) / "vivado").exists())
 
 
 def test_bitstream_without_vivado(both_tree):

@@ -52,7 +52,7 @@ def test_sum_above_is_a_plus_b_above_c(widths):
     assert results == [int(a + b > c) for a, b, c in cases]
 
 
-@pytest.mark.parametrize("widths", [(6, 6, 6), (6, 6, 4), (5, 5, 1)])
+@pytest.mark.parametrize("widths", [(5, 5, 5), (6, 6, 4), (5, 5, 1)])
 def test_difference_at_least_is_the_wrapped_difference_against_c(widths):
     """``difference_at_least``: a before and after b (wrapped), a c of every width up to
     a's."""

@@ -76,7 +76,7 @@ TESTCASES = {
         "timer_expires_on_time_while_other_qps_are_acknowledged",
     ],
     "dcqcn_bench": [
-        "cnps_every_50_us_on_one_of_two_qps",
+        "cnps_every_25_us_on_one_of_two_qps",
     ],
     "fuzz_bench": [
         "mutated_frames_of_every_protocol",
