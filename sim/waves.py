@@ -355,9 +355,12 @@ def wavedrom(trace: list[dict[str, int]], diagram: Diagram, cycles: range) -> di
             "config": {"hscale": 1}}
 
 
-def generate(directory: Path = WAVES_DIR) -> list[Path]:
-    """Runs the scenario and writes a JSON file per diagram; returns their paths."""
-    trace = record()
+def generate(directory: Path = WAVES_DIR, trace: list[dict[str, int]] | None = None
+             ) -> list[Path]:
+    """Writes a JSON file per diagram of ``trace`` (by default the scenario, run now);
+    returns their paths."""
+    if trace is None:
+        trace = record()
     windows: dict[str, range] = {}
     written = []
     for diagram in DIAGRAMS:

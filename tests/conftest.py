@@ -23,7 +23,7 @@ LONGEST_FIRST = (
     "tests/sim/test_netlist.py",    # the reduced core through Yosys and Icarus: an hour
     "softroce",                     # the image, the core's model, a boot, two demo runs
     "board-synthesis",              # VCU118Top (2 QPs) through Yosys: 45-55 minutes
-    "vcu118-tree",                  # the board's build trees: four tops converted
+    "vcu118-tree",                  # the board's build trees: three tops converted
     "tests/sim/test_core.py::test_core[dcqcn_bench-",
     "tests/sim/test_core.py::test_core[fuzz_bench-",
 )
@@ -36,6 +36,17 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "convergence: a whole-core run until a control loop settles (minutes; "
                    "make bench runs these, make test leaves them out)")
+
+
+def _shared_fixture(item) -> str | None:
+    """The first fixture of module scope that the tests define and ``item`` uses, as
+    ``<module>::<name>``; None if it uses none. (Fixtures of session scope are builds that
+    a file lock and a cache already share between the workers.)"""
+    for definitions in item._fixtureinfo.name2fixturedefs.values():
+        fixture = definitions[-1]
+        if fixture.scope == "module" and fixture.baseid.startswith("tests"):
+            return f"{fixture.baseid}::{fixture.argname}"
+    return None
 
 
 def _unit(item) -> str:
@@ -53,11 +64,14 @@ def _rank(unit: str) -> int | None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     """Every test that boots the Soft-RoCE guest runs on the same worker (one guest image
-    build, one QEMU at a time, each module's guest booted once); the units in the order
-    the module's docstring gives."""
+    build, one QEMU at a time, each module's guest booted once), and so do the tests that
+    share any other fixture of module scope (it is made once, not once on each worker);
+    the units in the order the module's docstring gives."""
     for item in items:
         if item.get_closest_marker("softroce"):
             item.add_marker(pytest.mark.xdist_group("softroce"))
+        elif not item.get_closest_marker("xdist_group") and (shared := _shared_fixture(item)):
+            item.add_marker(pytest.mark.xdist_group(shared))
     units: dict[str, list] = {}
     for item in items:
         units.setdefault(_unit(item), []).append(item)

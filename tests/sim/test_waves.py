@@ -46,8 +46,8 @@ def test_a_payload_field_shows_only_while_valid(trace):
         assert (t == "x") == (level == "0") or t == ".", (valid, tag["wave"])
 
 
-def test_the_committed_diagrams_are_current(tmp_path):
-    written = waves.generate(tmp_path)
+def test_the_committed_diagrams_are_current(trace, tmp_path):
+    written = waves.generate(tmp_path, trace)
     for path in written:
         committed = waves.WAVES_DIR / path.name
         assert committed.exists(), f"{committed} is missing: run `python -m sim.waves`"

@@ -343,17 +343,29 @@ def synthesize_sync(tmp_path, factory):
     return sync, (tmp_path / "yosys-sync.log").read_text()
 
 
+@pytest.fixture(scope="module")
+def synthesized_sync(tmp_path_factory):
+    """:func:`synthesize_sync` of a design, each design synthesized once."""
+    made = {}
+
+    def synthesized(factory):
+        if factory not in made:
+            made[factory] = synthesize_sync(tmp_path_factory.mktemp(factory.__name__), factory)
+        return made[factory]
+    return synthesized
+
+
 def cell_delays(cells_sim: str, cell: str) -> list[int]:
     """The delays (ps) of a cell's timing arcs (``(A => B) = N;``), from Yosys's models."""
     body = re.search(rf"^module {cell}\b.*?^endmodule", cells_sim, re.MULTILINE | re.DOTALL)[0]
     return [int(value) for value in re.findall(r"=>[^;]*\)\s*=\s*(\d+);", body)]
 
 
-def test_the_model_delay_of_one_lut_between_registers(tmp_path):
+def test_the_model_delay_of_one_lut_between_registers(synthesized_sync):
     """A register → LUT2 → register path takes what the model says, worked out from the
     cells' ``specify`` blocks: the flip-flop's clock to output, the wire into the LUT
     (abc9's ``-W``), the LUT's slower input."""
-    sync, log = synthesize_sync(tmp_path, OneLut)
+    sync, log = synthesized_sync(OneLut)
     assert (sync.lut_levels, sync.slow_end) == (1, sync.end)
     assert sync.end in ("o_r", "o") and sync.slow_start in ("a_r", "b_r")
     cells_sim = resources.cell_library(log).read_text()
@@ -366,11 +378,11 @@ def test_the_model_delay_of_one_lut_between_registers(tmp_path):
 
 
 @pytest.mark.parametrize("factory", [OneLut, SumAbove])
-def test_the_model_delay_is_abc9s_own_where_it_sees_the_whole_path(tmp_path, factory):
+def test_the_model_delay_is_abc9s_own_where_it_sees_the_whole_path(synthesized_sync, factory):
     """On a design of one domain abc9 maps nothing but the domain's paths, so its
     arrival time for the mapping (``Del``) is the slowest path's; the figure computed
     from the cells' arcs on the mapped netlist is the same, carries included."""
-    sync, log = synthesize_sync(tmp_path, factory)
+    sync, log = synthesized_sync(factory)
     [abc9] = re.findall(r"^ABC: D:\s+Del =\s*([\d.]+)\.", log, re.MULTILINE)
     assert sync.delay_ns == pytest.approx(float(abc9) / 1000)
     if factory is SumAbove:
