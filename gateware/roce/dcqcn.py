@@ -152,10 +152,10 @@ class DcqcnReactionPoint(wiring.Component):
     Latency: a visit takes 3 cycles for a QP with nothing to do (the candidate taken,
     its state and events read, the decision), 46 to the rate update for a cut (with the
     division); the update leaves in the visit's last cycle. A CNP is acted on within a
-    pass of the scan (``qps`` / 32 rows, a cycle each), 3 cycles from the row to its
+    pass of the scan (``qps`` / 32 rows, a cycle each), 2 cycles from the row to its
     offer, the visits of the other candidates found on the way (and a cycle per row
     that holds one) and its own visit: at 4,096 QPs with nothing else waiting,
-    128 + 3 + 46 = 177 cycles from the CNP to the first cut's rate update.
+    128 + 2 + 46 = 176 cycles from the CNP to the first cut's rate update.
     """
 
     @staticmethod

@@ -64,14 +64,13 @@ class DeadlineScan(wiring.Component):
     when ``i_now`` − ``at`` is less than half the range of ``time_bits`` bits, so a
     deadline must not lie further ahead than that.
 
-    The scan reads a row a cycle and keeps, in a register, the QPs of it that are dirty
-    or whose deadline has come; the cycle after, these become the candidates, offered
-    one a cycle, lowest lane first, from a register (no path goes from the choice among
-    a row to the checker), and the next row's come once none is left: a pass of every
-    row takes ``rows`` cycles, one more per candidate and one more per row that has
-    any. The flags are read as they were before the cycle's writes: a QP marked in the
-    cycle its row is read is a candidate a pass later. A hint written in a cycle shows
-    in the row read the cycle after.
+    The scan reads a row a cycle and takes as candidates the QPs of it that are dirty
+    or whose deadline has come; it offers them one a cycle, lowest lane first, from a
+    register (no path goes from the choice among a row to the checker), and takes the
+    next row's once none is left: a pass of every row takes ``rows`` cycles, one more
+    per candidate and one more per row that has any. The flags are read as they were
+    before the cycle's writes: a QP marked in the cycle its row is read is a candidate
+    a pass later. A hint written in a cycle shows in the row read the cycle after.
     ``o_candidate.p`` keeps the last QP offered while none is.
 
     So a check must write a hint that is never later than the QP's deadline, and each
@@ -115,7 +114,7 @@ class DeadlineScan(wiring.Component):
             """Whether QP index ``qp`` is in lane ``lane``."""
             return C(1) if lane_bits == 0 else qp[:lane_bits] == lane
 
-        # The hints and dirty flags, a memory of each per lane.
+        # The hints and dirty flags, a memory of each per lane, both read a cycle ahead.
         hints, dirty = [], []
         row = Signal(row_bits)              # the row the hint ports show
         row_next = Signal(row_bits)
@@ -135,33 +134,29 @@ class DeadlineScan(wiring.Component):
                 flags=("dirty",), depth=1 << row_bits, addr_bits=row_bits,
                 writers=(("check", ("dirty",)),
                          *((f"mark{n}", ("dirty",)) for n in range(len(self.i_mark)))),
-                reads=("comb",))
+                reads=("transparent",))
             for writer, port, value in ((flags.w_check, written, 0),
                                         *((getattr(flags, f"w_mark{n}"), mark, 1)
                                           for n, mark in enumerate(self.i_mark))):
                 qp = port.p.qp if port is written else port.p
                 m.d.comb += write_flags(writer, qp[lane_bits:qp_bits],
                                         port.valid & lane_of(qp, lane), value)
-            m.d.comb += flags.r[0].addr.eq(row)
+            # (Read a cycle ahead, as a read in the cycle would give it: the flags come
+            # from the memories' registered ports, like the hints.)
+            m.d.comb += flags.r[0].addr.eq(row_next)
             dirty.append(flags.r[0].data.dirty)
 
-        # The scan in two steps: the QPs of the row the ports show that are due go into a
-        # register (``held``, of ``held_row``) and the next row is read, while the
-        # candidates of the row before (``candidates``, of ``candidates_row``) are taken
-        # one a cycle, lowest lane first, into ``pick``. Once none is left, the held row's
-        # become the candidates. (No path goes from a hint's time through the compare to
-        # the choice among a row.)
+        # The candidates of a row (``candidates``, of ``candidates_row``), taken one a
+        # cycle, lowest lane first, into ``pick``; once none is left, the next row's.
+        candidates = Signal(lanes)
+        candidates_row = Signal(row_bits)
         found = Signal(lanes)
         for lane in range(lanes):
             entry = hints[lane]
             in_use = (Cat(C(lane, lane_bits), row) < qps) if lane_bits else (row < qps)
-            m.d.comb += found[lane].eq(in_use & (dirty[lane] | (
-                entry.armed & ~(self.i_now - entry.at)[time_bits - 1])))
-        held = Signal(lanes)
-        held_row = Signal(row_bits)
-        held_valid = Signal()
-        candidates = Signal(lanes)
-        candidates_row = Signal(row_bits)
+            # (The deadline's carry chain comes last: the rest is worked out beside it.)
+            due = ~(self.i_now - entry.at)[time_bits - 1]
+            m.d.comb += found[lane].eq((in_use & dirty[lane]) | ((in_use & entry.armed) & due))
         lowest = Signal(lanes)
         lane_picked = Signal(range(lanes))
         m.d.comb += [
@@ -170,18 +165,15 @@ class DeadlineScan(wiring.Component):
                                for bit in range(lane_bits))),
         ]
         pick = self.o_candidate
-        picking, advance, read = Signal(), Signal(), Signal()
+        picking, advance = Signal(), Signal()
         m.d.comb += [
             picking.eq(~pick.valid | pick.ready),
-            advance.eq(picking & (candidates == 0) & held_valid),
-            read.eq(~held_valid | advance),
-            row_next.eq(Mux(read, Mux(row == rows - 1, 0, row + 1), row)),
+            advance.eq(picking & (candidates == 0)),
+            row_next.eq(Mux(advance, Mux(row == rows - 1, 0, row + 1), row)),
         ]
         m.d.sync += row.eq(row_next)
-        with m.If(read):
-            m.d.sync += [held.eq(found), held_row.eq(row), held_valid.eq(1)]
         with m.If(advance):
-            m.d.sync += [candidates.eq(held), candidates_row.eq(held_row)]
+            m.d.sync += [candidates.eq(found), candidates_row.eq(row)]
         with m.Elif(picking):
             m.d.sync += candidates.eq(candidates & (candidates - 1))
         with m.If(picking):

@@ -39,9 +39,9 @@ BYTE_VISIT = 10 + DIVIDER
 RESET_VISIT = 3
 #: From a mark to its QP's candidate taken, with nothing else waiting: the scan reads the
 #: QP's row within a pass (the row read in the mark's cycle misses it), registers the
-#: row's due QPs, makes them the candidates, offers one. A byte event is marked 2 cycles
+#: row's candidates, offers one. A byte event is marked 2 cycles
 #: after its packet comes (the input registered, then the mark).
-OFFER = 3
+OFFER = 2
 BYTE_MARK = 2
 
 
@@ -536,11 +536,10 @@ def test_pacer_waits_for_the_last_packet_at_the_rate_of_now():
             since_packet += 1
         # Both turns were 1 µs (64 cycles) before the packets. QP 2: 51.2 cycles at
         # 10 Gb/s are over: let go once the rate update's mark is checked (a pass of the
-        # scan's rows, and 8 cycles: the row read, its due QPs registered, offered, the
-        # check's three registers, the flag written). QP 3: 16 µs (1024 cycles) at
-        # 500 Mb/s, 960 after its packet (at 1 Gb/s it would be 448), let go once its
-        # hint has come (as late). Each seen a cycle later through the lookup.
-        late = scan_rows(QPS) + 8 + 1
+        # scan's rows, and 6 cycles). QP 3: 16 µs (1024 cycles) at 500 Mb/s, 960 after
+        # its packet (at 1 Gb/s it would be 448), let go once its hint has come (as
+        # late). Each seen a cycle later through the lookup.
+        late = scan_rows(QPS) + 6 + 1
         assert released[2] <= 43 + late, released
         assert 960 <= released[3] <= 960 + late, released
 
