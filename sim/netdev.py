@@ -194,6 +194,13 @@ def _design(args: argparse.Namespace) -> tuple[Build, dict]:
     return core_build(params, source), {"source": args.source, **params, **options}
 
 
+def build_design(argv: list[str]) -> Build:
+    """Builds (or finds in the cache) the design ``python -m sim.netdev`` runs with
+    ``argv``, without running it."""
+    design, _ = _design(build_parser().parse_args(argv))
+    return design
+
+
 def _port2(path: Path) -> Path:
     return path.with_name(f"{path.stem}-port2{path.suffix}")
 

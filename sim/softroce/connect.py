@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from .demo import ENDPOINT_IP, ENDPOINT_MAC, QP_SERVER_OPTIONS, guest_and_netdev
+from .demo import ENDPOINT_IP, ENDPOINT_MAC, GUEST_POLL, QP_SERVER_OPTIONS, guest_and_netdev
 from .image import CACHE
 from .vm import DEFAULT_LOCAL_PORT, DEFAULT_REMOTE_PORT, GuestConfig, run_script
 
@@ -63,7 +63,8 @@ def listen_step(name: str, *arguments: str) -> Step:
 
 def qp_server_step(name: str, *arguments: str) -> Step:
     """``qp-server --cm rdma --json`` with the demo's CM timeouts and ``arguments``."""
-    return Step(name, "host.cli", ("--cm", "rdma", *QP_SERVER_OPTIONS, "--json", *arguments))
+    return Step(name, "host.cli", ("--cm", "rdma", *QP_SERVER_OPTIONS, *GUEST_POLL, "--json",
+                                   *arguments))
 
 
 @dataclasses.dataclass

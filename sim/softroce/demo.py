@@ -39,6 +39,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import os
 import shlex
 import signal
 import socket
@@ -83,6 +84,10 @@ PORT_ENDPOINTS = ((ENDPOINT_IP, "rxe0"), (ENDPOINT2_IP, "rxe1"))
 #: cycles per second, so a CM round trip takes tenths of a second and a run
 #: with retransmissions many seconds.
 QP_SERVER_OPTIONS = ("--timeout", "5", "--stall", "120")
+#: qp-server in the guest spins briefly, then sleeps on the completion channel
+#: (``--poll hybrid``): a vCPU that spins under TCG takes a host CPU from the simulated
+#: endpoint it waits for.
+GUEST_POLL = ("--poll", "hybrid")
 #: Each qp-server run is stopped (SIGTERM: it closes its QPs) after this long.
 RUN_LIMIT_S = 240
 _UP = "is up"
@@ -167,6 +172,8 @@ class DemoRun:
             argv += ["--qps", str(self.qps)]
         if self.repeat > 1:
             argv += ["--repeat", str(self.repeat)]
+        if self.program == "host.cli":
+            argv += GUEST_POLL
         return argv
 
     def label(self) -> str:
@@ -552,25 +559,31 @@ def guest_and_netdev(name: str, local_port: int, remote_port: int,
     With ``port2`` (the guest's eth1's local and remote ports) netdev runs both ports
     of the two-cage board, port 2 on that channel (its summary and pcap with
     ``-port2`` added to their names). Returns (image, netdev, summary path, pcap path)."""
-    image = cached_image()
-    if image is None:
-        image = build_image(log=lambda line: out(f"  image: {line}"))  # root, all tools
-    ensure_host_tools(needed=(QEMU,))
     two_ports = []
     if port2 is not None:
         two_ports = ["--ports", "2", "--local2", f"127.0.0.1:{port2[1]}", "--remote2",
                      f"127.0.0.1:{port2[0]}"]
+    summary_path = CACHE / f"{name}-netdev-summary.json"
+    pcap_path = CACHE / f"{name}-netdev.pcap"
+    arguments = ["--local", f"127.0.0.1:{remote_port}", "--remote", f"127.0.0.1:{local_port}",
+                 "--ip", ENDPOINT_IP, "--mac", ENDPOINT_MAC, "--summary", str(summary_path),
+                 "--pcap", str(pcap_path), *two_ports, *netdev_options]
+    image = cached_image()
+    if image is None:
+        if os.geteuid() == 0:
+            # The first time, the image and netdev's model take minutes each: the model
+            # first, since the cocotb tests that run beside (make test) wait for it.
+            from sim.netdev import build_design
+            out(f"{_PROG}: building netdev's model of the endpoint, then the guest's image")
+            build_design(arguments)
+        image = build_image(log=lambda line: out(f"  image: {line}"))  # root, all tools
+    ensure_host_tools(needed=(QEMU,))
     for port in (local_port, remote_port, *(port2 or ())):
         if not port_free(port):
             raise RuntimeError(f"UDP 127.0.0.1:{port} is taken (another demo or guest?)"
                                + port_hint)
-    summary_path = CACHE / f"{name}-netdev-summary.json"
-    pcap_path = CACHE / f"{name}-netdev.pcap"
-    netdev = Netdev(["--local", f"127.0.0.1:{remote_port}", "--remote",
-                     f"127.0.0.1:{local_port}", "--ip", ENDPOINT_IP, "--mac", ENDPOINT_MAC,
-                     "--summary", str(summary_path), "--pcap", str(pcap_path),
-                     *two_ports, *netdev_options],
-                    CACHE / f"{name}-netdev.log", show=out, ports=2 if port2 else 1)
+    netdev = Netdev(arguments, CACHE / f"{name}-netdev.log", show=out,
+                    ports=2 if port2 else 1)
     return image, netdev, summary_path, pcap_path
 
 

@@ -102,8 +102,8 @@ def test_check_run_accepts_agreeing_status_and_rejects_the_rest() -> None:
 def test_guest_script_runs_every_run_with_json() -> None:
     script = guest_script(CLEAN_RUNS)
     assert script.count("python3 -m host.cli --endpoint 10.77.0.2 --timeout 5 --stall 120") == 3
-    assert "--write --imm --size 256 --count 3 --repeat 2 --json" in script
-    assert "--send --size 3000 --count 2 --mtu 1024 --json" in script
+    assert "--write --imm --size 256 --count 3 --repeat 2 --poll hybrid --json" in script
+    assert "--send --size 3000 --count 2 --mtu 1024 --poll hybrid --json" in script
 
 
 RECEIVE_API = DemoRun(write=False, immediate=False, size=4096, count=8, qps=2,
@@ -211,7 +211,7 @@ def test_two_port_script_gives_each_run_both_endpoints_each_on_its_device() -> N
     both = ("python3 -m host.cli --endpoint 10.77.0.2 --endpoint 10.77.1.2 --device rxe0 "
             "--device rxe1 --timeout 5 --stall 120 ")
     assert script.count(both) == len(TWO_PORT_RUNS) == 3
-    assert both + "--write --imm --size 3000 --count 4 --mtu 1024 --json" in script
+    assert both + "--write --imm --size 3000 --count 4 --mtu 1024 --poll hybrid --json" in script
     assert guest_script(TWO_PORT_RUNS).count("--endpoint") == 3, "one port: one endpoint"
     with pytest.raises(ValueError, match="qp-server only"):
         guest_script([RECEIVE_API], ports=2)
