@@ -16,7 +16,7 @@ import pytest
 
 #: The tests that take minutes: xdist groups, or the start of node IDs; longest first, as
 #: ``make test`` on a clean clone timed them. The Soft-RoCE group builds the core's Verilator
-#: model (netdev), which every cocotb test waits for, and then the guest's image: it starts
+#: model (netdev), which every cocotb test waits for, with the guest's image beside: it starts
 #: first (with ``SYNTHESIS=1`` beside the netlist test, and the board top's synthesis
 #: follows it).
 LONGEST_FIRST = (

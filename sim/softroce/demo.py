@@ -48,6 +48,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from boards.vcu118_top import PORT2_ADDRESS
@@ -570,13 +571,20 @@ def guest_and_netdev(name: str, local_port: int, remote_port: int,
                  "--pcap", str(pcap_path), *two_ports, *netdev_options]
     image = cached_image()
     if image is None:
+        def log(line: str) -> None:
+            out(f"  image: {line}")
         if os.geteuid() == 0:
-            # The first time, the image and netdev's model take minutes each: the model
-            # first, since the cocotb tests that run beside (make test) wait for it.
+            # The first time, the image and netdev's model take minutes each: the image
+            # (downloads and unpacking, much of it waiting) is built beside the model,
+            # which the cocotb tests that run beside (make test) wait for.
             from sim.netdev import build_design
-            out(f"{_PROG}: building netdev's model of the endpoint, then the guest's image")
-            build_design(arguments)
-        image = build_image(log=lambda line: out(f"  image: {line}"))  # root, all tools
+            out(f"{_PROG}: building the guest's image beside netdev's model of the endpoint")
+            with ThreadPoolExecutor(1) as pool:
+                building = pool.submit(build_image, log=log)
+                build_design(arguments)
+                image = building.result()
+        else:
+            image = build_image(log=log)    # (which names the fix: it needs root)
     ensure_host_tools(needed=(QEMU,))
     for port in (local_port, remote_port, *(port2 or ())):
         if not port_free(port):
