@@ -3,7 +3,7 @@ acknowledgement, an expired timer, a close, a reset) and retires the messages
 acknowledged as completions."""
 
 from amaranth import *
-from amaranth.lib import stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..arith import difference_at_least, wrapped_before
@@ -211,28 +211,17 @@ class AckHandler(wiring.Component):
         held_done = Signal()
         held_covered = Signal(24)
 
-        # One check for every state that checks: the states choose its ``una`` and slot,
-        # ahead of the carry chains, so that no choice among states follows them.
+        # One check for every state that checks (see below, after the FSM): each state
+        # names its slot and whether it checks against the acknowledgement's ``una``
+        # (``new_una``) or the QP's (``s_una``).
         checking = Signal()
         check_slot = Signal.like(retire_slot)
-        check_una = Signal(24)
+        check_acked = Signal()
 
-        def check(slot, una):
-            """Checks the message in ``slot`` (read in the cycle before) against ``una``."""
-            m.d.comb += [checking.eq(1), check_slot.eq(slot), check_una.eq(una)]
-
-        covered = (check_una - entry.message.first_psn)[:24]
-        reached = ~(covered[22] & covered[23])
-        with m.If(checking):
-            m.d.sync += [
-                held.eq(entry),
-                held_status.eq(self.r_status.data),
-                held_empty.eq(check_slot == s_end.slot),
-                # (covered ≥ packets, from a carry chain beside the subtraction's)
-                held_done.eq(reached & difference_at_least(
-                    check_una, entry.message.first_psn, entry.message.packets)),
-                held_covered.eq(Mux(reached, covered, 0)),
-            ]
+        def check(slot, *, acked):
+            """Checks the message in ``slot`` (read in the cycle before) against the
+            acknowledgement's ``una`` (``acked``) or the QP's."""
+            m.d.comb += [checking.eq(1), check_slot.eq(slot), check_acked.eq(acked)]
         m.d.comb += [
             self.r_ring.addr.eq(retire_slot),
             self.r_status.addr.eq(retire_slot),
@@ -347,7 +336,7 @@ class AckHandler(wiring.Component):
             with m.State("ACK_APPLY"):
                 # The oldest slot was read in ACK and is checked here (against the
                 # acknowledgement's ``una``: the writes of this state show from the next).
-                check(s_positions.first.slot, new_una)
+                check(s_positions.first.slot, acked=True)
                 m.next = "RETIRE"
                 with m.If(~taken):
                     m.next = "IDLE"
@@ -424,7 +413,7 @@ class AckHandler(wiring.Component):
                 m.next = "RETIRE_CHECK"
 
             with m.State("RETIRE_CHECK"):
-                check(s_positions.first.slot, s_una)
+                check(s_positions.first.slot, acked=False)
                 m.next = "RETIRE"
 
             with m.State("RETIRE"):
@@ -459,7 +448,7 @@ class AckHandler(wiring.Component):
                             retry_write.en.eq(1),
                             retry_write.data.error_reported.eq(s_error),
                         ]
-                        check(held.next, s_una)
+                        check(held.next, acked=False)
                 with m.Else():
                     m.d.comb += [
                         positions_write.en.eq(1),
@@ -479,6 +468,30 @@ class AckHandler(wiring.Component):
                                Mux(engine.ongoing("RETIRE"), held.next,
                                    s_positions.first.slot))),
         ]
+
+        # The check, against both ``una``s side by side into registers of each, and the
+        # state's choice between them after those registers: neither a chain's operands
+        # nor what follows a chain wait on that choice.
+        def checked(una):
+            """Whether ``una`` reached the message read and is past its end (covered ≥
+            packets, from a carry chain beside the subtraction's), and how far it is in."""
+            covered = (una - entry.message.first_psn)[:24]
+            reached = ~(covered[22] & covered[23])
+            done = reached & difference_at_least(una, entry.message.first_psn,
+                                                 entry.message.packets)
+            return done, Mux(reached, covered, 0)
+        held_acked = Signal()
+        held_checks = Signal(data.ArrayLayout(data.StructLayout({"done": 1, "covered": 24}), 2))
+        with m.If(checking):
+            m.d.sync += [
+                held.eq(entry),
+                held_status.eq(self.r_status.data),
+                held_empty.eq(check_slot == s_end.slot),
+                held_acked.eq(check_acked),
+                *(held_checks[n].eq(Cat(checked(una))) for n, una in enumerate((s_una, new_una))),
+            ]
+        m.d.comb += [held_done.eq(held_checks[held_acked].done),
+                     held_covered.eq(held_checks[held_acked].covered)]
 
         # The FSM's counts, and a reset of what it owns.
         m.d.comb += [

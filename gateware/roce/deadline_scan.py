@@ -114,7 +114,7 @@ class DeadlineScan(wiring.Component):
             """Whether QP index ``qp`` is in lane ``lane``."""
             return C(1) if lane_bits == 0 else qp[:lane_bits] == lane
 
-        # The hints and dirty flags, a memory of each per lane, both read a cycle ahead.
+        # The hints and dirty flags, a memory of each per lane.
         hints, dirty = [], []
         row = Signal(row_bits)              # the row the hint ports show
         row_next = Signal(row_bits)
@@ -134,16 +134,14 @@ class DeadlineScan(wiring.Component):
                 flags=("dirty",), depth=1 << row_bits, addr_bits=row_bits,
                 writers=(("check", ("dirty",)),
                          *((f"mark{n}", ("dirty",)) for n in range(len(self.i_mark)))),
-                reads=("transparent",))
+                reads=("comb",))
             for writer, port, value in ((flags.w_check, written, 0),
                                         *((getattr(flags, f"w_mark{n}"), mark, 1)
                                           for n, mark in enumerate(self.i_mark))):
                 qp = port.p.qp if port is written else port.p
                 m.d.comb += write_flags(writer, qp[lane_bits:qp_bits],
                                         port.valid & lane_of(qp, lane), value)
-            # (Read a cycle ahead, as a read in the cycle would give it: the flags come
-            # from the memories' registered ports, like the hints.)
-            m.d.comb += flags.r[0].addr.eq(row_next)
+            m.d.comb += flags.r[0].addr.eq(row)
             dirty.append(flags.r[0].data.dirty)
 
         # The candidates of a row (``candidates``, of ``candidates_row``), taken one a
@@ -154,9 +152,8 @@ class DeadlineScan(wiring.Component):
         for lane in range(lanes):
             entry = hints[lane]
             in_use = (Cat(C(lane, lane_bits), row) < qps) if lane_bits else (row < qps)
-            # (The deadline's carry chain comes last: the rest is worked out beside it.)
-            due = ~(self.i_now - entry.at)[time_bits - 1]
-            m.d.comb += found[lane].eq((in_use & dirty[lane]) | ((in_use & entry.armed) & due))
+            m.d.comb += found[lane].eq(in_use & (dirty[lane] | (
+                entry.armed & ~(self.i_now - entry.at)[time_bits - 1])))
         lowest = Signal(lanes)
         lane_picked = Signal(range(lanes))
         m.d.comb += [

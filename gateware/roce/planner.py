@@ -548,9 +548,11 @@ class PacketPlanner(wiring.Component):
         ]
         # What loading a new message needs of its request alone is worked out in the cycle
         # before, into registers (the request waits on its stream, unchanged, from IDLE to
-        # LOAD_NEW): the message as one packet, how many packets it takes at each path
-        # MTU and how many come after its first, whether it fits one packet of each (or
-        # two), and whether it is out of range.
+        # LOAD_NEW): the request itself (LOAD_NEW takes it from this register, not through
+        # the request arbiter's choice), the message as one packet, how many packets it
+        # takes at each path MTU and how many come after its first, whether it fits one
+        # packet of each (or two), and whether it is out of range.
+        request_held = Signal.like(self.i_request.p)
         request_short = Signal(_NEXT_PACKET)
         request_fits = Signal(len(PathMtu))
         request_two = Signal(len(PathMtu))      # ... or two
@@ -559,6 +561,7 @@ class PacketPlanner(wiring.Component):
         request_after = Signal(data.ArrayLayout(24, len(PathMtu)))     # ... after the first
         length_bits = MAX_PACKET_PAYLOAD.bit_length()
         m.d.sync += [
+            request_held.eq(self.i_request.p),
             request_short.eq(_next_packet(m, self.i_request.p.length[:length_bits],
                                           self.i_request.p.length[:length_bits], width,
                                           "request_short", self.i_request.p.verb,
@@ -586,7 +589,7 @@ class PacketPlanner(wiring.Component):
                     m.d.comb += [fits.eq(request_fits[index]), two.eq(request_two[index])]
         m.d.comb += [
             full_first.eq(_full_packet(m, self.read_path.path_mtu, width, "full_first",
-                                       self.i_request.p.verb, first=1)),
+                                       request_held.verb, first=1)),
         ]
         new_first = Mux(fits, request_short, full_first)
         refused = _next_packet(m, 0, 0, width, "refused", new.message.request.verb,
@@ -644,7 +647,7 @@ class PacketPlanner(wiring.Component):
                 m.next = "IDLE"
 
             with m.State("LOAD_NEW"):
-                request = self.i_request.p
+                request = request_held
                 valid_mtu = path_mtu_bytes != 0
                 bad = request_bad | ~valid_mtu
                 packets = Signal(24)
@@ -727,7 +730,7 @@ class PacketPlanner(wiring.Component):
         loading_replay = fsm.ongoing("LOAD_REPLAY")
         m.d.comb += [
             self.o_active[0].valid.eq(loading_new | new_sending | new_refusing),
-            self.o_active[0].p.eq(Mux(loading_new, self.i_request.p.qp, new.qp)),
+            self.o_active[0].p.eq(Mux(loading_new, request_held.qp, new.qp)),
             self.o_active[1].valid.eq(loading_replay | replaying),
             self.o_active[1].p.eq(replay.qp),
         ]
@@ -739,6 +742,6 @@ class PacketPlanner(wiring.Component):
         asked = self.holds_qp[:qp_bits]
         m.d.sync += self.holds.eq(
             (new_sending & (new_holds == asked)) | (replaying & (replay_holds == asked))
-            | (loading_new & (self.i_request.p.qp[:qp_bits] == asked))
+            | (loading_new & (request_held.qp[:qp_bits] == asked))
             | (loading_replay & (replay.qp[:qp_bits] == asked)))
         return m
