@@ -123,9 +123,9 @@ class DcqcnReactionPoint(wiring.Component):
     (for the byte counter), ``i_reset`` a QP set again (it returns to the line rate);
     all are always ready and may come every cycle. Each QP's state (``_STATE``)
     lives in a memory. A visit of a QP, if it is rate limited or has a CNP waiting,
-    updates α for every α period that ended (at most 8 a visit, 3 cycles each), cuts the rate for a
-    waiting CNP once the monitor period since the last cut is over, and makes one
-    rate-increase event (timer, else byte counter). A changed rate leaves on
+    updates α for every α period that ended (at most 8 a visit, 3 cycles each), cuts
+    the rate for a waiting CNP once the monitor period since the last cut is over, and
+    makes one rate-increase event (timer, else byte counter). A changed rate leaves on
     ``o_rate`` with the QP's pacing interval, cycles per byte =
     8·``cycles_per_us``/rate, from a 37-step divider. Products (Rc·α, α·g) come from
     one registered multiplier, a cycle each. With ``enable`` low nothing is limited: a
