@@ -169,10 +169,13 @@ class DeadlineScan(wiring.Component):
             row_next.eq(Mux(advance, Mux(row == rows - 1, 0, row + 1), row)),
         ]
         m.d.sync += row.eq(row_next)
+        # (The checker's ``ready`` only enables the candidates' registers: what they load,
+        # the row's or the rest of theirs, is chosen by their own state, so the choice after
+        # the deadline compares does not wait on it.)
+        with m.If(picking):
+            m.d.sync += candidates.eq(Mux(candidates == 0, found, candidates & (candidates - 1)))
         with m.If(advance):
-            m.d.sync += [candidates.eq(found), candidates_row.eq(row)]
-        with m.Elif(picking):
-            m.d.sync += candidates.eq(candidates & (candidates - 1))
+            m.d.sync += candidates_row.eq(row)
         with m.If(picking):
             m.d.sync += pick.valid.eq(candidates.any())
             with m.If(candidates.any()):
