@@ -145,9 +145,14 @@ class DeadlineScan(wiring.Component):
             dirty.append(flags.r[0].data.dirty)
 
         # The candidates of a row (``candidates``, of ``candidates_row``), taken one a
-        # cycle, lowest lane first, into ``pick``; once none is left, the next row's.
+        # cycle, lowest lane first, into ``pick``; once none is left, the next row's. The
+        # row's are loaded as found (``loaded``: the compares reach these registers through
+        # no choice, only their enable) and those offered since are struck out (``taken``).
+        loaded = Signal(lanes)
+        taken = Signal(lanes)
         candidates = Signal(lanes)
         candidates_row = Signal(row_bits)
+        m.d.comb += candidates.eq(loaded & ~taken)
         found = Signal(lanes)
         for lane in range(lanes):
             entry = hints[lane]
@@ -169,13 +174,10 @@ class DeadlineScan(wiring.Component):
             row_next.eq(Mux(advance, Mux(row == rows - 1, 0, row + 1), row)),
         ]
         m.d.sync += row.eq(row_next)
-        # (The checker's ``ready`` only enables the candidates' registers: what they load,
-        # the row's or the rest of theirs, is chosen by their own state, so the choice after
-        # the deadline compares does not wait on it.)
-        with m.If(picking):
-            m.d.sync += candidates.eq(Mux(candidates == 0, found, candidates & (candidates - 1)))
         with m.If(advance):
-            m.d.sync += candidates_row.eq(row)
+            m.d.sync += [loaded.eq(found), taken.eq(0), candidates_row.eq(row)]
+        with m.Elif(picking):
+            m.d.sync += taken.eq(taken | lowest)
         with m.If(picking):
             m.d.sync += pick.valid.eq(candidates.any())
             with m.If(candidates.any()):

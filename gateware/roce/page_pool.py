@@ -128,8 +128,8 @@ class PagePool(wiring.Component):
     never written by two QPs out of order. Pages come back in about 2 cycles each.
 
     ``reset_qp`` names a QP that waits to be set again; ``o_reset_clear`` says it holds
-    no page (the pool looks at it first), and ``i_rebase`` (its setting taken) moves its
-    ring to position 0.
+    no page (the pool looks at it first, from the cycle after it is named on), and
+    ``i_rebase`` (its setting taken) moves its ring to position 0.
     """
 
     def __init__(self, *, qps, pages, ring_beats, width=BEAT_BYTES, hints=4):
@@ -333,9 +333,15 @@ class PagePool(wiring.Component):
 
         idle_kind = Signal()                    # the page to give back is the one sent into
         giving = Signal()                       # a page is given back
+        # Whether the QP waiting to be set was worth a look in the cycle before (in range,
+        # not yet seen clear): a register, so that the compares of its index do not reach
+        # the choice of QP and the reads it addresses. (A QP seen clear in the cycle before
+        # may be looked at once more.)
+        reset_wanted = Signal()
+        m.d.sync += reset_wanted.eq(reset.valid & (reset.p < self._qps) & ~self.o_reset_clear)
         with m.FSM():
             with m.State("PICK"):
-                use_reset = reset.valid & (reset.p < self._qps) & ~self.o_reset_clear
+                use_reset = reset.valid & reset_wanted
                 use_hint = ~use_reset & hinted.r_rdy & ~sweep_turn
                 m.d.comb += [
                     picked.eq(Mux(use_reset, reset.p, Mux(use_hint, hinted.r_data, sweep))),

@@ -682,13 +682,37 @@ class PacketPlanner(wiring.Component):
                                 (tail_low == 0) | (tail_low > (1 << offset_bits) - full_beats)))
                 message_tail = _message_tail(m, request.length, self.read_path.path_mtu,
                                              request.verb, width, "message_tail")
-                # (Set whether the request is loaded or not: they matter only once it is.)
-                m.d.sync += [same_qp.eq(request.qp == replay.qp),
-                             *page_ahead(new_view.tail, first_enters)]
+                # The new context's registers and the report of the loaded message are set
+                # whether the request is loaded or not (they matter only once it is, and the
+                # context is free in LOAD_NEW): so the slot count's compare in
+                # ``new_view.slot_free`` reaches only the handshakes and ``new_sending``.
+                # A refused request sets what it needs over them.
+                m.d.comb += [
+                    self.o_loaded.p.qp.eq(request.qp),
+                    self.o_loaded.p.message.eq(loaded),
+                ]
+                m.d.sync += [
+                    same_qp.eq(request.qp == replay.qp),
+                    *page_ahead(new_view.tail, first_enters),
+                    new.qp.eq(request.qp),
+                    new.slot.eq(new_view.slot),
+                    new.message.eq(loaded),
+                    new.path.eq(self.read_path),
+                    new.psn.eq(new_view.next_psn),
+                    new.index.eq(0),
+                    new.offset.eq(new_view.tail),
+                    new.after.eq(message_after),
+                    new.following_last.eq(two),
+                    new.tail.eq(message_tail),
+                    new_again.eq((new_view.tail[:offset_bits] != 0)
+                                 & (self.pages_released
+                                    == (new_view.tail[offset_bits:] + 1)[:vpage_bits])),
+                    new_next.eq(new_first),
+                    new_holds.eq(request.qp[:qp_bits]),
+                ]
                 with m.If(bad | new_view.error):
                     m.d.comb += self.i_request.ready.eq(1)
                     m.d.sync += [
-                        new.qp.eq(request.qp),
                         new.message.eq(0),
                         new.message.request.eq(request),
                         new.message.first_psn.eq(Mux(request.qp < self._qps,
@@ -702,27 +726,8 @@ class PacketPlanner(wiring.Component):
                     m.d.comb += [
                         self.i_request.ready.eq(1),
                         self.o_loaded.valid.eq(1),
-                        self.o_loaded.p.qp.eq(request.qp),
-                        self.o_loaded.p.message.eq(loaded),
                     ]
-                    m.d.sync += [
-                        new.qp.eq(request.qp),
-                        new.slot.eq(new_view.slot),
-                        new.message.eq(loaded),
-                        new.path.eq(self.read_path),
-                        new.psn.eq(new_view.next_psn),
-                        new.index.eq(0),
-                        new.offset.eq(new_view.tail),
-                        new.after.eq(message_after),
-                        new.following_last.eq(two),
-                        new.tail.eq(message_tail),
-                        new_again.eq((new_view.tail[:offset_bits] != 0)
-                                     & (self.pages_released
-                                        == (new_view.tail[offset_bits:] + 1)[:vpage_bits])),
-                        new_next.eq(new_first),
-                        new_sending.eq(1),
-                        new_holds.eq(request.qp[:qp_bits]),
-                    ]
+                    m.d.sync += new_sending.eq(1)
                 m.next = "IDLE"
 
         # Which QP each context works on, for the page pool.
