@@ -143,6 +143,16 @@ def test_the_readme_headline_block_is_rewritten_from_the_json(tmp_path):
             "57 URAM | [resources](docs/generated/resources/resources.md) | `def5678+dirty` |"
             ) in text
     assert "| 12 LUT levels at 322.266 MHz (cmac; budget 6) |" in text
+    assert "slowest path (delay model)" not in text     # the 16-QP top has no such row
+    domains = Table("domains", [Column("delay_ns", "ns")], rows=[
+        {"target": "VCU118Top (4096 QPs)", "domain": "sync", "delay_ns": 4.012,
+         "period_ns": 4.0, "within_period": False}])
+    report.write("top_4096", [domains], directory=generated / "resources", origin=ORIGIN)
+    assert report.main(["--readme", str(readme), "--generated", str(generated)]) == 0
+    text = readme.read_text()
+    assert ("| VCU118Top (4,096 QPs), core clock, slowest path (delay model) | 4.01 ns "
+            "against 4.00 (over) | [top_4096](docs/generated/resources/top_4096.md) | "
+            "`abc1234` |") in text
     # A second run gives the same file.
     assert report.main(["--readme", str(readme), "--generated", str(generated)]) == 0
     assert readme.read_text() == text
