@@ -114,22 +114,32 @@ class DeadlineScan(wiring.Component):
             """Whether QP index ``qp`` is in lane ``lane``."""
             return C(1) if lane_bits == 0 else qp[:lane_bits] == lane
 
-        # The hints and dirty flags, a memory of each per lane.
+        # The hints and dirty flags, a memory of each per lane. A hint memory's read is
+        # registered and shows the memory as before the cycle's write; the write of the row
+        # read is registered beside it (``bypass``) and passed on, so the compares start at
+        # registers, not at a memory read from a registered address.
         hints, dirty = [], []
         row = Signal(row_bits)              # the row the hint ports show
         row_next = Signal(row_bits)
+        bypass = Signal(hint(time_bits))
+        bypass_lanes = Signal(lanes)
+        m.d.sync += [
+            bypass.eq(written.p.hint),
+            bypass_lanes.eq(Mux(written.valid & (written.p.qp[lane_bits:qp_bits] == row_next),
+                                Cat(lane_of(written.p.qp, lane) for lane in range(lanes)), 0)),
+        ]
         for lane in range(lanes):
             m.submodules[f"hints{lane}"] = store = memory.Memory(
                 shape=hint(time_bits), depth=1 << row_bits, init=[])
             write = store.write_port()
-            read = store.read_port(transparent_for=(write,))
+            read = store.read_port()
             m.d.comb += [
                 write.addr.eq(written.p.qp[lane_bits:qp_bits]),
                 write.en.eq(written.valid & lane_of(written.p.qp, lane)),
                 write.data.eq(written.p.hint),
                 read.addr.eq(row_next),
             ]
-            hints.append(read.data)
+            hints.append(hint(time_bits)(Mux(bypass_lanes[lane], bypass, read.data)))
             m.submodules[f"dirty{lane}"] = flags = FlagMemory(
                 flags=("dirty",), depth=1 << row_bits, addr_bits=row_bits,
                 writers=(("check", ("dirty",)),

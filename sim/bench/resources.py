@@ -148,6 +148,8 @@ TARGETS: dict[str, Callable[[], wiring.Component]] = {
     "CmacLink": lambda: _load("boards.cmac_link.CmacLink")(width=WIDTH),
     "DcqcnReactionPoint (16 QPs)": lambda: _load("gateware.roce.dcqcn.DcqcnReactionPoint")(
         qps=16),
+    "DcqcnReactionPoint (1024 QPs)": lambda: _load("gateware.roce.dcqcn.DcqcnReactionPoint")(
+        qps=1024),
     "DcqcnReactionPoint (4096 QPs)": lambda: _load("gateware.roce.dcqcn.DcqcnReactionPoint")(
         qps=4096),
     "Pacer (16 QPs)": lambda: _load("gateware.roce.pacer.Pacer")(qps=16),

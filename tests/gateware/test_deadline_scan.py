@@ -91,3 +91,42 @@ def test_every_qp_due_or_marked_is_offered_and_no_other(qps, lanes):
         assert offers > 200
 
     run_testbenches(dut, main)
+
+
+@pytest.mark.parametrize(("qps", "lanes"), [(16, 4), (40, 4), (8, 1)])
+def test_a_hint_written_shows_in_the_row_read_the_cycle_after(qps, lanes):
+    """With nothing else to do the scan reads a row a cycle, so a hint written in any
+    cycle of a pass is read within a pass: a QP given a hint that has come is offered
+    within ``rows`` + 2 cycles of the write (its row read a pass later at worst, loaded,
+    then offered), whichever row the scan reads as it is written. Each QP offered gets
+    an unarmed hint back, as its check would write."""
+    dut = DeadlineScan(qps=qps, time_bits=TIME_BITS, marks=1, lanes=lanes)
+    rng = random.Random(qps)
+    now = 1000
+
+    async def main(ctx):
+        ctx.set(dut.o_candidate.ready, 1)
+        ctx.set(dut.i_now, now)
+        latencies = []
+        for trial in range(4 * dut.rows):
+            await ctx.tick().repeat(trial % (dut.rows + 1) + 1)
+            qp = rng.randrange(qps)
+            ctx.set(dut.i_hint.valid, 1)
+            ctx.set(dut.i_hint.p, {"qp": qp, "hint": {"armed": 1, "at": now - rng.randrange(5)}})
+            await ctx.tick()
+            ctx.set(dut.i_hint.valid, 0)
+            waited = 1
+            while not (ctx.get(dut.o_candidate.valid) and ctx.get(dut.o_candidate.p) == qp):
+                assert not ctx.get(dut.o_candidate.valid), "offered a QP neither due nor marked"
+                await ctx.tick()
+                waited += 1
+                assert waited <= dut.rows + 2, (trial, qp, waited)
+            latencies.append(waited)
+            ctx.set(dut.i_hint.valid, 1)
+            ctx.set(dut.i_hint.p, {"qp": qp, "hint": {"armed": 0, "at": 0}})
+            await ctx.tick()
+            ctx.set(dut.i_hint.valid, 0)
+        # The writes met every phase of the pass: the longest waits are a pass long.
+        assert max(latencies) >= dut.rows
+
+    run_testbenches(dut, main)
