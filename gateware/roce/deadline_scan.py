@@ -16,6 +16,10 @@ __all__ = ["DeadlineScan", "SCAN_LANES", "scan_lanes", "scan_rows", "check_lanes
 #: QPs the scan reads a cycle, at most.
 SCAN_LANES = 32
 
+#: Words up to which a hint memory registers its read's data, not its address (one
+#: distributed RAM deep: RAM64M).
+_SHALLOW = 64
+
 
 def scan_lanes(qps):
     """QPs the scan of a build of ``qps`` QPs reads a cycle: :data:`SCAN_LANES`, or
@@ -114,32 +118,41 @@ class DeadlineScan(wiring.Component):
             """Whether QP index ``qp`` is in lane ``lane``."""
             return C(1) if lane_bits == 0 else qp[:lane_bits] == lane
 
-        # The hints and dirty flags, a memory of each per lane. A hint memory's read is
-        # registered and shows the memory as before the cycle's write; the write of the row
-        # read is registered beside it (``bypass``) and passed on, so the compares start at
-        # registers, not at a memory read from a registered address.
+        # The hints and dirty flags, a memory of each per lane. The hint memories' reads
+        # are registered. A memory of ``_SHALLOW`` rows or fewer (distributed RAM, one LUT
+        # deep) registers its data, as the memory was before the cycle's write, and the
+        # write of the row read is registered beside it (``bypass``) and passed on: the
+        # compares then start at registers, where a distributed RAM read from the row's
+        # register would take their time. A deeper one (block RAM, or distributed RAM behind
+        # a tree of multiplexers, too slow for an address worked out in the cycle) has its
+        # address registered: its read shows the cycle's write itself.
         hints, dirty = [], []
         row = Signal(row_bits)              # the row the hint ports show
         row_next = Signal(row_bits)
-        bypass = Signal(hint(time_bits))
-        bypass_lanes = Signal(lanes)
-        m.d.sync += [
-            bypass.eq(written.p.hint),
-            bypass_lanes.eq(Mux(written.valid & (written.p.qp[lane_bits:qp_bits] == row_next),
-                                Cat(lane_of(written.p.qp, lane) for lane in range(lanes)), 0)),
-        ]
+        shallow = 1 << row_bits <= _SHALLOW
+        if shallow:
+            bypass = Signal(hint(time_bits))
+            bypass_lanes = Signal(lanes)
+            m.d.sync += [
+                bypass.eq(written.p.hint),
+                bypass_lanes.eq(Mux(written.valid
+                                    & (written.p.qp[lane_bits:qp_bits] == row_next),
+                                    Cat(lane_of(written.p.qp, lane) for lane in range(lanes)),
+                                    0)),
+            ]
         for lane in range(lanes):
             m.submodules[f"hints{lane}"] = store = memory.Memory(
                 shape=hint(time_bits), depth=1 << row_bits, init=[])
             write = store.write_port()
-            read = store.read_port()
+            read = store.read_port(transparent_for=() if shallow else (write,))
             m.d.comb += [
                 write.addr.eq(written.p.qp[lane_bits:qp_bits]),
                 write.en.eq(written.valid & lane_of(written.p.qp, lane)),
                 write.data.eq(written.p.hint),
                 read.addr.eq(row_next),
             ]
-            hints.append(hint(time_bits)(Mux(bypass_lanes[lane], bypass, read.data)))
+            hints.append(hint(time_bits)(Mux(bypass_lanes[lane], bypass, read.data))
+                         if shallow else read.data)
             m.submodules[f"dirty{lane}"] = flags = FlagMemory(
                 flags=("dirty",), depth=1 << row_bits, addr_bits=row_bits,
                 writers=(("check", ("dirty",)),

@@ -256,15 +256,16 @@ class PagePool(wiring.Component):
 
         per_port = ACTIVE_CYCLES + 1
 
-        def active(qp, ports=None, *, now=True):
+        def active(qp, ports=None, *, now=True, before=True):
             """Whether a context (of ``ports``: all) worked on ``qp`` lately (``now``: this
-            cycle too)."""
+            cycle too; ``before=False``: this cycle only)."""
             ports = range(len(self.i_active)) if ports is None else ports
             first = 0 if now else 1
+            last = per_port if before else 1
             return Cat(valid & (other == qp)
                        for index in ports
                        for valid, other in recent[index * per_port + first:
-                                                  (index + 1) * per_port]).any()
+                                                  index * per_port + last]).any()
 
         # QPs to look at: a QP waiting to be set first, hinted ones (not one already at the
         # end of the queue), and in turn with them every QP in order.
@@ -333,6 +334,13 @@ class PagePool(wiring.Component):
 
         idle_kind = Signal()                    # the page to give back is the one sent into
         giving = Signal()                       # a page is given back
+        # Whether a context worked on ``qp`` up to the cycle before, of the resends and of
+        # all: registers, so that GIVE_BACK (whose ``qp`` is CHECK's) compares only this
+        # cycle's QPs and its decision waits on no wide OR. They look a cycle further back
+        # than ``active`` does, which only keeps a page a cycle longer.
+        resent_before = Signal()
+        active_before = Signal()
+        m.d.sync += [resent_before.eq(active(qp, RESENDS)), active_before.eq(active(qp))]
         # Whether the QP waiting to be set was worth a look in the cycle before (in range,
         # not yet seen clear): a register, so that the compares of its index do not reach
         # the choice of QP and the reads it addresses. (A QP seen clear in the cycle before
@@ -372,7 +380,9 @@ class PagePool(wiring.Component):
                 # The page stays if a resend came to the QP meanwhile (or in the cycle
                 # before, which CHECK did not look at), and the page the QP sends into
                 # if any context did.
-                with m.If(rebase | active(qp, RESENDS) | (idle_kind & active(qp))):
+                resent = resent_before | active(qp, RESENDS, before=False)
+                worked = active_before | active(qp, before=False)
+                with m.If(rebase | resent | (idle_kind & worked)):
                     m.next = "PICK"
                 with m.Elif(~released_busy):
                     m.d.comb += [giving.eq(1), released_write.en.eq(1)]

@@ -93,13 +93,15 @@ def test_every_qp_due_or_marked_is_offered_and_no_other(qps, lanes):
     run_testbenches(dut, main)
 
 
-@pytest.mark.parametrize(("qps", "lanes"), [(16, 4), (40, 4), (8, 1)])
+@pytest.mark.parametrize(("qps", "lanes"), [(16, 4), (40, 4), (8, 1), (256, 2)])
 def test_a_hint_written_shows_in_the_row_read_the_cycle_after(qps, lanes):
     """With nothing else to do the scan reads a row a cycle, so a hint written in any
     cycle of a pass is read within a pass: a QP given a hint that has come is offered
     within ``rows`` + 2 cycles of the write (its row read a pass later at worst, loaded,
     then offered), whichever row the scan reads as it is written. Each QP offered gets
-    an unarmed hint back, as its check would write."""
+    an unarmed hint back, as its check would write. (Hint memories of 64 words or fewer
+    pass the write on from a register of their own, deeper ones (256 QPs in 2 lanes:
+    128 words) read it through a transparent port.)"""
     dut = DeadlineScan(qps=qps, time_bits=TIME_BITS, marks=1, lanes=lanes)
     rng = random.Random(qps)
     now = 1000
