@@ -11,7 +11,7 @@ import random
 import pytest
 
 from gateware.roce.descriptor import POINTER_BITS
-from gateware.roce.page_pool import PagePool, check_retransmit_pages, page_beats
+from gateware.roce.page_pool import ACTIVE_CYCLES, PagePool, check_retransmit_pages, page_beats
 
 from .streams import run_testbenches
 
@@ -271,5 +271,53 @@ def test_takes_a_cycle_apart_get_every_free_page_once(given_back):
             await ctx.tick()
             pages.append(ctx.get(dut.translate[0].data))
         assert sorted(pages) == list(range(PAGES)), pages
+
+    run_testbenches(dut, driver, engine)
+
+
+def test_the_page_an_idle_qp_sends_into_stays_in_any_cycle_a_context_works_on_it():
+    """QP 0, idle, sends into the middle of a page, and the planner's new context works
+    on it now and then, a cycle at a time: the pool takes that page back only once the
+    context has left it alone for ``ACTIVE_CYCLES`` cycles, never in a cycle it works on
+    it (``view_released`` a cycle later shows the cycle's write), and once taken back
+    the planner takes it again."""
+    dut = PagePool(qps=QPS, pages=PAGES, ring_beats=RING_BEATS)
+    rng = random.Random(5)
+    tail = PAGE // 2
+
+    async def engine(ctx):
+        async for _, _, qp in ctx.tick().sample(dut.state_qp):
+            position = tail if qp == 0 else 0
+            ctx.set(dut.state, {"head": position, "tail": position, "idle": True})
+
+    async def take(ctx, again):
+        ctx.set(dut.i_take.valid, 1)
+        ctx.set(dut.i_take.p, {"qp": 0, "vpage": 0, "again": again})
+        await ctx.tick()
+        ctx.set(dut.i_take.valid, 0)
+        await ctx.tick().repeat(3)
+
+    async def driver(ctx):
+        ctx.set(dut.view_qp, 0)
+        await take(ctx, again=False)
+        given_back = worked = 0
+        last_worked = -ACTIVE_CYCLES - 1     # (no context worked on it yet)
+        for cycle in range(4000):
+            working = rng.random() < 0.1
+            ctx.set(dut.i_active[0].valid, working)
+            ctx.set(dut.i_active[0].p, 0)
+            before = ctx.get(dut.view_released)
+            await ctx.tick()
+            ctx.set(dut.i_active[0].valid, 0)
+            if working:
+                worked += 1
+                last_worked = cycle
+                assert ctx.get(dut.view_released) == before, "given back while worked on"
+            if ctx.get(dut.view_released) == 1:
+                assert cycle - last_worked > ACTIVE_CYCLES, "given back too soon"
+                given_back += 1
+                await take(ctx, again=True)
+                assert ctx.get(dut.view_released) == 0
+        assert given_back > 20 and worked > 300
 
     run_testbenches(dut, driver, engine)
